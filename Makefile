@@ -1,0 +1,32 @@
+# Two commands for a new user: `make demo` and `make test`. Both create .venv if missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+
+.PHONY: demo test bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(TEST_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@ $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/plaque_sparse_exchange.py
+
+test: $(TEST_STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python bench/plaque_bench.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,67 @@
+"""Shared helper for the benchmarks: describe the machine and append a
+Markdown section (command, machine, table, notes) to ``bench/RESULTS.md``,
+so every figure we quote can be traced back to how and where it was made."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+
+_BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+_REPO_ROOT = os.path.dirname(_BENCH_DIR)
+RESULTS_PATH = os.path.join(_BENCH_DIR, "RESULTS.md")
+
+
+def machine() -> dict:
+    """Facts that most affect the figures (core count above all)."""
+    return {
+        "nproc": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _command_line() -> str:
+    # Independent of the interpreter path, and of where the repo is checked out.
+    args = list(sys.argv) or [""]
+    if args[0] and os.path.exists(args[0]):
+        args[0] = os.path.relpath(os.path.abspath(args[0]), _REPO_ROOT)
+    return "python " + " ".join(args)
+
+
+def _cell(value) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(rows) -> list[str]:
+    if not rows:
+        return ["_(no rows)_"]
+    if isinstance(rows[0], dict):
+        header = list(rows[0].keys())
+        body = [[r.get(k, "") for k in header] for r in rows]
+    else:
+        header = ["Metric", "Value"]
+        body = [list(r) for r in rows]
+    lines = ["| " + " | ".join(_cell(h) for h in header) + " |",
+             "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in r) + " |" for r in body]
+    return lines
+
+
+def append_results(title: str, rows, notes: str = "") -> None:
+    """Append one section to RESULTS.md (created with a header if missing)."""
+    m = machine()
+    lines = ["", f"## {title} — {m['date']}", "",
+             f"Command: `{_command_line()}`", "",
+             f"Machine: nproc={m['nproc']}, Python {m['python']}, {m['platform']}", ""]
+    lines += _table(rows)
+    if notes:
+        lines += ["", notes.strip()]
+    new_file = not os.path.exists(RESULTS_PATH)
+    with open(RESULTS_PATH, "a", encoding="utf-8") as f:
+        if new_file:
+            f.write("# Benchmark results\n")
+        f.write("\n".join(lines) + "\n")

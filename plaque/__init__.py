@@ -1,0 +1,28 @@
+"""Plaque: an open sharded dataflow engine over ZeroMQ.
+
+Build a ``Graph`` of sharded ``Operator`` nodes joined by ONE_TO_ONE, BROADCAST or KEYED edges,
+install it on a cluster once, and run it many times; each run is a timestamp, and every shard
+is told when its input for a timestamp is complete (progress tracking), even if it got nothing.
+"""
+
+from .cluster import Cluster, InstalledGraph, local_cluster
+from .coordinator import RunResult
+from .counters import total
+from .errors import (
+    ClusterClosed,
+    CoordinatorLost,
+    GraphError,
+    OperatorError,
+    PlaqueError,
+    ProtocolError,
+    WorkerLost,
+)
+from .graph import BROADCAST, KEYED, ONE_TO_ONE, Graph, Routing
+from .operator import Context, Operator
+
+__all__ = [
+    "BROADCAST", "KEYED", "ONE_TO_ONE", "Cluster", "ClusterClosed", "Context",
+    "CoordinatorLost", "Graph", "GraphError", "InstalledGraph", "Operator", "OperatorError",
+    "PlaqueError", "ProtocolError", "Routing", "RunResult", "WorkerLost", "local_cluster",
+    "total",
+]

@@ -1,0 +1,68 @@
+"""``plaque`` command line: ``plaque worker --join ADDRESS`` starts a worker that joins a cluster."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+
+import uvloop
+
+from .endpoint import Endpoint
+from .worker import WorkerCore
+from .zmq_transport import ZmqTransport
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL us when the parent dies, so local clusters never leak workers."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+async def serve_worker(join: str, bind: str, coordinator_timeout: float) -> str:
+    loop = asyncio.get_running_loop()
+    transport = ZmqTransport(bind)
+    core = WorkerCore(transport.address, join,
+                      info={"pid": os.getpid(), "host": socket.gethostname()},
+                      coordinator_timeout=coordinator_timeout)
+    done = loop.create_future()
+    endpoint = Endpoint(core, transport, loop,
+                        on_exit=lambda reason: done.done() or done.set_result(reason))
+    endpoint.start()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, endpoint.stop, f"signal {sig.name}")
+    return await done
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="plaque", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="count", default=0)
+    sub = parser.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("worker", help="start a worker that joins a cluster")
+    w.add_argument("--join", required=True, help="the cluster's address (printed by the driver)")
+    w.add_argument("--bind", default="tcp://127.0.0.1",
+                   help="where this worker listens: tcp://HOST or ipc (default loopback)")
+    w.add_argument("--coordinator-timeout", type=float, default=10.0,
+                   help="exit when the coordinator is silent this long (seconds)")
+    args = parser.parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format=f"%(asctime)s plaque-worker[{os.getpid()}] "
+                        "%(levelname)s %(name)s: %(message)s")
+    if os.environ.get("PLAQUE_DIE_WITH_PARENT"):
+        _die_with_parent()
+    reason = uvloop.run(serve_worker(args.join, args.bind, args.coordinator_timeout))
+    logging.getLogger("plaque.worker").info("exited: %s", reason)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

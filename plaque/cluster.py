@@ -1,0 +1,288 @@
+"""The driver's side: a coordinator on a background event loop, and local clusters.
+
+``Cluster`` runs the coordinator in a thread of the calling process; workers join it at
+``cluster.address`` (started by ``local_cluster`` as subprocesses, or by hand with
+``plaque worker --join ADDRESS``). Its methods are ordinary blocking calls or return
+``concurrent.futures.Future`` objects.
+
+>>> with plaque.local_cluster(workers=2) as cluster:
+...     graph = cluster.install(g)
+...     result = graph.run(arg=10).result(timeout=10)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import uvloop
+
+from .coordinator import CoordinatorCore, RunResult
+from .endpoint import Endpoint
+from .errors import ClusterClosed, PlaqueError
+from .graph import Graph
+from .transport import InprocTransport
+from .worker import WorkerCore
+from .zmq_transport import ZmqTransport
+
+log = logging.getLogger("plaque.cluster")
+
+__all__ = ["Cluster", "InstalledGraph", "RunResult", "local_cluster"]
+
+
+class InstalledGraph:
+    """A graph installed on a cluster; run it as many times as you like, runs may overlap."""
+
+    def __init__(self, cluster: "Cluster", gid: int, graph: Graph):
+        self.cluster, self.gid, self.graph = cluster, gid, graph
+
+    def run(self, arg=None) -> cf.Future:
+        """Start a run; the future gives a ``RunResult`` or raises the run's error."""
+        return self.cluster._run(self.gid, arg)
+
+    def uninstall(self) -> None:
+        self.cluster._call(lambda: self.cluster._core.uninstall(self.gid))
+
+
+class Cluster:
+    """A coordinator listening at ``bind`` (``tcp://HOST``, ``ipc``, or ``inproc``)."""
+
+    def __init__(self, bind: str = "tcp://127.0.0.1", heartbeat_timeout: float = 3.0):
+        self._core = CoordinatorCore(heartbeat_timeout=heartbeat_timeout)
+        self._inproc = bind == "inproc"
+        self._transport = InprocTransport() if self._inproc else ZmqTransport(bind)
+        self.address = self._transport.address
+        self._loop = uvloop.new_event_loop()
+        self._pending: dict[tuple, cf.Future] = {}
+        self._members: list[int] = []
+        self._member_cv = threading.Condition()
+        self._inproc_workers: list[Endpoint] = []
+        self.processes: list[subprocess.Popen] = []
+        self._closed = False
+        self._endpoint = Endpoint(self._core, self._transport, self._loop,
+                                  after_turn=self._dispatch_events)
+        self._thread = threading.Thread(target=self._serve, name="plaque-coordinator",
+                                        daemon=True)
+        started = threading.Event()
+        self._loop.call_soon(started.set)
+        self._thread.start()
+        if not started.wait(10):
+            raise PlaqueError("coordinator event loop did not start")
+
+    # ---- loop thread ----------------------------------------------------------------------
+    def _serve(self):
+        asyncio.set_event_loop(self._loop)
+        self._endpoint.start()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+
+    def _dispatch_events(self):
+        for ev in self._core.take_events():
+            kind = ev[0]
+            if kind == "membership":
+                with self._member_cv:
+                    self._members = ev[1]
+                    self._member_cv.notify_all()
+            elif kind == "installed":
+                self._settle(("install", ev[1]), None if ev[2] is None else ev[2], ev[1])
+            elif kind == "run_done":
+                self._settle(("run", ev[1], ev[2]), None, ev[3])
+            elif kind == "run_failed":
+                self._settle(("run", ev[1], ev[2]), ev[3], None)
+            elif kind == "counters":
+                _, req, worker, snapshot = ev
+                fut, want, got = self._pending.get(("counters", req), (None, None, None))
+                if fut is not None:
+                    got[worker] = snapshot
+                    if set(got) >= set(want):
+                        del self._pending[("counters", req)]
+                        fut.set_result(got)
+
+    def _settle(self, key, error, value):
+        fut = self._pending.pop(key, None)
+        if fut is None or fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(value)
+
+    def _call(self, fn, timeout=30.0):
+        """Run ``fn`` on the loop thread, then a turn; return its result here."""
+        if self._closed:
+            raise ClusterClosed("the cluster is closed")
+        out: cf.Future = cf.Future()
+
+        def job():
+            try:
+                out.set_result(fn())
+            except BaseException as exc:
+                out.set_exception(exc)
+            self._endpoint.turn()
+
+        self._loop.call_soon_threadsafe(job)
+        return out.result(timeout)
+
+    # ---- public ---------------------------------------------------------------------------
+    def workers(self) -> list[int]:
+        """Ids of the live workers."""
+        with self._member_cv:
+            return list(self._members)
+
+    def wait_for_workers(self, n: int, timeout: float = 30.0) -> list[int]:
+        """Block until at least ``n`` workers are live."""
+        deadline = time.monotonic() + timeout
+        with self._member_cv:
+            while len(self._members) < n:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    raise PlaqueError(f"only {len(self._members)} of {n} workers joined"
+                                      f" within {timeout:.0f} s")
+                self._member_cv.wait(min(left, 0.2))
+            return list(self._members)
+
+    def install(self, graph: Graph, timeout: float = 30.0) -> InstalledGraph:
+        """Ship ``graph`` to its workers and wait until every one has installed it."""
+        fut: cf.Future = cf.Future()
+
+        def job():
+            gid = self._core.install(graph)
+            self._pending[("install", gid)] = fut
+            return gid
+
+        self._call(job)
+        gid = fut.result(timeout)
+        return InstalledGraph(self, gid, graph)
+
+    def _run(self, gid, arg) -> cf.Future:
+        fut: cf.Future = cf.Future()
+        if self._closed:
+            fut.set_exception(ClusterClosed("the cluster is closed"))
+            return fut
+
+        def job():
+            try:
+                t = self._core.start(gid, arg)
+            except BaseException as exc:
+                fut.set_exception(exc)
+                return
+            self._pending[("run", gid, t)] = fut
+            self._endpoint.turn()
+
+        self._loop.call_soon_threadsafe(job)
+        return fut
+
+    def counters(self, timeout: float = 10.0) -> dict:
+        """Traffic counters of every live worker and of the coordinator (key -1)."""
+        fut: cf.Future = cf.Future()
+
+        def job():
+            req, want = self._core.request_counters()
+            if not want:
+                fut.set_result({})
+            else:
+                self._pending[("counters", req)] = (fut, want, {})
+            return self._core.counters.snapshot()
+
+        own = self._call(job)
+        result = dict(fut.result(timeout))
+        result[-1] = own
+        return result
+
+    def add_inproc_workers(self, n: int) -> None:
+        """Start ``n`` workers inside this process (the in-process transport)."""
+        if not self._inproc:
+            raise PlaqueError("in-process workers need a Cluster(bind='inproc')")
+
+        def job():
+            for _ in range(n):
+                t = InprocTransport()
+                core = WorkerCore(t.address, self.address)
+                ep = Endpoint(core, t, self._loop)
+                self._inproc_workers.append(ep)
+                ep.start()
+
+        self._call(job)
+
+    def kill_inproc_worker(self, index: int) -> None:
+        """Silence an in-process worker abruptly (to test failure handling)."""
+        self._call(lambda: self._inproc_workers[index].stop("killed"))
+
+    def start_worker_processes(self, n: int, bind: str = "tcp://127.0.0.1") -> None:
+        """Spawn ``n`` worker processes that join this cluster."""
+        env = dict(os.environ, PLAQUE_DIE_WITH_PARENT="1")
+        for _ in range(n):
+            cmd = [sys.executable, "-m", "plaque", "worker", "--join", self.address,
+                   "--bind", bind]
+            self.processes.append(subprocess.Popen(cmd, env=env))
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the workers this cluster started, then the coordinator; always cleans up."""
+        if self._closed:
+            return
+        try:
+            self._call(self._core.stop_workers, timeout=timeout)
+        except Exception:
+            pass
+        self._closed = True
+        deadline = time.monotonic() + timeout
+        for p in self.processes:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+
+        def shutdown():
+            for ep in self._inproc_workers:
+                ep.stop("cluster closed")
+            self._endpoint.stop("cluster closed")
+            for key, fut in list(self._pending.items()):
+                f = fut[0] if isinstance(fut, tuple) else fut
+                if not f.done():
+                    f.set_exception(ClusterClosed("the cluster closed before this finished"))
+            self._pending.clear()
+            self._loop.stop()
+
+        self._loop.call_soon_threadsafe(shutdown)
+        self._thread.join(timeout)
+        with self._member_cv:
+            self._member_cv.notify_all()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@contextlib.contextmanager
+def local_cluster(workers: int = 2, transport: str = "tcp", heartbeat_timeout: float = 3.0,
+                  timeout: float = 30.0):
+    """A coordinator here and ``workers`` workers; always torn down on exit.
+
+    ``transport``: ``"tcp"`` (loopback) or ``"ipc"`` run workers as processes; ``"inproc"``
+    runs them on the coordinator's event loop, for fast tests.
+    """
+    if transport not in ("tcp", "ipc", "inproc"):
+        raise ValueError(f"transport must be 'tcp', 'ipc' or 'inproc', got {transport!r}")
+    bind = {"tcp": "tcp://127.0.0.1", "ipc": "ipc", "inproc": "inproc"}[transport]
+    cluster = Cluster(bind, heartbeat_timeout=heartbeat_timeout)
+    try:
+        if transport == "inproc":
+            cluster.add_inproc_workers(workers)
+        else:
+            cluster.start_worker_processes(workers, bind)
+        cluster.wait_for_workers(workers, timeout)
+        yield cluster
+    finally:
+        cluster.close()

@@ -1,0 +1,322 @@
+"""The coordinator as a state machine: membership, graph installation, runs, failure detection.
+
+It keeps the worker table (workers join with HELLO and are declared lost after a silent
+heartbeat timeout), installs graphs on the workers that host their shards, starts runs with one
+START message per involved worker, and keeps its own copy of each graph's progress counts; a
+run is over when nothing at all remains at its timestamp, outputs to the driver included.
+
+Like the worker it does no I/O: ``take_commands`` gives the messages to send and
+``take_events`` what the driver should learn (``installed``, ``run_done``, ``run_failed``,
+``counters``, ``membership``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+from dataclasses import dataclass, field
+
+import cloudpickle
+
+from . import wire
+from .counters import Counters
+from .errors import GraphError, OperatorError, WorkerLost
+from .graph import Graph, Topology
+from .progress import INPUT, SINK, ProgressTracker
+from .wire import CONTROL, Kind
+
+log = logging.getLogger("plaque.coordinator")
+
+COORDINATOR = -1
+HEARTBEAT_INTERVAL = 0.5
+
+
+@dataclass
+class RunResult:
+    """What a run produced: ``outputs[node name][shard]`` is the list of values it output."""
+
+    timestamp: object
+    outputs: dict[str, dict[int, list]] = field(default_factory=dict)
+
+    def values(self, node: str) -> list:
+        """Every value ``node`` output, all shards, in shard order."""
+        shards = self.outputs.get(node, {})
+        return [v for s in sorted(shards) for v in shards[s]]
+
+
+@dataclass
+class _Worker:
+    address: str
+    info: dict
+    last_seen: float | None = None
+    alive: bool = True
+
+
+@dataclass
+class _Graph:
+    name: str
+    node_names: list[str]
+    workers: list[int]
+    tracker: ProgressTracker
+    awaiting: set[int]
+    next_t: itertools.count = field(default_factory=itertools.count)
+    broken: Exception | None = None
+    runs: dict[object, "_Run"] = field(default_factory=dict)
+
+
+@dataclass
+class _Run:
+    result: RunResult
+    failed: bool = False
+
+
+def ship(obj, functions) -> bytes:
+    """cloudpickle ``obj``; code from modules workers may not import (scripts, tests) by value."""
+    for fn in functions:
+        name = getattr(fn, "__module__", None) or ""
+        module = sys.modules.get(name)
+        file = getattr(module, "__file__", None) or ""
+        if module is None or name == "__main__" or name.split(".")[0] in ("plaque", "pathways"):
+            continue
+        if "site-packages" not in file and "dist-packages" not in file:
+            cloudpickle.register_pickle_by_value(module)
+    return cloudpickle.dumps(obj)
+
+
+class CoordinatorCore:
+    def __init__(self, heartbeat_timeout: float = 3.0):
+        self.heartbeat_timeout = heartbeat_timeout
+        self.counters = Counters()
+        self.workers: dict[int, _Worker] = {}
+        self.graphs: dict[int, _Graph] = {}
+        self._ids = itertools.count()
+        self._gids = itertools.count()
+        self._requests = itertools.count()
+        self._heard: set[int] = set()
+        self._last_beat: float | None = None
+        self._commands: list = []
+        self._events: list = []
+
+    # ---- plumbing -------------------------------------------------------------------------
+    def take_commands(self) -> list:
+        cmds, self._commands = self._commands, []
+        return cmds
+
+    def take_events(self) -> list:
+        evs, self._events = self._events, []
+        return evs
+
+    def _send(self, peer, kind, payload, channel=CONTROL) -> None:
+        frames = wire.encode(kind, COORDINATOR, payload)
+        c = self.counters.peer(peer)
+        c.messages_sent += 1
+        c.frames_sent += len(frames)
+        c.bytes_sent += wire.frame_bytes(frames)
+        if kind is Kind.PROGRESS:
+            c.progress_sent += 1
+        self._commands.append(("send", peer, channel, frames))
+
+    def live_workers(self) -> list[int]:
+        return sorted(w for w, info in self.workers.items() if info.alive)
+
+    # ---- driver calls ---------------------------------------------------------------------
+    def install(self, graph: Graph) -> int:
+        """Send ``graph`` to the workers that host it; an ``installed`` event follows."""
+        live = self.live_workers()
+        if not graph.nodes:
+            raise GraphError(f"graph {graph.name!r} has no nodes")
+        placement = [tuple(live[i] for i in p) for p in graph.placement(len(live))]
+        topology = Topology.of([n.shards for n in graph.nodes], graph.edges)
+        gid = next(self._gids)
+        workers = sorted({w for p in placement for w in p})
+        self.graphs[gid] = _Graph(graph.name, [n.name for n in graph.nodes], workers,
+                                  ProgressTracker(topology), set(workers))
+        blob = ship((graph, placement), [n.factory for n in graph.nodes])
+        for w in workers:
+            self._send(w, Kind.INSTALL, (gid, blob))
+        return gid
+
+    def uninstall(self, gid: int) -> None:
+        g = self.graphs.pop(gid, None)
+        if g is not None:
+            for w in g.workers:
+                if self.workers[w].alive:
+                    self._send(w, Kind.UNINSTALL, gid)
+
+    def start(self, gid: int, arg=None):
+        """Begin a run of graph ``gid``; returns its timestamp."""
+        g = self.graphs.get(gid)
+        if g is None:
+            raise GraphError(f"graph {gid} is not installed")
+        if g.broken is not None:
+            raise g.broken
+        t = next(g.next_t)
+        g.tracker.update(g.tracker.start_changes(t))
+        g.runs[t] = _Run(RunResult(t))
+        for w in g.workers:
+            self._send(w, Kind.START, (gid, t, arg))
+        return t
+
+    def request_counters(self) -> tuple[int, list[int]]:
+        """Ask every live worker for its counters; ``counters`` events carry the replies."""
+        req = next(self._requests)
+        live = self.live_workers()
+        for w in live:
+            self._send(w, Kind.COUNTERS, req)
+        return req, live
+
+    def stop_workers(self, reason="cluster closed") -> None:
+        for w in self.live_workers():
+            self._send(w, Kind.STOP, reason)
+
+    # ---- messages -------------------------------------------------------------------------
+    def receive(self, frames) -> None:
+        try:
+            kind, sender, payload = wire.decode(frames)
+            handler = self._handlers[kind]
+        except Exception as exc:
+            self.counters.peer(-2).dropped += 1
+            log.warning("coordinator dropped a bad message: %s", exc)
+            return
+        c = self.counters.peer(sender)
+        c.messages_received += 1
+        c.frames_received += len(frames)
+        c.bytes_received += wire.frame_bytes(frames)
+        if kind is Kind.PROGRESS:
+            c.progress_received += 1
+        if kind is not Kind.HELLO and not (sender in self.workers and self.workers[sender].alive):
+            c.dropped += 1
+            return  # unknown or already-declared-lost sender
+        self._heard.add(sender)
+        try:
+            handler(self, sender, payload)
+        except Exception as exc:
+            c.dropped += 1
+            log.warning("coordinator dropped a %s it could not apply: %r", kind.name, exc)
+
+    def _on_hello(self, sender, payload):
+        address, info = payload
+        address = str(address)
+        wid = next(self._ids)
+        self.workers[wid] = _Worker(address, dict(info))
+        self._heard.add(wid)
+        self._commands.append(("connect", wid, address))
+        self._send(wid, Kind.WELCOME, wid)
+        self._broadcast_peers()
+        self._events.append(("membership", self.live_workers()))
+        log.info("worker %d joined from %s", wid, address)
+
+    def _broadcast_peers(self):
+        peers = {w: self.workers[w].address for w in self.live_workers()}
+        for w in peers:
+            self._send(w, Kind.PEERS, peers)
+
+    def _on_installed(self, sender, payload):
+        gid, error = payload
+        g = self.graphs.get(gid)
+        if g is None or sender not in g.awaiting:
+            return
+        if error is not None:
+            self._events.append(("installed", gid, GraphError(
+                f"installing graph {g.name!r} failed on worker {sender}:\n{error}")))
+            self.uninstall(gid)
+            return
+        g.awaiting.discard(sender)
+        if not g.awaiting:
+            self._events.append(("installed", gid, None))
+
+    def _on_progress(self, sender, body):
+        for gid, changes in body.items():
+            g = self.graphs.get(gid)
+            if g is None:
+                continue
+            g.tracker.update(changes)
+            for t in {key[3] for key, _ in changes}:
+                self._check_done(gid, g, t)
+
+    def _on_output(self, sender, outputs):
+        touched = set()
+        for gid, node, shard, t, value in outputs:
+            g = self.graphs.get(gid)
+            run = g.runs.get(t) if g else None
+            if run is None:
+                continue
+            name = g.node_names[node]
+            run.result.outputs.setdefault(name, {}).setdefault(shard, []).append(value)
+            g.tracker.update((((INPUT, SINK, 0, t), -1),))
+            touched.add((gid, t))
+        for gid, t in touched:
+            self._check_done(gid, self.graphs[gid], t)
+
+    def _check_done(self, gid, g, t):
+        run = g.runs.get(t)
+        if run is not None and g.tracker.is_done(t):
+            del g.runs[t]
+            if not run.failed:
+                self._events.append(("run_done", gid, t, run.result))
+
+    def _on_error(self, sender, payload):
+        gid, t, node, shard, worker, message, tb = payload
+        g = self.graphs.get(gid)
+        run = g.runs.get(t) if g else None
+        if run is None or run.failed:
+            return
+        run.failed = True
+        err = OperatorError(node, shard, worker, t, message, tb)
+        self._events.append(("run_failed", gid, t, err))
+
+    def _on_heartbeat(self, sender, payload):
+        pass
+
+    def _on_counters(self, sender, payload):
+        req, snapshot = payload
+        self._events.append(("counters", req, sender, snapshot))
+
+    _handlers = {
+        Kind.HELLO: _on_hello, Kind.INSTALLED: _on_installed, Kind.PROGRESS: _on_progress,
+        Kind.OUTPUT: _on_output, Kind.ERROR: _on_error, Kind.HEARTBEAT: _on_heartbeat,
+        Kind.COUNTERS: _on_counters,
+    }
+
+    # ---- time -----------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Heartbeats out; workers silent for longer than the timeout are declared lost."""
+        for w in self._heard:
+            if w in self.workers:
+                self.workers[w].last_seen = now
+        self._heard.clear()
+        if self._last_beat is None or now - self._last_beat >= HEARTBEAT_INTERVAL:
+            self._last_beat = now
+            for w in self.live_workers():
+                self._send(w, Kind.HEARTBEAT, now)
+        for w in self.live_workers():
+            seen = self.workers[w].last_seen
+            if seen is not None and now - seen > self.heartbeat_timeout:
+                self.lose_worker(w, f"no heartbeat for {now - seen:.1f} s")
+
+    def lose_worker(self, w: int, detail: str) -> None:
+        """Mark ``w`` lost: every graph placed on it fails its runs and refuses new ones."""
+        info = self.workers[w]
+        if not info.alive:
+            return
+        info.alive = False
+        log.warning("worker %d lost: %s", w, detail)
+        self._commands.append(("disconnect", w))
+        err = WorkerLost(w, detail)
+        for gid, g in list(self.graphs.items()):
+            if w not in g.workers or g.broken is not None:
+                continue
+            g.broken = err
+            for t, run in list(g.runs.items()):
+                if not run.failed:
+                    self._events.append(("run_failed", gid, t, err))
+            g.runs.clear()
+            if g.awaiting:
+                self._events.append(("installed", gid, err))
+                g.awaiting.clear()
+            for other in g.workers:
+                if other != w and self.workers[other].alive:
+                    self._send(other, Kind.UNINSTALL, gid)
+        self._broadcast_peers()
+        self._events.append(("membership", self.live_workers()))

@@ -1,0 +1,45 @@
+"""Traffic counters, per worker and per peer: what went over the wire, in messages and bytes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class PeerCounters:
+    messages_sent: int = 0
+    frames_sent: int = 0
+    bytes_sent: int = 0
+    tuples_sent: int = 0
+    progress_sent: int = 0
+    messages_received: int = 0
+    frames_received: int = 0
+    bytes_received: int = 0
+    tuples_received: int = 0
+    progress_received: int = 0
+    dropped: int = 0  # messages that could not be decoded or delivered
+
+
+class Counters:
+    """Counters keyed by peer id (an int; -1 is the coordinator)."""
+
+    def __init__(self):
+        self.peers: dict[int, PeerCounters] = {}
+
+    def peer(self, peer: int) -> PeerCounters:
+        c = self.peers.get(peer)
+        if c is None:
+            c = self.peers[peer] = PeerCounters()
+        return c
+
+    def snapshot(self) -> dict[int, dict[str, int]]:
+        return {p: asdict(c) for p, c in self.peers.items()}
+
+
+def total(snapshot: dict[int, dict[str, int]]) -> dict[str, int]:
+    """Sum a snapshot over peers."""
+    out: dict[str, int] = {}
+    for c in snapshot.values():
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return out

@@ -1,0 +1,85 @@
+"""The thin adapter between a core state machine and a transport on an asyncio loop.
+
+Each received message goes to ``core.receive``; one turn per loop iteration runs the core's
+local work (``step``) and carries out its commands, so everything produced while handling a
+burst of messages leaves together. A periodic tick gives the core the time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+log = logging.getLogger("plaque.endpoint")
+
+
+class Endpoint:
+    def __init__(self, core, transport, loop, tick_interval=0.1, after_turn=None,
+                 on_exit=None, clock=time.monotonic):
+        self.core, self.transport, self.loop = core, transport, loop
+        self.tick_interval = tick_interval
+        self.after_turn = after_turn
+        self.on_exit = on_exit
+        self.clock = clock
+        self._scheduled = False
+        self._timer = None
+        self.exit_reason: str | None = None
+
+    def start(self) -> None:
+        self.transport.start(self.loop, self._on_message)
+        self._tick()
+
+    def _on_message(self, channel, frames) -> None:
+        self.core.receive(frames)
+        self.soon()
+
+    def soon(self) -> None:
+        """Run a turn on the next loop iteration (coalesced)."""
+        if not self._scheduled and self.exit_reason is None:
+            self._scheduled = True
+            self.loop.call_soon(self.turn)
+
+    def turn(self) -> None:
+        self._scheduled = False
+        if self.exit_reason is not None:
+            return
+        step = getattr(self.core, "step", None)
+        if step is not None:
+            step()
+        self._execute(self.core.take_commands())
+        if self.after_turn is not None:
+            self.after_turn()
+
+    def _execute(self, commands) -> None:
+        t = self.transport
+        for cmd in commands:
+            op = cmd[0]
+            if op == "send":
+                try:
+                    t.send(cmd[1], cmd[2], cmd[3])
+                except KeyError:
+                    log.debug("no route to peer %s; message dropped", cmd[1])
+            elif op == "connect":
+                t.connect(cmd[1], cmd[2])
+            elif op == "disconnect":
+                t.disconnect(cmd[1])
+            elif op == "exit":
+                self.stop(cmd[1])
+                return
+
+    def _tick(self) -> None:
+        if self.exit_reason is not None:
+            return
+        self.core.tick(self.clock())
+        self.turn()
+        self._timer = self.loop.call_later(self.tick_interval, self._tick)
+
+    def stop(self, reason: str = "stopped") -> None:
+        if self.exit_reason is not None:
+            return
+        self.exit_reason = reason
+        if self._timer is not None:
+            self._timer.cancel()
+        self.transport.close()
+        if self.on_exit is not None:
+            self.on_exit(reason)

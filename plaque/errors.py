@@ -1,0 +1,53 @@
+"""Plaque's errors: one base class, one class per thing that went wrong."""
+
+from __future__ import annotations
+
+
+class PlaqueError(Exception):
+    """Base class of every error Plaque raises."""
+
+
+class GraphError(PlaqueError):
+    """The graph is malformed: unknown node, cycle, mismatched shard counts, bad placement."""
+
+
+class OperatorError(PlaqueError):
+    """An operator raised on a worker; carries where it happened and the remote traceback."""
+
+    def __init__(self, node: str, shard: int, worker: int, timestamp, message: str, remote_tb: str):
+        self.node, self.shard, self.worker, self.timestamp = node, shard, worker, timestamp
+        self.remote_traceback = remote_tb
+        super().__init__(
+            f"operator {node!r} shard {shard} on worker {worker} failed at t={timestamp}:"
+            f" {message}\n--- remote traceback ---\n{remote_tb}"
+        )
+
+    def __reduce__(self):
+        args = (self.node, self.shard, self.worker, self.timestamp, "", self.remote_traceback)
+        return (_rebuild_operator_error, (args, str(self)))
+
+
+def _rebuild_operator_error(args, text):
+    err = OperatorError(*args)
+    err.args = (text,)
+    return err
+
+
+class WorkerLost(PlaqueError):
+    """A worker stopped answering (crashed, killed or partitioned)."""
+
+    def __init__(self, worker: int, detail: str = ""):
+        self.worker = worker
+        super().__init__(f"worker {worker} lost{': ' + detail if detail else ''}")
+
+
+class CoordinatorLost(PlaqueError):
+    """The coordinator stopped answering; the worker or driver cannot go on."""
+
+
+class ProtocolError(PlaqueError):
+    """A message on the wire is malformed, truncated or of an unknown version."""
+
+
+class ClusterClosed(PlaqueError):
+    """The cluster was closed while a call was waiting on it."""

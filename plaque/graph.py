@@ -1,0 +1,191 @@
+"""Sharded dataflow graphs: one node per sharded operator, edges with a routing kind.
+
+A node is one operator with N shards; it is never expanded into N graph nodes, so a chain of
+two N-shard operators is two nodes and one edge whatever N is. An edge joins an output port of
+one node to an input port of another and says how tuples find their destination shard:
+
+- ``ONE_TO_ONE``: shard i sends to shard i (both nodes must have the same shard count);
+- ``BROADCAST``: every tuple goes to every destination shard;
+- ``KEYED``: the sender names the destination shard of each tuple (any subset, or none).
+
+Graphs are acyclic: timestamps are run numbers and do not change along edges.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import GraphError
+
+
+class Routing(enum.Enum):
+    ONE_TO_ONE = "one_to_one"
+    BROADCAST = "broadcast"
+    KEYED = "keyed"
+
+
+ONE_TO_ONE = Routing.ONE_TO_ONE
+BROADCAST = Routing.BROADCAST
+KEYED = Routing.KEYED
+
+
+@dataclass(frozen=True)
+class Node:
+    """A sharded operator: ``factory()`` is called once per shard on the shard's worker."""
+
+    index: int
+    name: str
+    factory: Callable[[], Any]
+    shards: int
+    placement: tuple[int, ...] | None = None  # worker index per shard; None = round robin
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: int
+    dst: int
+    routing: Routing
+    src_port: int = 0
+    dst_port: int = 0
+
+
+@dataclass
+class Graph:
+    """A dataflow graph under construction. Install it on a cluster to run it.
+
+    >>> g = Graph("demo")
+    >>> a = g.node("a", MyOp, shards=4)
+    >>> b = g.node("b", MyOp, shards=4)
+    >>> g.edge(a, b, ONE_TO_ONE)
+    """
+
+    name: str = "graph"
+    nodes: list[Node] = field(default_factory=list)
+    edges: list[Edge] = field(default_factory=list)
+
+    def node(self, name, factory, shards=1, placement=None) -> Node:
+        """Add a sharded operator; ``placement`` optionally gives the worker of each shard."""
+        if not callable(factory):
+            raise GraphError(f"node {name!r}: operator factory {factory!r} is not callable")
+        if not isinstance(shards, int) or shards < 1:
+            raise GraphError(f"node {name!r}: shards must be a positive int, got {shards!r}")
+        if any(n.name == name for n in self.nodes):
+            raise GraphError(f"node name {name!r} is already used in graph {self.name!r}")
+        if placement is not None:
+            placement = tuple(int(w) for w in placement)
+            if len(placement) != shards or min(placement) < 0:
+                raise GraphError(
+                    f"node {name!r}: placement needs {shards} non-negative worker indices,"
+                    f" got {placement!r}"
+                )
+        node = Node(len(self.nodes), name, factory, shards, placement)
+        self.nodes.append(node)
+        return node
+
+    def edge(self, src: Node, dst: Node, routing=ONE_TO_ONE, src_port=0, dst_port=0) -> Edge:
+        """Connect output ``src_port`` of ``src`` to input ``dst_port`` of ``dst``."""
+        for n in (src, dst):
+            if not isinstance(n, Node) or n.index >= len(self.nodes) or self.nodes[n.index] != n:
+                raise GraphError(f"edge endpoint {n!r} is not a node of graph {self.name!r}")
+        routing = Routing(routing)
+        if routing is ONE_TO_ONE and src.shards != dst.shards:
+            raise GraphError(
+                f"one-to-one edge {src.name!r} -> {dst.name!r} joins {src.shards} shards"
+                f" to {dst.shards}; use BROADCAST or KEYED"
+            )
+        if src.index == dst.index:
+            raise GraphError(f"edge {src.name!r} -> itself would make a cycle")
+        edge = Edge(src.index, dst.index, routing, int(src_port), int(dst_port))
+        self.edges.append(edge)
+        if self._has_cycle():
+            self.edges.pop()
+            raise GraphError(f"edge {src.name!r} -> {dst.name!r} would make a cycle")
+        return edge
+
+    def _has_cycle(self) -> bool:
+        return topological_order(len(self.nodes), self.edges) is None
+
+    def placement(self, num_workers: int) -> list[tuple[int, ...]]:
+        """Worker index of every shard of every node (round robin where not given)."""
+        if num_workers < 1:
+            raise GraphError("cannot place a graph on a cluster with no workers")
+        out = []
+        for n in self.nodes:
+            if n.placement is None:
+                out.append(tuple(s % num_workers for s in range(n.shards)))
+            elif max(n.placement) >= num_workers:
+                raise GraphError(
+                    f"node {n.name!r} is placed on worker {max(n.placement)} but the cluster"
+                    f" has {num_workers} workers"
+                )
+            else:
+                out.append(n.placement)
+        return out
+
+
+def topological_order(num_nodes: int, edges) -> list[int] | None:
+    """Nodes in an order where every edge goes forward, or None if there is a cycle."""
+    indeg = [0] * num_nodes
+    succ: list[list[int]] = [[] for _ in range(num_nodes)]
+    for e in edges:
+        indeg[e.dst] += 1
+        succ[e.src].append(e.dst)
+    ready = [n for n in range(num_nodes) if indeg[n] == 0]
+    order = []
+    while ready:
+        n = ready.pop()
+        order.append(n)
+        for m in succ[n]:
+            indeg[m] -= 1
+            if indeg[m] == 0:
+                ready.append(m)
+    return order if len(order) == num_nodes else None
+
+
+@dataclass(frozen=True)
+class Topology:
+    """What progress tracking needs to know of a graph: shard counts and reachability.
+
+    ``any_path[n][m]``: some path n -> m crosses a BROADCAST or KEYED edge, so any shard of n
+    can reach any shard of m. ``aligned_path[n][m]``: a path of ONE_TO_ONE edges only joins n to
+    m, so shard s of n reaches shard s of m.
+    """
+
+    shards: tuple[int, ...]
+    any_path: tuple[tuple[bool, ...], ...]
+    aligned_path: tuple[tuple[bool, ...], ...]
+
+    @classmethod
+    def of(cls, shards, edges) -> "Topology":
+        n = len(shards)
+        order = topological_order(n, edges)
+        if order is None:
+            raise GraphError("graph has a cycle")
+        anyp = [[False] * n for _ in range(n)]
+        aligned = [[False] * n for _ in range(n)]
+        out: list[list[Edge]] = [[] for _ in range(n)]
+        for e in edges:
+            out[e.src].append(e)
+        for src in reversed(order):  # successors are final before their predecessors
+            for e in out[src]:
+                d = e.dst
+                if e.routing is ONE_TO_ONE:
+                    aligned[src][d] = True
+                else:
+                    anyp[src][d] = True
+                for m in range(n):
+                    if anyp[d][m] or (e.routing is not ONE_TO_ONE and aligned[d][m]):
+                        anyp[src][m] = True
+                    if e.routing is ONE_TO_ONE and aligned[d][m]:
+                        aligned[src][m] = True
+        return cls(tuple(shards), tuple(map(tuple, anyp)), tuple(map(tuple, aligned)))
+
+    def upstream(self, node: int) -> list[tuple[int, bool]]:
+        """Nodes that can reach ``node``: (upstream node, reaches every shard)."""
+        return [
+            (n, self.any_path[n][node])
+            for n in range(len(self.shards))
+            if self.any_path[n][node] or self.aligned_path[n][node]
+        ]

@@ -1,0 +1,91 @@
+"""The transport interface, and its in-process twin.
+
+A transport moves lists of frames between endpoints, on two channels per peer pair: ``DATA``
+for bulk tuples and ``CONTROL`` for progress, heartbeats and housekeeping, so that control is
+never queued behind bulk data. Delivery is FIFO per (sender, receiver, channel); there is no
+ordering between channels. ``send`` never blocks the event loop.
+
+``InprocTransport`` connects endpoints living in one process (any threads) through a
+registry; it copies every frame, as a socket would, so that senders and receivers never
+share memory. ``ZmqTransport`` (``zmq_transport.py``) is the real one. Both pass the same
+conformance suite (``tests/test_transport.py``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from abc import ABC, abstractmethod
+from typing import Callable
+
+from .wire import CONTROL, DATA
+
+__all__ = ["Transport", "InprocTransport", "CONTROL", "DATA"]
+
+OnMessage = Callable[[int, list], None]
+
+
+class Transport(ABC):
+    address: str  # where peers reach this endpoint
+
+    @abstractmethod
+    def start(self, loop, on_message: OnMessage) -> None:
+        """Begin delivering received messages as ``on_message(channel, frames)`` on ``loop``."""
+
+    @abstractmethod
+    def connect(self, peer: int, address: str) -> None:
+        """Make ``peer`` reachable at ``address`` (replacing an older address)."""
+
+    @abstractmethod
+    def disconnect(self, peer: int) -> None:
+        """Forget ``peer``; anything still queued for it is dropped."""
+
+    @abstractmethod
+    def send(self, peer: int, channel: int, frames: list) -> None:
+        """Queue ``frames`` for ``peer``; raises KeyError for an unknown peer."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop receiving and release resources; idempotent."""
+
+
+_registry: dict[str, "InprocTransport"] = {}
+_registry_lock = threading.Lock()
+_names = itertools.count()
+
+
+class InprocTransport(Transport):
+    def __init__(self, name: str | None = None):
+        self.address = f"inproc-{next(_names)}" if name is None else name
+        self._peers: dict[int, str] = {}
+        self._loop = None
+        self._on_message: OnMessage | None = None
+        with _registry_lock:
+            if self.address in _registry:
+                raise ValueError(f"in-process address {self.address!r} is taken")
+            _registry[self.address] = self
+
+    def start(self, loop, on_message):
+        self._loop, self._on_message = loop, on_message
+
+    def connect(self, peer, address):
+        self._peers[peer] = address.split("|")[0]
+
+    def disconnect(self, peer):
+        self._peers.pop(peer, None)
+
+    def send(self, peer, channel, frames):
+        target = _registry.get(self._peers[peer])
+        if target is None or target._loop is None or target._loop.is_closed():
+            return  # like a socket to a dead peer: the message is lost
+        copies = [bytes(f) for f in frames]
+        target._loop.call_soon_threadsafe(target._deliver, channel, copies)
+
+    def _deliver(self, channel, frames):
+        if self._on_message is not None:
+            self._on_message(channel, frames)
+
+    def close(self):
+        self._on_message = None
+        with _registry_lock:
+            _registry.pop(self.address, None)

@@ -1,0 +1,335 @@
+"""A worker as a state machine: frames in, commands out. No sockets, threads or clocks inside.
+
+The adapter (``endpoint.py``) feeds received frames to ``receive``, calls ``step`` to run local
+work (tuples between shards of this worker, completion notifications) and ``tick`` with the
+time, then carries out the commands returned by ``take_commands``:
+
+- ``("send", peer, channel, frames)``  - ``("connect", peer, address)``
+- ``("disconnect", peer)``              - ``("exit", reason)``
+
+Everything produced in one turn (between two ``take_commands``) leaves together: one data
+message per peer (split only when very large) and one progress message per peer.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections import deque
+
+import cloudpickle
+
+from . import wire
+from .counters import Counters
+from .graph import KEYED, ONE_TO_ONE, Topology
+from .operator import Context
+from .progress import CAP, INPUT, SINK, ChangeBatch, ProgressTracker
+from .wire import CONTROL, DATA, Kind
+
+log = logging.getLogger("plaque.worker")
+
+COORDINATOR = -1
+MAX_TUPLES_PER_MESSAGE = 8192
+HEARTBEAT_INTERVAL = 0.5
+
+
+class _LocalGraph:
+    """A graph installed on this worker: its shards here, routes and progress copy."""
+
+    def __init__(self, gid, graph, placement, worker_id, emit, output):
+        self.gid = gid
+        self.graph = graph
+        self.placement = placement
+        self.topology = Topology.of([n.shards for n in graph.nodes], graph.edges)
+        self.tracker = ProgressTracker(self.topology)
+        self.outgoing = ChangeBatch()
+        self.peers = sorted({w for p in placement for w in p} - {worker_id})
+        self.routes: dict[tuple[int, int], list] = {}
+        for e in graph.edges:
+            self.routes.setdefault((e.src, e.src_port), []).append(e)
+        self.ops: dict[tuple[int, int], tuple[object, Context]] = {}
+        for node in graph.nodes:
+            for shard, w in enumerate(placement[node.index]):
+                if w == worker_id:
+                    ctx = Context(node.name, shard, node.shards, worker_id, None, None)
+                    ctx._emit = _bind(emit, gid, node.index, shard)
+                    ctx._output = _bind(output, gid, node.index, shard)
+                    self.ops[(node.index, shard)] = (node.factory(), ctx)
+        self.pending: dict[tuple[int, int], list] = {}  # shard -> timestamps awaiting completion
+        self.args: dict[object, object] = {}
+        self.open_shards: dict[object, int] = {}  # t -> local shards not yet complete
+        self.failed: set = set()  # timestamps whose operators already raised here
+
+
+def _bind(fn, gid, node, shard):
+    return lambda t, *a: fn(gid, node, shard, t, *a)
+
+
+class WorkerCore:
+    """The worker's logic. ``address`` is where peers reach this worker's transport."""
+
+    def __init__(self, address: str, coordinator_address: str, info=None,
+                 coordinator_timeout: float = 10.0):
+        self.id: int | None = None
+        self.address = address
+        self.info = info or {}
+        self.coordinator_timeout = coordinator_timeout
+        self.counters = Counters()
+        self.graphs: dict[int, _LocalGraph] = {}
+        self.peers: dict[int, str] = {}
+        self._commands: list = [("connect", COORDINATOR, coordinator_address)]
+        self._local: deque = deque()
+        self._data_out: dict[int, dict[tuple, list]] = {}
+        self._outputs: list = []
+        self._last_heard = None
+        self._last_beat = None
+        self.exited = False
+        self._send(COORDINATOR, CONTROL, Kind.HELLO, (address, self.info))
+
+    # ---- carrying out -------------------------------------------------------------------
+    def take_commands(self) -> list:
+        """Everything to do now: buffered tuples and progress become messages here."""
+        self._flush_data()
+        self._flush_progress()
+        cmds, self._commands = self._commands, []
+        return cmds
+
+    def _send(self, peer, channel, kind, payload, tuples=0) -> None:
+        frames = wire.encode(kind, -2 if self.id is None else self.id, payload)
+        c = self.counters.peer(peer)
+        c.messages_sent += 1
+        c.frames_sent += len(frames)
+        c.bytes_sent += wire.frame_bytes(frames)
+        c.tuples_sent += tuples
+        if kind is Kind.PROGRESS:
+            c.progress_sent += 1
+        self._commands.append(("send", peer, channel, frames))
+
+    def _flush_data(self) -> None:
+        for peer, batch in self._data_out.items():
+            msg, count = [], 0
+            for key, values in batch.items():
+                msg.append((key, values))
+                count += len(values)
+                if count >= MAX_TUPLES_PER_MESSAGE:
+                    self._send(peer, DATA, Kind.DATA, msg, tuples=count)
+                    msg, count = [], 0
+            if msg:
+                self._send(peer, DATA, Kind.DATA, msg, tuples=count)
+        self._data_out.clear()
+        if self._outputs:
+            self._send(COORDINATOR, DATA, Kind.OUTPUT, self._outputs, tuples=len(self._outputs))
+            self._outputs = []
+
+    def _flush_progress(self) -> None:
+        per_peer: dict[int, dict] = {}
+        for gid, g in self.graphs.items():
+            if not g.outgoing:
+                continue
+            changes = g.outgoing.drain()
+            for peer in (*g.peers, COORDINATOR):
+                per_peer.setdefault(peer, {})[gid] = changes
+        for peer, body in per_peer.items():
+            self._send(peer, CONTROL, Kind.PROGRESS, body)
+
+    # ---- input ----------------------------------------------------------------------------
+    def receive(self, frames) -> None:
+        """Handle one message; a malformed one is logged and dropped."""
+        try:
+            kind, sender, payload = wire.decode(frames)
+            handler = self._handlers[kind]
+        except Exception as exc:
+            self.counters.peer(-2).dropped += 1
+            log.warning("worker %s dropped a bad message: %s", self.id, exc)
+            return
+        c = self.counters.peer(sender)
+        c.messages_received += 1
+        c.frames_received += len(frames)
+        c.bytes_received += wire.frame_bytes(frames)
+        if kind is Kind.PROGRESS:
+            c.progress_received += 1
+        if sender == COORDINATOR:
+            self._last_heard = None  # reset on next tick
+        try:
+            handler(self, sender, payload)
+        except Exception as exc:
+            c.dropped += 1
+            log.warning("worker %s dropped a %s message it could not apply: %r",
+                        self.id, kind.name, exc)
+
+    def _on_welcome(self, sender, worker_id):
+        self.id = int(worker_id)
+        log.info("joined as worker %d", self.id)
+
+    def _on_peers(self, sender, peers):
+        peers = {int(k): str(v) for k, v in dict(peers).items() if int(k) != self.id}
+        for gone in set(self.peers) - set(peers):
+            self._commands.append(("disconnect", gone))
+        for pid, addr in peers.items():
+            if self.peers.get(pid) != addr:
+                self._commands.append(("connect", pid, addr))
+        self.peers = peers
+
+    def _on_install(self, sender, payload):
+        gid, blob = payload
+        try:
+            graph, placement = cloudpickle.loads(blob)
+            self.graphs[gid] = _LocalGraph(gid, graph, placement, self.id, self._emit,
+                                           self._output)
+            error = None
+        except Exception:
+            error = traceback.format_exc()
+        self._send(COORDINATOR, CONTROL, Kind.INSTALLED, (gid, error))
+
+    def _on_uninstall(self, sender, gid):
+        self.graphs.pop(gid, None)
+
+    def _on_start(self, sender, payload):
+        gid, t, arg = payload
+        g = self.graphs[gid]
+        g.tracker.update(g.tracker.start_changes(t))
+        g.args[t] = arg
+        g.open_shards[t] = len(g.ops)
+        for shard in g.ops:
+            g.pending.setdefault(shard, []).append(t)
+        if not g.ops:
+            self._finish_timestamp(g, t)
+
+    def _on_data(self, sender, batch):
+        for (gid, node, shard, port, t), values in batch:
+            self.counters.peer(sender).tuples_received += len(values)
+            g = self.graphs.get(gid)
+            if g is None:
+                continue
+            self._deliver(g, node, shard, port, t, values)
+
+    def _on_progress(self, sender, body):
+        for gid, changes in body.items():
+            g = self.graphs.get(gid)
+            if g is not None:
+                g.tracker.update(ch for ch in changes if ch[0][1] != SINK)
+
+    def _on_heartbeat(self, sender, payload):
+        pass
+
+    def _on_counters(self, sender, request_id):
+        self._send(COORDINATOR, CONTROL, Kind.COUNTERS, (request_id, self.counters.snapshot()))
+
+    def _on_stop(self, sender, reason):
+        self._exit(f"stopped by coordinator: {reason}")
+
+    _handlers = {
+        Kind.WELCOME: _on_welcome, Kind.PEERS: _on_peers, Kind.INSTALL: _on_install,
+        Kind.UNINSTALL: _on_uninstall, Kind.START: _on_start, Kind.DATA: _on_data,
+        Kind.PROGRESS: _on_progress, Kind.HEARTBEAT: _on_heartbeat,
+        Kind.COUNTERS: _on_counters, Kind.STOP: _on_stop,
+    }
+
+    # ---- operators ------------------------------------------------------------------------
+    def _deliver(self, g, node, shard, port, t, values) -> None:
+        op, ctx = g.ops[(node, shard)]
+        if t not in g.failed:
+            ctx.arg, ctx._t = g.args.get(t), t
+            try:
+                for v in values:
+                    op.on_input(ctx, t, port, v)
+            except Exception as exc:
+                self._report(g, node, shard, t, exc)
+        self._change(g, (INPUT, node, shard, t), -len(values))
+
+    def _emit(self, gid, node, shard, t, value, port, dest) -> None:
+        g = self.graphs[gid]
+        edges = g.routes.get((node, port), ())
+        for e in edges:
+            n = g.graph.nodes[e.dst].shards
+            if e.routing is ONE_TO_ONE:
+                targets = (shard,)
+            elif e.routing is KEYED:
+                if dest is None or not 0 <= int(dest) < n:
+                    raise ValueError(f"emit on a KEYED edge to {g.graph.nodes[e.dst].name!r} needs"
+                                     f" shard= in [0, {n}), got {dest!r}")
+                targets = (int(dest),)
+            else:
+                targets = range(n)
+            for s in targets:
+                self._change(g, (INPUT, e.dst, s, t), 1)
+                w = g.placement[e.dst][s]
+                key = (g.gid, e.dst, s, e.dst_port, t)
+                if w == self.id:
+                    self._local.append((g, key, value))
+                else:
+                    self._data_out.setdefault(w, {}).setdefault(key, []).append(value)
+
+    def _output(self, gid, node, shard, t, value) -> None:
+        g = self.graphs[gid]
+        self._change(g, (INPUT, SINK, 0, t), 1)
+        self._outputs.append((gid, node, shard, t, value))
+
+    def _change(self, g, key, delta) -> None:
+        if key[1] != SINK:
+            g.tracker.update(((key, delta),))
+        g.outgoing.add(key, delta)
+
+    def _report(self, g, node, shard, t, exc) -> None:
+        g.failed.add(t)
+        name = g.graph.nodes[node].name
+        tb = "".join(traceback.format_exception(exc))
+        log.info("operator %s[%d] failed at t=%s: %r", name, shard, t, exc)
+        self._send(COORDINATOR, CONTROL, Kind.ERROR, (g.gid, t, name, shard, self.id, repr(exc), tb))
+
+    def step(self) -> None:
+        """Run local work until nothing is left: local tuples, then due notifications."""
+        while True:
+            while self._local:
+                g, (_, node, shard, port, t), value = self._local.popleft()
+                self._deliver(g, node, shard, port, t, (value,))
+            if not self._notify_due():
+                return
+
+    def _notify_due(self) -> bool:
+        fired = False
+        for g in list(self.graphs.values()):
+            for shard_key, ts in list(g.pending.items()):
+                while ts and g.tracker.is_complete(shard_key[0], shard_key[1], ts[0]):
+                    t = ts.pop(0)
+                    self._complete(g, shard_key, t)
+                    fired = True
+                if not ts:
+                    del g.pending[shard_key]
+        return fired
+
+    def _complete(self, g, shard_key, t) -> None:
+        node, shard = shard_key
+        op, ctx = g.ops[shard_key]
+        if t not in g.failed:
+            ctx.arg, ctx._t = g.args.get(t), t
+            try:
+                op.on_complete(ctx, t)
+            except Exception as exc:
+                self._report(g, node, shard, t, exc)
+        self._change(g, (CAP, node, shard, t), -1)
+        g.open_shards[t] -= 1
+        if not g.open_shards[t]:
+            self._finish_timestamp(g, t)
+
+    def _finish_timestamp(self, g, t) -> None:
+        del g.open_shards[t]
+        g.args.pop(t, None)
+        g.failed.discard(t)
+
+    # ---- time -----------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """Send heartbeats; give up if the coordinator has been silent too long."""
+        if self._last_heard is None:
+            self._last_heard = now
+        if self._last_beat is None or now - self._last_beat >= HEARTBEAT_INTERVAL:
+            self._last_beat = now
+            self._send(COORDINATOR, CONTROL, Kind.HEARTBEAT, now)
+        if now - self._last_heard > self.coordinator_timeout:
+            self._exit(f"coordinator silent for {now - self._last_heard:.1f} s")
+
+    def _exit(self, reason) -> None:
+        if not self.exited:
+            self.exited = True
+            log.info("worker %s exiting: %s", self.id, reason)
+            self._commands.append(("exit", reason))

@@ -1,0 +1,174 @@
+"""The ZeroMQ transport: a PULL socket per channel to receive, PUSH sockets per peer to send.
+
+An endpoint binds two PULL sockets (control and data) and its address is
+``"<control endpoint>|<data endpoint>"``; an address with only the control part is enough to
+say hello. Receiving drains control before data, and yields to the event loop after a budget
+of messages so that a flood of data cannot starve the turn that flushes progress. Sends never
+block: when a peer's queue is at its high-water mark, frames wait in a per-peer backlog that is
+retried shortly. Large frames go out and come in without copies (``copy=False``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections import deque
+
+import zmq
+
+from .transport import Transport
+from .wire import CONTROL, DATA
+
+RECV_BUDGET = 512
+HWM = 100_000
+
+
+def _bind(sock, where: str) -> str:
+    if where.startswith("ipc://") and where.endswith("/"):
+        where = f"{where}plaque-{uuid.uuid4().hex[:12]}"
+    if where.startswith("tcp://") and where.count(":") == 1:
+        sock.bind_to_random_port(where)
+    else:
+        sock.bind(where)
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+class ZmqTransport(Transport):
+    """``bind``: ``tcp://HOST`` (random ports), ``ipc://DIR/`` or ``ipc`` (temp dir)."""
+
+    def __init__(self, bind: str = "tcp://127.0.0.1", context: zmq.Context | None = None):
+        if bind == "ipc":
+            bind = f"ipc://{tempfile.gettempdir()}/"
+        if not bind.startswith(("tcp://", "ipc://")):
+            raise ValueError(f"bind address must start with tcp:// or ipc://, got {bind!r}")
+        self._own_context = context is None
+        self.ctx = context or zmq.Context()
+        self._pull = {}
+        for ch in (CONTROL, DATA):
+            s = self.ctx.socket(zmq.PULL)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.RCVHWM, HWM)
+            self._pull[ch] = (s, _bind(s, bind))
+        self.address = f"{self._pull[CONTROL][1]}|{self._pull[DATA][1]}"
+        self._push: dict[tuple[int, int], zmq.Socket] = {}
+        self._backlog: dict[tuple[int, int], deque] = {}
+        self._addresses: dict[int, list[str]] = {}
+        self._loop = None
+        self._on_message = None
+        self._drain_scheduled = False
+        self._retry_scheduled = False
+        self.closed = False
+
+    def start(self, loop, on_message):
+        self._loop, self._on_message = loop, on_message
+        for s, _ in self._pull.values():
+            loop.add_reader(s.getsockopt(zmq.FD), self._schedule_drain)
+        self._schedule_drain()
+
+    def _schedule_drain(self):
+        if not self._drain_scheduled and not self.closed:
+            self._drain_scheduled = True
+            self._loop.call_soon(self._drain)
+
+    def _drain(self):
+        self._drain_scheduled = False
+        if self.closed:
+            return
+        ctl, data = self._pull[CONTROL][0], self._pull[DATA][0]
+        for _ in range(RECV_BUDGET):
+            try:
+                self._on_message(CONTROL, ctl.recv_multipart(zmq.NOBLOCK, copy=False))
+                continue
+            except zmq.Again:
+                pass
+            try:
+                self._on_message(DATA, data.recv_multipart(zmq.NOBLOCK, copy=False))
+            except zmq.Again:
+                return  # both drained: the next edge of either FD wakes us
+            if self.closed:
+                return
+        self._schedule_drain()  # budget used up: let the loop run a turn, then go on
+
+    def connect(self, peer, address):
+        parts = address.split("|")[:2]
+        old = self._addresses.get(peer, [])
+        for i, (ch, where) in enumerate(zip((CONTROL, DATA), parts)):
+            if i < len(old) and old[i] == where:
+                continue
+            sock = self._push.pop((peer, ch), None)
+            if sock is not None:
+                sock.close(0)
+            s = self.ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.SNDHWM, HWM)
+            s.connect(where)
+            self._push[(peer, ch)] = s
+        self._addresses[peer] = parts + old[len(parts):]
+
+    def disconnect(self, peer):
+        self._addresses.pop(peer, None)
+        for ch in (CONTROL, DATA):
+            sock = self._push.pop((peer, ch), None)
+            if sock is not None:
+                sock.close(0)
+            self._backlog.pop((peer, ch), None)
+
+    def send(self, peer, channel, frames):
+        key = (peer, channel)
+        sock = self._push.get(key)
+        if sock is None:
+            if peer not in self._addresses:
+                raise KeyError(f"unknown peer {peer}")
+            return  # peer announced without a data address yet: nothing can reach it
+        backlog = self._backlog.get(key)
+        if backlog:
+            backlog.append(frames)
+            return
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self._backlog.setdefault(key, deque()).append(frames)
+            self._schedule_retry()
+
+    def _schedule_retry(self):
+        if not self._retry_scheduled and self._loop is not None:
+            self._retry_scheduled = True
+            self._loop.call_later(0.001, self._retry)
+
+    def _retry(self):
+        self._retry_scheduled = False
+        for key, backlog in list(self._backlog.items()):
+            sock = self._push.get(key)
+            while backlog and sock is not None:
+                try:
+                    sock.send_multipart(backlog[0], zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                backlog.popleft()
+            if not backlog or sock is None:
+                del self._backlog[key]
+        if self._backlog:
+            self._schedule_retry()
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        for s, where in self._pull.values():
+            if self._loop is not None and not self._loop.is_closed():
+                try:
+                    self._loop.remove_reader(s.getsockopt(zmq.FD))
+                except Exception:
+                    pass
+            s.close(0)
+            if where.startswith("ipc://"):
+                try:
+                    os.unlink(where[len("ipc://"):])
+                except OSError:
+                    pass
+        for s in self._push.values():
+            s.close(0)
+        self._push.clear()
+        if self._own_context:
+            self.ctx.term()
