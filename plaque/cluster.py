@@ -55,10 +55,10 @@ class Cluster:
     """A coordinator listening at ``bind`` (``tcp://HOST``, ``ipc``, or ``inproc``)."""
 
     def __init__(self, bind: str = "tcp://127.0.0.1", heartbeat_timeout: float = 3.0):
-        self._core = CoordinatorCore(heartbeat_timeout=heartbeat_timeout)
         self._inproc = bind == "inproc"
         self._transport = InprocTransport() if self._inproc else ZmqTransport(bind)
         self.address = self._transport.address
+        self._core = CoordinatorCore(self.address, heartbeat_timeout=heartbeat_timeout)
         self._loop = uvloop.new_event_loop()
         self._pending: dict[tuple, cf.Future] = {}
         self._members: list[int] = []
@@ -221,7 +221,8 @@ class Cluster:
         """Spawn ``n`` worker processes that join this cluster."""
         env = dict(os.environ, PLAQUE_DIE_WITH_PARENT="1")
         for _ in range(n):
-            cmd = [sys.executable, "-m", "plaque", "worker", "--join", self.address,
+            verbose = ["-v"] * int(os.environ.get("PLAQUE_VERBOSE", "0") or 0)
+            cmd = [sys.executable, "-m", "plaque", *verbose, "worker", "--join", self.address,
                    "--bind", bind]
             self.processes.append(subprocess.Popen(cmd, env=env))
 

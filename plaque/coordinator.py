@@ -85,7 +85,8 @@ def ship(obj, functions) -> bytes:
 
 
 class CoordinatorCore:
-    def __init__(self, heartbeat_timeout: float = 3.0):
+    def __init__(self, address: str = "", heartbeat_timeout: float = 3.0):
+        self.address = address  # our full transport address, told to workers on joining
         self.heartbeat_timeout = heartbeat_timeout
         self.counters = Counters()
         self.workers: dict[int, _Worker] = {}
@@ -95,6 +96,7 @@ class CoordinatorCore:
         self._requests = itertools.count()
         self._heard: set[int] = set()
         self._last_beat: float | None = None
+        self.stopping = False
         self._commands: list = []
         self._events: list = []
 
@@ -167,6 +169,7 @@ class CoordinatorCore:
         return req, live
 
     def stop_workers(self, reason="cluster closed") -> None:
+        self.stopping = True  # workers going away now are not failures
         for w in self.live_workers():
             self._send(w, Kind.STOP, reason)
 
@@ -202,7 +205,7 @@ class CoordinatorCore:
         self.workers[wid] = _Worker(address, dict(info))
         self._heard.add(wid)
         self._commands.append(("connect", wid, address))
-        self._send(wid, Kind.WELCOME, wid)
+        self._send(wid, Kind.WELCOME, (wid, self.address))
         self._broadcast_peers()
         self._events.append(("membership", self.live_workers()))
         log.info("worker %d joined from %s", wid, address)
@@ -290,7 +293,7 @@ class CoordinatorCore:
             self._last_beat = now
             for w in self.live_workers():
                 self._send(w, Kind.HEARTBEAT, now)
-        for w in self.live_workers():
+        for w in [] if self.stopping else self.live_workers():
             seen = self.workers[w].last_seen
             if seen is not None and now - seen > self.heartbeat_timeout:
                 self.lose_worker(w, f"no heartbeat for {now - seen:.1f} s")

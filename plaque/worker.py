@@ -157,8 +157,11 @@ class WorkerCore:
             log.warning("worker %s dropped a %s message it could not apply: %r",
                         self.id, kind.name, exc)
 
-    def _on_welcome(self, sender, worker_id):
+    def _on_welcome(self, sender, payload):
+        worker_id, coordinator_address = payload
         self.id = int(worker_id)
+        if coordinator_address:  # we may have joined with the control endpoint only
+            self._commands.append(("connect", COORDINATOR, str(coordinator_address)))
         log.info("joined as worker %d", self.id)
 
     def _on_peers(self, sender, peers):

@@ -1,0 +1,312 @@
+"""End-to-end behaviour of the engine: graphs run on real clusters and give the right answers.
+
+Each test runs on the in-process transport and on worker processes over tcp loopback (the
+``cluster`` fixture); failure tests use real processes only.
+"""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+import plaque
+from plaque import BROADCAST, KEYED, ONE_TO_ONE, Graph, Operator
+
+
+class Source(Operator):
+    """Emits ``arg`` tuples (shard, i) when the run starts."""
+
+    def on_complete(self, ctx, t):
+        for i in range(ctx.arg):
+            ctx.emit((ctx.shard, i))
+
+
+class Forward(Operator):
+    def on_input(self, ctx, t, port, value):
+        ctx.emit(value)
+
+
+class Route(Operator):
+    """Keyed exchange: value (s, i) goes to shard i % 3; values with i % 5 == 4 go nowhere."""
+
+    def on_input(self, ctx, t, port, value):
+        if value[1] % 5 != 4:
+            ctx.emit(value, shard=value[1] % 3)
+
+
+class Collect(Operator):
+    """Outputs the sorted list of what it received, once its input is complete."""
+
+    def __init__(self):
+        self.got = {}
+
+    def on_input(self, ctx, t, port, value):
+        self.got.setdefault(t, []).append(value)
+
+    def on_complete(self, ctx, t):
+        ctx.output(sorted(self.got.pop(t, [])))
+
+
+def sparse_graph(src_shards=4, dst_shards=6):
+    g = Graph("sparse")
+    s = g.node("src", Source, src_shards)
+    r = g.node("router", Route, src_shards)
+    c = g.node("collect", Collect, dst_shards)
+    g.edge(s, r, ONE_TO_ONE)
+    g.edge(r, c, KEYED)
+    return g
+
+
+def expected_sparse(n, src_shards=4, dst_shards=6):
+    want = {d: [] for d in range(dst_shards)}
+    for s in range(src_shards):
+        for i in range(n):
+            if i % 5 != 4:
+                want[i % 3].append((s, i))
+    return {d: [sorted(v)] for d, v in want.items()}
+
+
+def test_graph_is_compact_whatever_the_shard_count():
+    for n in (1, 8, 1024):
+        g = Graph()
+        a = g.node("arg", Forward, n)
+        b = g.node("A", Forward, n)
+        c = g.node("B", Forward, n)
+        d = g.node("result", Forward, n)
+        for x, y in ((a, b), (b, c), (c, d)):
+            g.edge(x, y)
+        assert (len(g.nodes), len(g.edges)) == (4, 3)
+
+
+def test_sparse_exchange_reaches_every_shard_even_empty_ones(cluster):
+    ig = cluster.install(sparse_graph())
+    res = ig.run(10).result(timeout=30)
+    # shards 3..5 receive nothing, yet each is told its input is complete and outputs []
+    assert res.outputs["collect"] == expected_sparse(10)
+
+
+def test_runs_repeat_and_overlap(cluster):
+    ig = cluster.install(sparse_graph())
+    futures = [ig.run(n) for n in range(12)]
+    for n, fut in enumerate(futures):
+        res = fut.result(timeout=30)
+        assert res.timestamp == n
+        assert res.outputs["collect"] == expected_sparse(n)
+
+
+def test_broadcast_and_several_graphs(cluster):
+    g = Graph("bcast")
+    s = g.node("src", Source, 2)
+    c = g.node("collect", Collect, 3)
+    g.edge(s, c, BROADCAST)
+    bcast = cluster.install(g)
+    sparse = cluster.install(sparse_graph())
+    f1, f2 = bcast.run(3), sparse.run(5)
+    every = sorted((s, i) for s in range(2) for i in range(3))
+    assert f1.result(30).outputs["collect"] == {d: [every] for d in range(3)}
+    assert f2.result(30).outputs["collect"] == expected_sparse(5)
+
+
+class ArraySource(Operator):
+    def on_complete(self, ctx, t):
+        rng = np.random.default_rng(ctx.shard)
+        ctx.emit(rng.standard_normal((256, 512)), shard=1 - ctx.shard)
+
+
+class ArraySum(Operator):
+    def on_input(self, ctx, t, port, value):
+        ctx.output(value)
+
+
+def test_numpy_arrays_arrive_intact(cluster):
+    g = Graph("arrays")
+    s = g.node("src", ArraySource, 2, placement=[0, 1])
+    d = g.node("dst", ArraySum, 2, placement=[0, 1])
+    g.edge(s, d, KEYED)
+    res = cluster.install(g).run().result(30)
+    for shard in (0, 1):
+        want = np.random.default_rng(1 - shard).standard_normal((256, 512))
+        np.testing.assert_array_equal(res.outputs["dst"][shard][0], want)
+
+
+class Boom(Operator):
+    def on_input(self, ctx, t, port, value):
+        if value[1] == 3:
+            raise ZeroDivisionError("boom at three")
+        ctx.emit(value)
+
+
+def test_operator_error_names_where_and_cluster_stays_usable(cluster):
+    g = Graph("boom")
+    s = g.node("src", Source, 2)
+    b = g.node("boom", Boom, 2)
+    c = g.node("collect", Collect, 2)
+    g.edge(s, b)
+    g.edge(b, c)
+    ig = cluster.install(g)
+    with pytest.raises(plaque.OperatorError) as info:
+        ig.run(5).result(30)
+    err = info.value
+    assert err.node == "boom" and err.shard in (0, 1) and err.worker in cluster.workers()
+    assert "ZeroDivisionError: boom at three" in err.remote_traceback
+    assert "in on_input" in err.remote_traceback
+    # the same graph still runs (no failing value), and so do others
+    assert ig.run(3).result(30).values("collect") == [[(0, 0), (0, 1), (0, 2)],
+                                                     [(1, 0), (1, 1), (1, 2)]]
+    assert cluster.install(sparse_graph()).run(4).result(30).outputs["collect"] == \
+        expected_sparse(4)
+
+
+class BadKey(Operator):
+    def on_complete(self, ctx, t):
+        ctx.emit(1, shard=99)
+
+
+def test_keyed_emit_to_missing_shard_is_an_operator_error(cluster):
+    g = Graph("badkey")
+    s = g.node("src", BadKey, 1)
+    c = g.node("collect", Collect, 2)
+    g.edge(s, c, KEYED)
+    with pytest.raises(plaque.OperatorError, match="needs shard= in"):
+        cluster.install(g).run().result(30)
+
+
+class FailingInit(Operator):
+    def __init__(self):
+        raise RuntimeError("cannot build this operator")
+
+
+def test_install_failure_is_a_graph_error(cluster):
+    g = Graph("badinit")
+    g.node("x", FailingInit, 2)
+    with pytest.raises(plaque.GraphError, match="cannot build this operator"):
+        cluster.install(g)
+
+
+def test_bad_graphs_are_refused_at_construction():
+    g = Graph()
+    a = g.node("a", Forward, 2)
+    b = g.node("b", Forward, 3)
+    with pytest.raises(plaque.GraphError, match="one-to-one"):
+        g.edge(a, b, ONE_TO_ONE)
+    g.edge(a, b, KEYED)
+    with pytest.raises(plaque.GraphError, match="cycle"):
+        g.edge(b, a, KEYED)
+    with pytest.raises(plaque.GraphError, match="already used"):
+        g.node("a", Forward, 1)
+    with pytest.raises(plaque.GraphError, match="positive"):
+        g.node("c", Forward, 0)
+    with pytest.raises(plaque.GraphError, match="not callable"):
+        g.node("d", 42, 1)
+    with pytest.raises(plaque.GraphError, match="placement"):
+        g.node("e", Forward, 2, placement=[0])
+
+
+def test_placement_beyond_the_cluster_is_refused(cluster):
+    g = Graph()
+    g.node("a", Forward, 1, placement=[7])
+    with pytest.raises(plaque.GraphError, match="has 2 workers"):
+        cluster.install(g)
+
+
+def test_sparse_exchange_sends_only_what_is_routed():
+    """Bytes and tuples on the wire follow what was routed, not the number of shards."""
+
+    class Pick(Operator):
+        def on_complete(self, ctx, t):
+            for dest in ctx.arg.get(ctx.shard, ()):
+                ctx.emit(np.full(100_000, ctx.shard, dtype=np.uint8), shard=dest)
+
+    g = Graph("pick")
+    p = g.node("pick", Pick, 4, placement=[0, 0, 0, 0])
+    c = g.node("sink", ArraySum, 8, placement=[1] * 8)
+    g.edge(p, c, KEYED)
+    with plaque.local_cluster(workers=2, transport="tcp") as cluster:
+        ig = cluster.install(g)
+
+        def data_to_worker1(routing):
+            before = cluster.counters()[0].get(1, {})
+            res = ig.run(routing).result(30)
+            after = cluster.counters()[0][1]
+            delta = {k: after[k] - before.get(k, 0) for k in after}
+            return res, delta
+
+        res, none = data_to_worker1({})
+        assert none["tuples_sent"] == 0 and none["bytes_sent"] < 2_000  # progress only
+        res, some = data_to_worker1({0: [3], 2: [5, 6]})
+        assert some["tuples_sent"] == 3
+        assert 300_000 <= some["bytes_sent"] <= 300_000 + 4_000
+        assert [len(res.outputs["sink"].get(d, [])) for d in range(8)] == [0, 0, 0, 1, 0, 1, 1, 0]
+
+
+class Stall(Operator):
+    def on_complete(self, ctx, t):
+        if ctx.arg == ctx.worker:  # the shard on the worker about to be killed never finishes
+            time.sleep(60)
+        ctx.output(ctx.worker)
+
+
+def test_lost_worker_fails_its_runs_quickly_and_others_go_on(tcp_cluster3):
+    cluster = tcp_cluster3
+    w0, w1, w2 = cluster.workers()
+    doomed = Graph("doomed")
+    doomed.node("stall", Stall, 2, placement=[0, 1])
+    safe = Graph("safe")
+    safe.node("stall", Stall, 1, placement=[2])
+    doomed, safe = cluster.install(doomed), cluster.install(safe)
+    fut = doomed.run(w1)
+    time.sleep(0.3)
+    os.kill(cluster._core.workers[w1].info["pid"], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(plaque.WorkerLost, match="worker"):
+        fut.result(timeout=15)
+    assert time.monotonic() - t0 < 15
+    assert safe.run(None).result(30).values("stall") == [w2]
+    with pytest.raises(plaque.WorkerLost):
+        doomed.run(None).result(5)
+    assert cluster.workers() == [w0, w2]
+
+
+def test_garbage_on_worker_sockets_is_dropped_and_worker_keeps_serving():
+    with plaque.local_cluster(workers=2, transport="tcp") as cluster:
+        ig = cluster.install(sparse_graph())
+        assert ig.run(3).result(30).outputs["collect"] == expected_sparse(3)
+        ctx = zmq.Context()
+        try:
+            for wid, addr in ((w, cluster._core.workers[w].address) for w in cluster.workers()):
+                for endpoint in addr.split("|"):
+                    s = ctx.socket(zmq.PUSH)
+                    s.setsockopt(zmq.LINGER, 1000)
+                    s.connect(endpoint)
+                    for frames in ([b"x"], [b"PQ\x01\x08\x00\x00\x00\x00", b"\x80\x05junk"],
+                                   [b"PQ\x09\x08\x00\x00\x00\x00", b""], [b"", b"", b""],
+                                   [os.urandom(8), os.urandom(1000)]):
+                        s.send_multipart(frames)
+                    s.close()
+        finally:
+            ctx.term()
+        time.sleep(0.5)
+        assert ig.run(7).result(30).outputs["collect"] == expected_sparse(7)
+        dropped = sum(c.get("dropped", 0) for w, peers in cluster.counters().items() if w >= 0
+                      for c in peers.values())
+        assert dropped >= 2 * 2 * 5
+
+
+def test_worker_started_by_hand_joins_and_exits_when_coordinator_vanishes():
+    cluster = plaque.Cluster("tcp://127.0.0.1", heartbeat_timeout=3.0)
+    try:
+        import subprocess
+        import sys
+
+        proc = subprocess.Popen([sys.executable, "-m", "plaque", "worker", "--join",
+                                 cluster.address.split("|")[0], "--coordinator-timeout", "1.5"])
+        cluster.processes.append(proc)
+        cluster.wait_for_workers(1, timeout=30)
+        assert cluster.install(sparse_graph(2, 3)).run(2).result(30).values("collect")
+        cluster._call(lambda: cluster._endpoint.stop("vanish"))  # no goodbye to the worker
+        assert proc.wait(timeout=15) == 0
+    finally:
+        cluster.close()
