@@ -1,0 +1,17 @@
+"""The examples a user copies must keep working: run them as a user would."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_plaque_sparse_exchange_example_runs():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "plaque_sparse_exchange.py"), "--runs", "2",
+         "--workers", "2"],
+        capture_output=True, text=True, timeout=90, check=True,
+    ).stdout
+    assert out.count("aggregate[") == 2 * 8
+    assert "run t=1:" in out and "wire (all workers)" in out

@@ -1,0 +1,264 @@
+"""Progress tracking end to end, on a simulated network driven by hypothesis.
+
+One ``CoordinatorCore`` and W ``WorkerCore`` state machines (W in 1..4) talk through an
+in-test network: one FIFO queue per (sender, receiver, channel), which is exactly what the
+transport guarantees, and nothing more. No sockets, threads, clocks or event loop: delivering
+a message means ``receive`` on the destination, then ``step`` (workers) and ``take_commands``
+(and ``take_events`` for the coordinator), whose sends are appended to the queues. Hypothesis
+picks which non-empty queue delivers next, so messages from different senders and on the DATA
+and CONTROL channels interleave arbitrarily while each queue stays in order.
+
+Graphs are random DAGs of 1-5 nodes with 1-4 shards, random routings and placements; every
+operator logs what it sees. The properties:
+
+- safety: a shard never gets a tuple at t after it was told "complete for t", completions
+  come in timestamp order, and ``run_done`` only comes once every shard completed the run;
+- liveness: once the network drains, every shard completed every run, each run finished
+  exactly once, and every shard received exactly what a sequential reference computation of
+  the same graph says (which also shows no shard completed before its input was in);
+- the number of PROGRESS messages of a run does not grow with shards x shards.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, deque
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plaque import wire
+from plaque.coordinator import CoordinatorCore
+from plaque.graph import BROADCAST, KEYED, ONE_TO_ONE, Graph
+from plaque.operator import Operator
+from plaque.wire import DATA, Kind
+from plaque.worker import COORDINATOR, WorkerCore
+
+COORD = "c"  # the coordinator's address; workers are "w0", "w1", ...
+MOD = 1009
+
+
+# ---- operators and their sequential reference -------------------------------------------------
+# A node is described by a plain spec so that operators (shipped to workers by cloudpickle)
+# and the reference computation below share one definition of what each shard does.
+# spec = (node index, is_source, outs) with outs = ((port, routing, destination shards), ...)
+
+
+def derive(value, node, shard, port):
+    """The value a shard sends on ``port`` for ``value``: deterministic, order-free."""
+    return (value * 31 + node * 7 + shard * 3 + port) % MOD
+
+
+def targets(value, routing, shard, dst_shards):
+    """Destination shards of ``value``; KEYED drops one value in (dst_shards + 1)."""
+    if routing is ONE_TO_ONE:
+        return [shard]
+    if routing is BROADCAST:
+        return list(range(dst_shards))
+    key = value % (dst_shards + 1)
+    return [] if key == dst_shards else [key]
+
+
+def forwards(value):
+    """Non-source nodes forward only some inputs, so broadcast fan-out stays small."""
+    return value % 3 != 0
+
+
+class SimOp(Operator):
+    """Logs ("input", t, port, value) and ("complete", t) per shard; emits and outputs."""
+
+    def __init__(self, spec):
+        self.node, self.is_source, self.outs = spec
+        self.events = []
+        self.sums = {}
+
+    def send(self, ctx, value):
+        for port, routing, dst_shards in self.outs:
+            v = derive(value, self.node, ctx.shard, port)
+            if routing is KEYED:
+                for s in targets(v, routing, ctx.shard, dst_shards):
+                    ctx.emit(v, port=port, shard=s)
+            else:
+                ctx.emit(v, port=port)
+
+    def on_input(self, ctx, t, port, value):
+        self.events.append(("input", t, port, value))
+        self.sums[t] = self.sums.get(t, 0) + value
+        if forwards(value):
+            self.send(ctx, value)
+        if value % 4 == 0:
+            ctx.output(("in", value))
+
+    def on_complete(self, ctx, t):
+        self.events.append(("complete", t))
+        if self.is_source:
+            for a in ctx.arg:
+                self.send(ctx, a)
+                ctx.output(("src", a))
+        else:  # emission during completion, from everything received: wrong if completed early
+            total = self.sums.pop(t, 0)
+            self.send(ctx, total + t)
+            ctx.output(("sum", total))
+
+
+class SimOpFactory:
+    """A picklable zero-argument factory (Graph.node wants a callable)."""
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def __call__(self):
+        return SimOp(self.spec)
+
+
+def shard_sends(spec, shard, value):
+    """(dst node, dst shard, port, value) that one shard sends for ``value`` (reference)."""
+    node, _, outs = spec
+    out = []
+    for port, routing, dst_shards in outs:
+        v = derive(value, node, shard, port)
+        out += [(port, s, v) for s in targets(v, routing, shard, dst_shards)]
+    return out
+
+
+def reference(setup, t, arg):
+    """Sequential run t: per (node, shard), the sorted inputs (port, value) and outputs."""
+    inputs = {(n, s): [] for n, k in enumerate(setup.shards) for s in range(k)}
+    outputs = {key: [] for key in inputs}
+    dst_of_port = {port: dst for port, (_, dst, _) in enumerate(setup.edges)}
+    for n, k in enumerate(setup.shards):  # index order is a topological order
+        spec = setup.spec(n)
+        for s in range(k):
+            sends, got = [], inputs[(n, s)]
+            if spec[1]:
+                for a in arg:
+                    sends += shard_sends(spec, s, a)
+                    outputs[(n, s)].append(("src", a))
+            else:
+                for _, v in got:
+                    sends += shard_sends(spec, s, v) if forwards(v) else []
+                    outputs[(n, s)] += [("in", v)] if v % 4 == 0 else []
+                total = sum(v for _, v in got)
+                sends += shard_sends(spec, s, total + t)
+                outputs[(n, s)].append(("sum", total))
+            for port, dst_shard, v in sends:
+                inputs[(dst_of_port[port], dst_shard)].append((port, v))
+    return ({k: sorted(v) for k, v in inputs.items()},
+            {k: sorted(v) for k, v in outputs.items()})
+
+
+class Setup:
+    """A random test case: graph shape, placement, workers and runs."""
+
+    def __init__(self, workers, shards, edges, placements, runs):
+        self.workers, self.shards, self.edges = workers, shards, edges
+        self.placements, self.runs = placements, runs  # runs: [(arg, deliveries before next)]
+
+    def spec(self, n):
+        # Each edge has its own output port and input port (its index), so KEYED choices and
+        # the reference can tell edges apart even between the same two nodes.
+        outs = tuple((port, routing, self.shards[dst])
+                     for port, (src, dst, routing) in enumerate(self.edges) if src == n)
+        return (n, not any(dst == n for _, dst, _ in self.edges), outs)
+
+    def graph(self):
+        g = Graph("sim")
+        nodes = [g.node(f"n{n}", SimOpFactory(self.spec(n)), k, self.placements[n])
+                 for n, k in enumerate(self.shards)]
+        for port, (src, dst, routing) in enumerate(self.edges):
+            g.edge(nodes[src], nodes[dst], routing, src_port=port, dst_port=port)
+        return g
+
+    def __repr__(self):
+        return (f"Setup(workers={self.workers}, shards={self.shards}, edges={self.edges},"
+                f" placements={self.placements}, runs={self.runs})")
+
+
+# ---- the simulated network --------------------------------------------------------------------
+
+
+class SimNet:
+    """A coordinator and workers joined by per-(src, dst, channel) FIFO queues."""
+
+    def __init__(self, num_workers, choose=lambda n: 0):
+        self.choose = choose  # picks the index of the next non-empty queue to deliver
+        self.coord = CoordinatorCore()
+        self.cores = {COORD: self.coord}
+        self.routes = {COORD: {}}  # endpoint -> peer id -> address (from "connect")
+        self.queues: dict[tuple, deque] = {}
+        self.events: list = []
+        self.on_event = None  # called with each coordinator event as it happens
+        for i in range(num_workers):
+            name = f"w{i}"
+            self.routes[name] = {}
+            self.cores[name] = WorkerCore(name, COORD)
+            self.collect(name)
+
+    def collect(self, name):
+        """Carry out an endpoint's commands: sends go to the queues, connects to routes."""
+        core = self.cores[name]
+        for cmd in core.take_commands():
+            if cmd[0] == "send":
+                _, peer, channel, frames = cmd
+                dst = self.routes[name][peer]  # KeyError = a send to a peer never announced
+                self.queues.setdefault((name, dst, channel), deque()).append(frames)
+            elif cmd[0] == "connect":
+                self.routes[name][cmd[1]] = cmd[2]
+            else:
+                raise AssertionError(f"{name} unexpectedly issued {cmd!r}")
+        if core is self.coord:
+            for ev in self.coord.take_events():
+                self.events.append(ev)
+                if self.on_event is not None:
+                    self.on_event(ev)
+
+    def pending(self):
+        return [key for key, q in self.queues.items() if q]
+
+    def deliver_one(self):
+        keys = self.pending()
+        src, dst, channel = keys[self.choose(len(keys))]
+        core = self.cores[dst]
+        core.receive(self.queues[(src, dst, channel)].popleft())
+        if core is not self.coord:
+            core.step()
+        self.collect(dst)
+
+    def run(self, limit=None):
+        """Deliver until the network is empty (or ``limit`` deliveries); returns the count."""
+        n = 0
+        while self.pending() and (limit is None or n < limit):
+            self.deliver_one()
+            n += 1
+        return n
+
+    def workers(self):
+        return [c for name, c in self.cores.items() if name != COORD]
+
+    def join(self):
+        """Handshake: HELLO / WELCOME / PEERS until every worker knows every other."""
+        self.run()
+        assert len(self.coord.live_workers()) == len(self.workers())
+        assert all(w.id is not None for w in self.workers())
+
+    def install(self, graph):
+        gid = self.coord.install(graph)
+        self.collect(COORD)
+        self.run()
+        assert ("installed", gid, None) in self.events, self.events
+        return gid
+
+    def start(self, gid, arg):
+        t = self.coord.start(gid, arg)
+        self.collect(COORD)
+        return t
+
+
+def shard_logs(net, gid):
+    """(node, shard) -> the operator's event list, from every worker that hosts the graph."""
+    logs = {}
+    for core in net.workers():
+        g = core.graphs.get(gid)
+        for key, (op, _) in (g.ops.items() if g else ()):
+            logs[key] = op.events
+    return logs
