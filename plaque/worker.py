@@ -42,7 +42,8 @@ class _LocalGraph:
         self.placement = placement
         self.topology = Topology.of([n.shards for n in graph.nodes], graph.edges)
         self.tracker = ProgressTracker(self.topology)
-        self.outgoing = ChangeBatch()
+        self.staged = ChangeBatch()  # this turn's changes, not yet in the tracker
+        self.outgoing = ChangeBatch()  # applied here, to be sent to every peer
         self.peers = sorted({w for p in placement for w in p} - {worker_id})
         self.routes: dict[tuple[int, int], list] = {}
         for e in graph.edges:
@@ -89,6 +90,7 @@ class WorkerCore:
     # ---- carrying out -------------------------------------------------------------------
     def take_commands(self) -> list:
         """Everything to do now: buffered tuples and progress become messages here."""
+        self._commit()
         self._flush_data()
         self._flush_progress()
         cmds, self._commands = self._commands, []
@@ -269,9 +271,20 @@ class WorkerCore:
         self._outputs.append((gid, node, shard, t, value))
 
     def _change(self, g, key, delta) -> None:
-        if key[1] != SINK:
-            g.tracker.update(((key, delta),))
-        g.outgoing.add(key, delta)
+        g.staged.add(key, delta)
+
+    def _commit(self) -> None:
+        """Apply staged changes to the local copy and queue them for the peers, atomically.
+
+        Staging keeps the per-tuple cost to one dict update; committing before every
+        completion test keeps the local copy exact where it matters.
+        """
+        for g in self.graphs.values():
+            if g.staged:
+                changes = g.staged.drain()
+                g.tracker.update(ch for ch in changes if ch[0][1] != SINK)
+                for key, delta in changes:
+                    g.outgoing.add(key, delta)
 
     def _report(self, g, node, shard, t, exc) -> None:
         g.failed.add(t)
@@ -290,6 +303,7 @@ class WorkerCore:
                 return
 
     def _notify_due(self) -> bool:
+        self._commit()
         fired = False
         for g in list(self.graphs.values()):
             for shard_key, ts in list(g.pending.items()):
@@ -325,7 +339,8 @@ class WorkerCore:
         """Send heartbeats; give up if the coordinator has been silent too long."""
         if self._last_heard is None:
             self._last_heard = now
-        if self._last_beat is None or now - self._last_beat >= HEARTBEAT_INTERVAL:
+        if self.id is not None and (self._last_beat is None
+                                    or now - self._last_beat >= HEARTBEAT_INTERVAL):
             self._last_beat = now
             self._send(COORDINATOR, CONTROL, Kind.HEARTBEAT, now)
         if now - self._last_heard > self.coordinator_timeout:

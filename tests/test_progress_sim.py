@@ -262,3 +262,104 @@ def shard_logs(net, gid):
         for key, (op, _) in (g.ops.items() if g else ()):
             logs[key] = op.events
     return logs
+
+
+# ---- random cases -----------------------------------------------------------------------------
+
+
+@st.composite
+def setups(draw):
+    workers = draw(st.integers(1, 4))
+    n = draw(st.integers(1, 5))
+    base = draw(st.integers(1, 4))
+    # Most nodes share one shard count so that ONE_TO_ONE chains are common.
+    shards = [draw(st.sampled_from([base, base, 1, 2, 3, 4])) for _ in range(n)]
+    edges = []
+    for src, dst in itertools.combinations(range(n), 2):
+        kinds = [None, None, KEYED, BROADCAST]
+        kinds += [ONE_TO_ONE, ONE_TO_ONE] if shards[src] == shards[dst] else []
+        routing = draw(st.sampled_from(kinds))
+        if routing is not None:
+            edges.append((src, dst, routing))
+    placements = [draw(st.none() | st.tuples(*[st.integers(0, workers - 1)] * k))
+                  for k in shards]
+    args = st.lists(st.integers(0, 60), max_size=3)
+    runs = draw(st.lists(st.tuples(args, st.integers(0, 25)), min_size=1, max_size=3))
+    return Setup(workers, shards, edges, placements, runs)
+
+
+def hypothesis_chooser(data, budget=400):
+    """Let hypothesis pick each delivery; past ``budget`` picks, drain the first queue."""
+    left = [budget]
+
+    def choose(n):
+        if n == 1 or left[0] <= 0:
+            return 0
+        left[0] -= 1
+        return data.draw(st.integers(0, n - 1), label="queue")
+
+    return choose
+
+
+def check_run_done_is_not_early(net, gid, setup):
+    """A run is reported done only once every shard of every node completed it."""
+    everyone = [(n, s) for n, k in enumerate(setup.shards) for s in range(k)]
+
+    def on_event(ev):
+        if ev[0] == "run_done" and ev[1] == gid:
+            logs = shard_logs(net, gid)
+            late = [key for key in everyone if ("complete", ev[2]) not in logs[key]]
+            assert not late, f"run {ev[2]} done while {late} had not completed it"
+
+    return on_event
+
+
+def check_safety(logs):
+    """Per shard: no input at t after "complete for t"; completions in increasing t."""
+    for key, events in logs.items():
+        completed = -1
+        for ev in events:
+            assert ev[1] > completed, f"shard {key}: {ev} after complete for t={completed}"
+            if ev[0] == "complete":
+                completed = ev[1]
+
+
+def check_liveness(net, gid, setup, ts, logs):
+    assert not net.pending()
+    done = [ev for ev in net.events if ev[0] in ("run_done", "run_failed")]
+    assert sorted(ev[2] for ev in done) == ts, done
+    assert all(ev[0] == "run_done" for ev in done), done
+    results = {ev[2]: ev[3] for ev in done}
+    for t, (arg, _) in zip(ts, setup.runs):
+        want_in, want_out = reference(setup, t, arg)
+        for (n, s), events in logs.items():
+            assert ("complete", t) in events, f"shard {(n, s)} never completed t={t}"
+            got = sorted(ev[2:] for ev in events if ev[0] == "input" and ev[1] == t)
+            assert got == want_in[(n, s)], f"shard {(n, s)} at t={t}"
+            got_out = results[t].outputs.get(f"n{n}", {}).get(s, [])
+            assert sorted(got_out) == want_out[(n, s)], f"outputs of {(n, s)} at t={t}"
+    assert len(logs) == sum(setup.shards)
+
+
+def assert_nothing_dropped(net):
+    for core in net.cores.values():
+        assert all(c.dropped == 0 for c in core.counters.peers.values())
+
+
+@settings(max_examples=150, deadline=None)
+@given(setup=setups(), data=st.data())
+def test_progress_is_safe_and_live_under_any_interleaving(setup, data):
+    net = SimNet(setup.workers)
+    net.join()
+    gid = net.install(setup.graph())
+    net.choose = hypothesis_chooser(data)
+    net.on_event = check_run_done_is_not_early(net, gid, setup)
+    ts = []
+    for arg, deliveries_before_next in setup.runs:  # later runs may start mid-flight
+        ts.append(net.start(gid, arg))
+        net.run(limit=deliveries_before_next)
+    net.run()
+    logs = shard_logs(net, gid)
+    check_safety(logs)
+    check_liveness(net, gid, setup, ts, logs)
+    assert_nothing_dropped(net)

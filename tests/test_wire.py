@@ -85,7 +85,7 @@ payloads = st.recursive(
 
 # ---- round trips --------------------------------------------------------------------------
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(Kind), sender=INT32, payload=payloads)
 def test_round_trip_every_kind(kind, sender, payload):
     frames = wire.encode(kind, sender, payload)
