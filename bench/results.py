@@ -20,7 +20,7 @@ def machine() -> dict:
         "nproc": os.cpu_count(),
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
 

@@ -1,4 +1,4 @@
-"""``plaque`` command line: ``plaque worker --join ADDRESS`` starts a worker that joins a cluster."""
+"""``plaque`` command line: ``plaque worker --join ADDRESS`` starts a worker."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ __all__ = ["Cluster", "InstalledGraph", "RunResult", "local_cluster"]
 class InstalledGraph:
     """A graph installed on a cluster; run it as many times as you like, runs may overlap."""
 
-    def __init__(self, cluster: "Cluster", gid: int, graph: Graph):
+    def __init__(self, cluster: Cluster, gid: int, graph: Graph):
         self.cluster, self.gid, self.graph = cluster, gid, graph
 
     def run(self, arg=None) -> cf.Future:
@@ -247,7 +247,7 @@ class Cluster:
             for ep in self._inproc_workers:
                 ep.stop("cluster closed")
             self._endpoint.stop("cluster closed")
-            for key, fut in list(self._pending.items()):
+            for fut in list(self._pending.values()):
                 f = fut[0] if isinstance(fut, tuple) else fut
                 if not f.done():
                     f.set_exception(ClusterClosed("the cluster closed before this finished"))

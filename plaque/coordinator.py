@@ -62,7 +62,7 @@ class _Graph:
     awaiting: set[int]
     next_t: itertools.count = field(default_factory=itertools.count)
     broken: Exception | None = None
-    runs: dict[object, "_Run"] = field(default_factory=dict)
+    runs: dict[object, _Run] = field(default_factory=dict)
 
 
 @dataclass

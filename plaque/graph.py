@@ -14,8 +14,9 @@ Graphs are acyclic: timestamps are run numbers and do not change along edges.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .errors import GraphError
 
@@ -158,7 +159,7 @@ class Topology:
     aligned_path: tuple[tuple[bool, ...], ...]
 
     @classmethod
-    def of(cls, shards, edges) -> "Topology":
+    def of(cls, shards, edges) -> Topology:
         n = len(shards)
         order = topological_order(n, edges)
         if order is None:

@@ -16,10 +16,10 @@ class Operator:
     ...         ctx.emit(2 * value)
     """
 
-    def on_input(self, ctx: "Context", t, port: int, value) -> None:
+    def on_input(self, ctx: Context, t, port: int, value) -> None:
         pass
 
-    def on_complete(self, ctx: "Context", t) -> None:
+    def on_complete(self, ctx: Context, t) -> None:
         pass
 
 

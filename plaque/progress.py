@@ -24,7 +24,7 @@ to go; when A1 drops it having sent nothing, B0 is complete although it received
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable
+from collections.abc import Iterable
 
 from .graph import Topology
 

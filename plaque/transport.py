@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import threading
 from abc import ABC, abstractmethod
-from typing import Callable
+from collections.abc import Callable
 
 from .wire import CONTROL, DATA
 
@@ -49,7 +49,7 @@ class Transport(ABC):
         """Stop receiving and release resources; idempotent."""
 
 
-_registry: dict[str, "InprocTransport"] = {}
+_registry: dict[str, InprocTransport] = {}
 _registry_lock = threading.Lock()
 _names = itertools.count()
 
@@ -60,13 +60,19 @@ class InprocTransport(Transport):
         self._peers: dict[int, str] = {}
         self._loop = None
         self._on_message: OnMessage | None = None
+        self._early: list = []  # messages that arrived before start(), as a socket queues them
+        self._lock = threading.Lock()
         with _registry_lock:
             if self.address in _registry:
                 raise ValueError(f"in-process address {self.address!r} is taken")
             _registry[self.address] = self
 
     def start(self, loop, on_message):
-        self._loop, self._on_message = loop, on_message
+        with self._lock:
+            self._loop, self._on_message = loop, on_message
+            early, self._early = self._early, []
+        for channel, frames in early:
+            loop.call_soon_threadsafe(self._deliver, channel, frames)
 
     def connect(self, peer, address):
         self._peers[peer] = address.split("|")[0]
@@ -76,10 +82,16 @@ class InprocTransport(Transport):
 
     def send(self, peer, channel, frames):
         target = _registry.get(self._peers[peer])
-        if target is None or target._loop is None or target._loop.is_closed():
+        if target is None:
             return  # like a socket to a dead peer: the message is lost
         copies = [bytes(f) for f in frames]
-        target._loop.call_soon_threadsafe(target._deliver, channel, copies)
+        with target._lock:
+            loop = target._loop
+            if loop is None:
+                target._early.append((channel, copies))
+                return
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(target._deliver, channel, copies)
 
     def _deliver(self, channel, frames):
         if self._on_message is not None:

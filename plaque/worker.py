@@ -291,7 +291,8 @@ class WorkerCore:
         name = g.graph.nodes[node].name
         tb = "".join(traceback.format_exception(exc))
         log.info("operator %s[%d] failed at t=%s: %r", name, shard, t, exc)
-        self._send(COORDINATOR, CONTROL, Kind.ERROR, (g.gid, t, name, shard, self.id, repr(exc), tb))
+        report = (g.gid, t, name, shard, self.id, repr(exc), tb)
+        self._send(COORDINATOR, CONTROL, Kind.ERROR, report)
 
     def step(self) -> None:
         """Run local work until nothing is left: local tuples, then due notifications."""

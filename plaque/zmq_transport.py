@@ -79,14 +79,12 @@ class ZmqTransport(Transport):
         for _ in range(RECV_BUDGET):
             try:
                 self._on_message(CONTROL, ctl.recv_multipart(zmq.NOBLOCK, copy=False))
-                continue
             except zmq.Again:
-                pass
-            try:
-                self._on_message(DATA, data.recv_multipart(zmq.NOBLOCK, copy=False))
-            except zmq.Again:
-                return  # both drained: the next edge of either FD wakes us
-            if self.closed:
+                try:
+                    self._on_message(DATA, data.recv_multipart(zmq.NOBLOCK, copy=False))
+                except zmq.Again:
+                    return  # both drained: the next edge of either FD wakes us
+            if self.closed:  # a handler may close us
                 return
         self._schedule_drain()  # budget used up: let the loop run a turn, then go on
 
@@ -99,6 +97,7 @@ class ZmqTransport(Transport):
             sock = self._push.pop((peer, ch), None)
             if sock is not None:
                 sock.close(0)
+            self._backlog.pop((peer, ch), None)  # meant for the old address
             s = self.ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.SNDHWM, HWM)

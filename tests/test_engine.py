@@ -276,7 +276,7 @@ def test_garbage_on_worker_sockets_is_dropped_and_worker_keeps_serving():
         assert ig.run(3).result(30).outputs["collect"] == expected_sparse(3)
         ctx = zmq.Context()
         try:
-            for wid, addr in ((w, cluster._core.workers[w].address) for w in cluster.workers()):
+            for addr in (cluster._core.workers[w].address for w in cluster.workers()):
                 for endpoint in addr.split("|"):
                     s = ctx.socket(zmq.PUSH)
                     s.setsockopt(zmq.LINGER, 1000)
@@ -310,3 +310,10 @@ def test_worker_started_by_hand_joins_and_exits_when_coordinator_vanishes():
         assert proc.wait(timeout=15) == 0
     finally:
         cluster.close()
+
+
+def test_ipc_transport_runs_the_sparse_exchange():
+    with plaque.local_cluster(workers=2, transport="ipc") as cluster:
+        assert cluster.address.startswith("ipc://")
+        ig = cluster.install(sparse_graph())
+        assert ig.run(6).result(30).outputs["collect"] == expected_sparse(6)
