@@ -84,6 +84,8 @@ class ProgressTracker:
 
     def update(self, changes: Iterable[tuple[Key, int]]) -> None:
         for key, delta in changes:
+            if not delta:
+                continue
             old = self._counts.get(key, 0)
             new = old + delta
             if new:

@@ -58,6 +58,7 @@ class _LocalGraph:
                     self.ops[(node.index, shard)] = (node.factory(), ctx)
         self.pending: dict[tuple[int, int], list] = {}  # shard -> timestamps awaiting completion
         self.args: dict[object, object] = {}
+        self.early: dict[object, list] = {}  # tuples that overtook their run's START
         self.open_shards: dict[object, int] = {}  # t -> local shards not yet complete
         self.failed: set = set()  # timestamps whose operators already raised here
 
@@ -197,6 +198,8 @@ class WorkerCore:
         g.open_shards[t] = len(g.ops)
         for shard in g.ops:
             g.pending.setdefault(shard, []).append(t)
+        for node, shard, port, values in g.early.pop(t, ()):
+            self._deliver(g, node, shard, port, t, values)
         if not g.ops:
             self._finish_timestamp(g, t)
 
@@ -205,6 +208,9 @@ class WorkerCore:
             self.counters.peer(sender).tuples_received += len(values)
             g = self.graphs.get(gid)
             if g is None:
+                continue
+            if t not in g.args:  # START comes on another channel: hold until it does
+                g.early.setdefault(t, []).append((node, shard, port, values))
                 continue
             self._deliver(g, node, shard, port, t, values)
 

@@ -31,8 +31,8 @@ from plaque import wire
 from plaque.coordinator import CoordinatorCore
 from plaque.graph import BROADCAST, KEYED, ONE_TO_ONE, Graph
 from plaque.operator import Operator
-from plaque.wire import DATA, Kind
-from plaque.worker import COORDINATOR, WorkerCore
+from plaque.wire import CONTROL, DATA, Kind
+from plaque.worker import WorkerCore
 
 COORD = "c"  # the coordinator's address; workers are "w0", "w1", ...
 MOD = 1009
@@ -112,7 +112,7 @@ class SimOpFactory:
 
 
 def shard_sends(spec, shard, value):
-    """(dst node, dst shard, port, value) that one shard sends for ``value`` (reference)."""
+    """(port, destination shard, value) of every tuple one shard sends for ``value``."""
     node, _, outs = spec
     out = []
     for port, routing, dst_shards in outs:
@@ -187,6 +187,7 @@ class SimNet:
         self.routes = {COORD: {}}  # endpoint -> peer id -> address (from "connect")
         self.queues: dict[tuple, deque] = {}
         self.events: list = []
+        self.sent = Counter()  # message kinds sent, decoded from the frames
         self.on_event = None  # called with each coordinator event as it happens
         for i in range(num_workers):
             name = f"w{i}"
@@ -201,6 +202,7 @@ class SimNet:
             if cmd[0] == "send":
                 _, peer, channel, frames = cmd
                 dst = self.routes[name][peer]  # KeyError = a send to a peer never announced
+                self.sent[wire.decode(frames)[0]] += 1
                 self.queues.setdefault((name, dst, channel), deque()).append(frames)
             elif cmd[0] == "connect":
                 self.routes[name][cmd[1]] = cmd[2]
@@ -217,7 +219,9 @@ class SimNet:
 
     def deliver_one(self):
         keys = self.pending()
-        src, dst, channel = keys[self.choose(len(keys))]
+        self.deliver(*keys[self.choose(len(keys))])
+
+    def deliver(self, src, dst, channel):
         core = self.cores[dst]
         core.receive(self.queues[(src, dst, channel)].popleft())
         if core is not self.coord:
@@ -363,3 +367,87 @@ def test_progress_is_safe_and_live_under_any_interleaving(setup, data):
     check_safety(logs)
     check_liveness(net, gid, setup, ts, logs)
     assert_nothing_dropped(net)
+
+
+# ---- progress traffic does not grow with shards x shards --------------------------------------
+
+
+class EmitToEveryShard(Operator):
+    """A source whose every shard sends one tuple to every shard of the KEYED destination."""
+
+    def on_complete(self, ctx, t):
+        for s in range(ctx.num_shards):  # the destination has as many shards
+            ctx.emit((ctx.shard, s), shard=s)
+
+
+class CountInputs(Operator):
+    def __init__(self):
+        self.got = 0
+
+    def on_input(self, ctx, t, port, value):
+        self.got += 1
+
+
+def traffic_of_one_run(shards, choose):
+    """(PROGRESS messages, tuples received) of one run of A(N) -KEYED-> B(N) on 2 workers."""
+    g = Graph("exchange")
+    g.edge(g.node("a", EmitToEveryShard, shards), g.node("b", CountInputs, shards), KEYED)
+    net = SimNet(2)
+    net.join()
+    gid = net.install(g)
+    before = net.sent[Kind.PROGRESS]
+    net.choose = choose
+    net.start(gid, None)
+    net.run()
+    assert [ev[0] for ev in net.events].count("run_done") == 1
+    received = sum(op.got for (node, _), (op, _) in
+                   itertools.chain(*(w.graphs[gid].ops.items() for w in net.workers()))
+                   if node == 1)
+    return net.sent[Kind.PROGRESS] - before, received
+
+
+def test_progress_messages_per_run_do_not_grow_with_shards_squared():
+    # Changes made in one turn travel as one batch per peer, however many shards and tuples
+    # they concern, so the count depends on turns and workers, not on N.
+    for choose in (lambda n: 0, lambda n: n - 1):  # two fixed delivery orders
+        counts = {}
+        for n in (2, 8, 32):
+            counts[n], received = traffic_of_one_run(n, choose)
+            assert received == n * n
+        assert counts[32] == counts[8] == counts[2], counts
+        assert counts[2] <= 16, counts  # a few turns x 2 workers x (peer + coordinator)
+
+
+# ---- a run's argument when its tuples overtake its START --------------------------------------
+
+
+class EmitArg(Operator):
+    def on_complete(self, ctx, t):
+        ctx.emit(ctx.arg)
+
+
+class RecordArg(Operator):
+    def __init__(self):
+        self.seen = []
+
+    def on_input(self, ctx, t, port, value):
+        self.seen.append((t, value, ctx.arg))
+
+
+def test_run_arg_is_visible_when_data_overtakes_start():
+    # DATA (worker 0 -> worker 1) and START (coordinator -> worker 1) travel on different
+    # connections, so the tuple may arrive first. on_input must still see the run's argument.
+    g = Graph("overtake")
+    g.edge(g.node("a", EmitArg, 1, placement=[0]), g.node("b", RecordArg, 1, placement=[1]),
+           ONE_TO_ONE)
+    net = SimNet(2)
+    net.join()
+    assert net.routes[COORD] == {0: "w0", 1: "w1"}
+    gid = net.install(g)
+    net.start(gid, "the-arg")
+    net.deliver(COORD, "w0", CONTROL)  # START reaches worker 0 only; a0 emits at once
+    net.deliver("w0", "w1", DATA)  # ... and its tuple reaches worker 1 before START does
+    net.run()
+    assert ("run_done", gid, 0) in [ev[:3] for ev in net.events]
+    (op, _), = net.cores["w1"].graphs[gid].ops.values()
+    assert op.seen == [(0, "the-arg", "the-arg")]
