@@ -26,6 +26,8 @@ class Endpoint:
         self.exit_reason: str | None = None
 
     def start(self) -> None:
+        if hasattr(self.core, "wakeup"):
+            self.core.wakeup = self._wake_threadsafe
         self.transport.start(self.loop, self._on_message)
         self._tick()
 
@@ -38,6 +40,13 @@ class Endpoint:
         if not self._scheduled and self.exit_reason is None:
             self._scheduled = True
             self.loop.call_soon(self.turn)
+
+    def _wake_threadsafe(self) -> None:
+        if not self.loop.is_closed():
+            try:
+                self.loop.call_soon_threadsafe(self.soon)
+            except RuntimeError:
+                pass  # loop closed in between: nothing left to wake
 
     def turn(self) -> None:
         self._scheduled = False

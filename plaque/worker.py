@@ -22,7 +22,7 @@ import cloudpickle
 from . import wire
 from .counters import Counters
 from .graph import KEYED, ONE_TO_ONE, Topology
-from .operator import Context
+from .operator import Capability, Context
 from .progress import CAP, INPUT, SINK, ChangeBatch, ProgressTracker
 from .wire import CONTROL, DATA, Kind
 
@@ -36,7 +36,7 @@ HEARTBEAT_INTERVAL = 0.5
 class _LocalGraph:
     """A graph installed on this worker: its shards here, routes and progress copy."""
 
-    def __init__(self, gid, graph, placement, worker_id, emit, output):
+    def __init__(self, gid, graph, placement, worker_id, emit, output, hold, services):
         self.gid = gid
         self.graph = graph
         self.placement = placement
@@ -52,15 +52,19 @@ class _LocalGraph:
         for node in graph.nodes:
             for shard, w in enumerate(placement[node.index]):
                 if w == worker_id:
-                    ctx = Context(node.name, shard, node.shards, worker_id, None, None)
-                    ctx._emit = _bind(emit, gid, node.index, shard)
-                    ctx._output = _bind(output, gid, node.index, shard)
+                    ctx = Context(node.name, shard, node.shards, worker_id,
+                                  _bind(emit, gid, node.index, shard),
+                                  _bind(output, gid, node.index, shard),
+                                  _bind(hold, gid, node.index, shard), services)
                     self.ops[(node.index, shard)] = (node.factory(), ctx)
         self.pending: dict[tuple[int, int], list] = {}  # shard -> timestamps awaiting completion
         self.args: dict[object, object] = {}
         self.early: dict[object, list] = {}  # tuples that overtook their run's START
         self.open_shards: dict[object, int] = {}  # t -> local shards not yet complete
         self.failed: set = set()  # timestamps whose operators already raised here
+        self.holds: dict[tuple, int] = {}  # (node, shard, t) -> capabilities held
+        self.held_complete: set = set()  # (node, shard, t) completed but still held
+        self.live: set = set()  # (node, shard, t) whose capability is not dropped yet
 
 
 def _bind(fn, gid, node, shard):
@@ -71,8 +75,11 @@ class WorkerCore:
     """The worker's logic. ``address`` is where peers reach this worker's transport."""
 
     def __init__(self, address: str, coordinator_address: str, info=None,
-                 coordinator_timeout: float = 10.0):
+                 coordinator_timeout: float = 10.0, services=None):
         self.id: int | None = None
+        self.services = services if services is not None else {}
+        self.wakeup = None  # set by the adapter: thread-safe "run a turn soon"
+        self._posted: deque = deque()
         self.address = address
         self.info = info or {}
         self.coordinator_timeout = coordinator_timeout
@@ -181,7 +188,7 @@ class WorkerCore:
         try:
             graph, placement = cloudpickle.loads(blob)
             self.graphs[gid] = _LocalGraph(gid, graph, placement, self.id, self._emit,
-                                           self._output)
+                                           self._output, self._hold, self.services)
             error = None
         except Exception:
             error = traceback.format_exc()
@@ -198,6 +205,16 @@ class WorkerCore:
         g.open_shards[t] = len(g.ops)
         for shard in g.ops:
             g.pending.setdefault(shard, []).append(t)
+            g.live.add((*shard, t))
+        for (node, shard), (op, ctx) in g.ops.items():
+            on_start = getattr(op, "on_start", None)
+            if on_start is None:
+                continue
+            ctx.arg, ctx._t = arg, t
+            try:
+                on_start(ctx, t)
+            except Exception as exc:
+                self._report(g, node, shard, t, exc)
         for node, shard, port, values in g.early.pop(t, ()):
             self._deliver(g, node, shard, port, t, values)
         if not g.ops:
@@ -271,6 +288,42 @@ class WorkerCore:
                 else:
                     self._data_out.setdefault(w, {}).setdefault(key, []).append(value)
 
+    def _hold(self, gid, node, shard, t):
+        g = self.graphs[gid]
+        key = (node, shard, t)
+        if key not in g.live:
+            raise RuntimeError(f"shard {shard} of {g.graph.nodes[node].name!r} has no"
+                               f" capability for t={t} (not started, or already complete)")
+        g.holds[key] = g.holds.get(key, 0) + 1
+        return Capability(self, g, node, shard, t)
+
+    def _release(self, g, node, shard, t) -> None:
+        key = (node, shard, t)
+        g.holds[key] -= 1
+        if not g.holds[key]:
+            del g.holds[key]
+            if key in g.held_complete:
+                g.held_complete.discard(key)
+                self._drop_capability(g, node, shard, t)
+
+    def post(self, cap, fn) -> None:
+        """Thread-safe: queue ``fn(cap)`` to run on the worker's loop at the next turn."""
+        self._posted.append((cap, fn))
+        if self.wakeup is not None:
+            self.wakeup()
+
+    def _run_posted(self) -> None:
+        while self._posted:
+            cap, fn = self._posted.popleft()
+            if self.graphs.get(cap._graph.gid) is not cap._graph:
+                continue  # graph uninstalled meanwhile
+            try:
+                fn(cap)
+            except Exception as exc:
+                self._report(cap._graph, cap._node, cap._shard, cap.t, exc)
+                if not cap.released:
+                    cap.release()
+
     def _output(self, gid, node, shard, t, value) -> None:
         g = self.graphs[gid]
         self._change(g, (INPUT, SINK, 0, t), 1)
@@ -303,6 +356,7 @@ class WorkerCore:
     def step(self) -> None:
         """Run local work until nothing is left: local tuples, then due notifications."""
         while True:
+            self._run_posted()
             while self._local:
                 g, (_, node, shard, port, t), value = self._local.popleft()
                 self._deliver(g, node, shard, port, t, (value,))
@@ -331,6 +385,13 @@ class WorkerCore:
                 op.on_complete(ctx, t)
             except Exception as exc:
                 self._report(g, node, shard, t, exc)
+        if (node, shard, t) in g.holds:
+            g.held_complete.add((node, shard, t))
+        else:
+            self._drop_capability(g, node, shard, t)
+
+    def _drop_capability(self, g, node, shard, t) -> None:
+        g.live.discard((node, shard, t))
         self._change(g, (CAP, node, shard, t), -1)
         g.open_shards[t] -= 1
         if not g.open_shards[t]:

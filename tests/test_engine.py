@@ -317,3 +317,37 @@ def test_ipc_transport_runs_the_sparse_exchange():
         assert cluster.address.startswith("ipc://")
         ig = cluster.install(sparse_graph())
         assert ig.run(6).result(30).outputs["collect"] == expected_sparse(6)
+
+
+class Later(Operator):
+    """Holds its capability and finishes on another thread, as a device executor would."""
+
+    def on_start(self, ctx, t):
+        self.started = t
+
+    def on_complete(self, ctx, t):
+        import threading
+
+        cap = ctx.hold()
+        shard, started = ctx.shard, self.started
+
+        def work():
+            time.sleep(0.05 * (shard + 1))
+            if ctx.arg == "fail" and shard == 1:
+                cap.post(lambda c: 1 / 0)
+            else:
+                cap.post(lambda c: (c.emit((shard, started), shard=0), c.release()))
+
+        threading.Thread(target=work).start()
+
+
+def test_held_capability_delays_completion_until_released(cluster):
+    g = Graph("later")
+    s = g.node("later", Later, 3)
+    c = g.node("collect", Collect, 1)
+    g.edge(s, c, KEYED)
+    ig = cluster.install(g)
+    assert ig.run(None).result(30).values("collect") == [[(0, 0), (1, 0), (2, 0)]]
+    with pytest.raises(plaque.OperatorError, match="ZeroDivisionError"):
+        ig.run("fail").result(30)
+    assert ig.run(None).result(30).values("collect") == [[(0, 2), (1, 2), (2, 2)]]
