@@ -66,6 +66,7 @@ class Cluster:
         self._inproc_workers: list[Endpoint] = []
         self.processes: list[subprocess.Popen] = []
         self._closed = False
+        self.listeners: list = []  # called on the loop thread with every coordinator event
         self._endpoint = Endpoint(self._core, self._transport, self._loop,
                                   after_turn=self._dispatch_events)
         self._thread = threading.Thread(target=self._serve, name="plaque-coordinator",
@@ -88,6 +89,11 @@ class Cluster:
     def _dispatch_events(self):
         for ev in self._core.take_events():
             kind = ev[0]
+            for listener in self.listeners:
+                try:
+                    listener(ev)
+                except Exception:
+                    log.exception("cluster event listener failed on %s", kind)
             if kind == "membership":
                 with self._member_cv:
                     self._members = ev[1]
@@ -109,6 +115,9 @@ class Cluster:
 
     def _settle(self, key, error, value):
         fut = self._pending.pop(key, None)
+        if callable(fut):  # a loop-thread callback from install_async / start_async
+            fut(value, error)
+            return
         if fut is None or fut.done():
             return
         if error is not None:
@@ -131,6 +140,45 @@ class Cluster:
 
         self._loop.call_soon_threadsafe(job)
         return out.result(timeout)
+
+    # ---- for runtimes embedding the coordinator (loop thread only unless said) -------------
+    @property
+    def loop(self):
+        return self._loop
+
+    @property
+    def core(self) -> CoordinatorCore:
+        return self._core
+
+    def call_soon(self, fn) -> None:
+        """Thread-safe: run ``fn()`` on the coordinator's loop, then a turn."""
+
+        def job():
+            try:
+                fn()
+            except Exception:
+                log.exception("call_soon job failed")
+            self._endpoint.turn()
+
+        self._loop.call_soon_threadsafe(job)
+
+    def soon(self) -> None:
+        """Loop thread: make sure a turn runs (commands are sent) soon."""
+        self._endpoint.soon()
+
+    def install_async(self, graph: Graph, callback) -> int:
+        """Loop thread: install ``graph``; ``callback(gid, error)`` runs once installed."""
+        gid = self._core.install(graph)
+        self._pending[("install", gid)] = callback
+        self._endpoint.soon()
+        return gid
+
+    def start_async(self, gid: int, arg, callback):
+        """Loop thread: start a run; ``callback(result, error)`` runs when it ends."""
+        t = self._core.start(gid, arg)
+        self._pending[("run", gid, t)] = callback
+        self._endpoint.soon()
+        return t
 
     # ---- public ---------------------------------------------------------------------------
     def workers(self) -> list[int]:

@@ -272,6 +272,13 @@ class CoordinatorCore:
     def _on_heartbeat(self, sender, payload):
         pass
 
+    def _on_user(self, sender, payload):
+        self._events.append(("user", sender, payload))
+
+    def send_user(self, worker: int, payload) -> None:
+        """Send ``payload`` to ``worker``'s embedding runtime."""
+        self._send(worker, Kind.USER, payload)
+
     def _on_counters(self, sender, payload):
         req, snapshot = payload
         self._events.append(("counters", req, sender, snapshot))
@@ -279,7 +286,7 @@ class CoordinatorCore:
     _handlers = {
         Kind.HELLO: _on_hello, Kind.INSTALLED: _on_installed, Kind.PROGRESS: _on_progress,
         Kind.OUTPUT: _on_output, Kind.ERROR: _on_error, Kind.HEARTBEAT: _on_heartbeat,
-        Kind.COUNTERS: _on_counters,
+        Kind.COUNTERS: _on_counters, Kind.USER: _on_user,
     }
 
     # ---- time -----------------------------------------------------------------------------

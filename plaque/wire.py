@@ -40,6 +40,7 @@ class Kind(enum.IntEnum):
     HEARTBEAT = 12  # both ways
     COUNTERS = 13  # request (coordinator -> worker) and reply (worker -> coordinator)
     STOP = 14  # coordinator -> worker: exit
+    USER = 15  # anyone -> anyone: a payload for the embedding runtime (not for graphs)
 
 
 def encode(kind: Kind, sender: int, payload) -> list:

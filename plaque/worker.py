@@ -79,6 +79,7 @@ class WorkerCore:
         self.id: int | None = None
         self.services = services if services is not None else {}
         self.wakeup = None  # set by the adapter: thread-safe "run a turn soon"
+        self.on_user = None  # callback(sender, payload) for USER messages (embedding runtime)
         self._posted: deque = deque()
         self.address = address
         self.info = info or {}
@@ -243,6 +244,20 @@ class WorkerCore:
     def _on_counters(self, sender, request_id):
         self._send(COORDINATOR, CONTROL, Kind.COUNTERS, (request_id, self.counters.snapshot()))
 
+    def _on_user(self, sender, payload):
+        if self.on_user is not None:
+            self.on_user(sender, payload)
+
+    def send_user(self, peer: int, payload, channel: int = DATA) -> None:
+        """Send ``payload`` to worker ``peer`` (or -1, the coordinator); call on the loop."""
+        self._send(peer, channel, Kind.USER, payload)
+
+    def call_soon(self, fn) -> None:
+        """Thread-safe: run ``fn()`` on the worker's loop at the next turn."""
+        self._posted.append((None, fn))
+        if self.wakeup is not None:
+            self.wakeup()
+
     def _on_stop(self, sender, reason):
         self._exit(f"stopped by coordinator: {reason}")
 
@@ -250,7 +265,7 @@ class WorkerCore:
         Kind.WELCOME: _on_welcome, Kind.PEERS: _on_peers, Kind.INSTALL: _on_install,
         Kind.UNINSTALL: _on_uninstall, Kind.START: _on_start, Kind.DATA: _on_data,
         Kind.PROGRESS: _on_progress, Kind.HEARTBEAT: _on_heartbeat,
-        Kind.COUNTERS: _on_counters, Kind.STOP: _on_stop,
+        Kind.COUNTERS: _on_counters, Kind.STOP: _on_stop, Kind.USER: _on_user,
     }
 
     # ---- operators ------------------------------------------------------------------------
@@ -315,6 +330,12 @@ class WorkerCore:
     def _run_posted(self) -> None:
         while self._posted:
             cap, fn = self._posted.popleft()
+            if cap is None:
+                try:
+                    fn()
+                except Exception:
+                    log.exception("worker %s: a posted call failed", self.id)
+                continue
             if self.graphs.get(cap._graph.gid) is not cap._graph:
                 continue  # graph uninstalled meanwhile
             try:
