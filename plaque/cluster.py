@@ -295,10 +295,14 @@ class Cluster:
             for ep in self._inproc_workers:
                 ep.stop("cluster closed")
             self._endpoint.stop("cluster closed")
+            closed = ClusterClosed("the cluster closed before this finished")
             for fut in list(self._pending.values()):
+                if callable(fut):
+                    fut(None, closed)
+                    continue
                 f = fut[0] if isinstance(fut, tuple) else fut
                 if not f.done():
-                    f.set_exception(ClusterClosed("the cluster closed before this finished"))
+                    f.set_exception(closed)
             self._pending.clear()
             self._loop.stop()
 
