@@ -230,7 +230,7 @@ def _sizes(quick: bool) -> dict:
     if quick:
         return dict(reps=1, chain=2_000, keyed=500, array_runs=2, array_per_run=4,
                     lat_n=20, lat_warmup=5, raw_items=20_000, raw_arrays=20, raw_rtt=200)
-    return dict(reps=REPS, chain=200_000, keyed=50_000, array_runs=8, array_per_run=64,
+    return dict(reps=REPS, chain=120_000, keyed=50_000, array_runs=16, array_per_run=64,
                 lat_n=300, lat_warmup=50, raw_items=1_000_000, raw_arrays=500, raw_rtt=5000)
 
 
@@ -327,7 +327,8 @@ Chain: {sz['chain']:,} small ints per source shard per run (one run = {chain_bes
 placement source [0,1], f [1,0], g [0,1], sink [1,0], so each tuple crosses workers 3 times
 (checked with the traffic counters). "Per hop" counts a tuple once per crossing, as the raw
 batched baseline counts an item once per (single) hop; both use the same 2 processes.
-Wire per chain run: {cw['messages']:,} worker-to-worker messages ({cw['progress']:,} progress),
+Wire per chain run: {cw['messages']:,} worker-to-worker messages ({cw['progress']:,} progress), i.e.
+{cw['tuples'] / max(1, cw['messages'] - cw['progress']):,.0f} tuples per data message,
 {cw['bytes'] / max(1, cw['tuples']):.1f} bytes per tuple-hop.
 Keyed: {sz['keyed']:,} ints per source shard, shard = top 3 bits of (v * 2654435761 mod 2^32);
 counted once per tuple (one exchange hop; {keyed_best['crossed']:.0%} crossed workers,

@@ -44,6 +44,8 @@ class _LocalGraph:
         self.tracker = ProgressTracker(self.topology)
         self.staged = ChangeBatch()  # this turn's changes, not yet in the tracker
         self.outgoing = ChangeBatch()  # applied here, to be sent to every peer
+        self.for_coordinator: dict[object, ChangeBatch] = {}  # t -> changes at t
+        self.finished: list = []  # timestamps this worker is done with, to report
         self.peers = sorted({w for p in placement for w in p} - {worker_id})
         self.routes: dict[tuple[int, int], list] = {}
         for e in graph.edges:
@@ -120,11 +122,14 @@ class WorkerCore:
         for peer, batch in self._data_out.items():
             msg, count = [], 0
             for key, values in batch.items():
-                msg.append((key, values))
-                count += len(values)
-                if count >= MAX_TUPLES_PER_MESSAGE:
-                    self._send(peer, DATA, Kind.DATA, msg, tuples=count)
-                    msg, count = [], 0
+                for i in range(0, len(values), MAX_TUPLES_PER_MESSAGE):
+                    chunk = values[i:i + MAX_TUPLES_PER_MESSAGE] if i or len(values) > \
+                        MAX_TUPLES_PER_MESSAGE else values
+                    msg.append((key, chunk))
+                    count += len(chunk)
+                    if count >= MAX_TUPLES_PER_MESSAGE:
+                        self._send(peer, DATA, Kind.DATA, msg, tuples=count)
+                        msg, count = [], 0
             if msg:
                 self._send(peer, DATA, Kind.DATA, msg, tuples=count)
         self._data_out.clear()
@@ -133,15 +138,40 @@ class WorkerCore:
             self._outputs = []
 
     def _flush_progress(self) -> None:
-        per_peer: dict[int, dict] = {}
+        """One progress message per peer per turn; the coordinator, which only needs to know
+        when a run is over, gets each timestamp's changes once, when this worker is done
+        with it (its capabilities there are among them, so it cannot conclude early)."""
+        per_peers: dict[tuple, dict] = {}
         for gid, g in self.graphs.items():
-            if not g.outgoing:
-                continue
-            changes = g.outgoing.drain()
-            for peer in (*g.peers, COORDINATOR):
-                per_peer.setdefault(peer, {})[gid] = changes
-        for peer, body in per_peer.items():
-            self._send(peer, CONTROL, Kind.PROGRESS, body)
+            if g.outgoing:
+                per_peers.setdefault(tuple(g.peers), {})[gid] = g.outgoing.drain()
+        for peers, body in per_peers.items():
+            if peers:
+                self._broadcast(peers, body)
+        to_coordinator = {}
+        for gid, g in self.graphs.items():
+            if g.finished:
+                changes = []
+                for t in g.finished:
+                    batch = g.for_coordinator.pop(t, None)
+                    if batch:
+                        changes.extend(batch.drain())
+                g.finished.clear()
+                if changes:
+                    to_coordinator[gid] = changes
+        if to_coordinator:
+            self._send(COORDINATOR, CONTROL, Kind.PROGRESS, to_coordinator)
+
+    def _broadcast(self, peers, body) -> None:
+        frames = wire.encode(Kind.PROGRESS, self.id, body)
+        nbytes = wire.frame_bytes(frames)
+        for peer in peers:
+            c = self.counters.peer(peer)
+            c.messages_sent += 1
+            c.frames_sent += len(frames)
+            c.bytes_sent += nbytes
+            c.progress_sent += 1
+            self._commands.append(("send", peer, CONTROL, frames))
 
     # ---- input ----------------------------------------------------------------------------
     def receive(self, frames) -> None:
@@ -364,7 +394,13 @@ class WorkerCore:
                 changes = g.staged.drain()
                 g.tracker.update(ch for ch in changes if ch[0][1] != SINK)
                 for key, delta in changes:
-                    g.outgoing.add(key, delta)
+                    if key[1] != SINK:
+                        g.outgoing.add(key, delta)
+                    t = key[3]
+                    batch = g.for_coordinator.get(t)
+                    if batch is None:
+                        batch = g.for_coordinator[t] = ChangeBatch()
+                    batch.add(key, delta)
 
     def _report(self, g, node, shard, t, exc) -> None:
         g.failed.add(t)
@@ -419,6 +455,7 @@ class WorkerCore:
             self._finish_timestamp(g, t)
 
     def _finish_timestamp(self, g, t) -> None:
+        g.finished.append(t)
         del g.open_shards[t]
         g.args.pop(t, None)
         g.failed.discard(t)
