@@ -1,1 +1,38 @@
+"""Pathways, open: a single-controller runtime for sharded programs on emulated TPU islands.
 
+>>> with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4) as cluster:
+...     with pw.connect(cluster.address) as client:
+...         mesh = client.mesh((2, 4), ("data", "model"))
+...         step = pw.shard_map(lambda x: pw.psum(x, "data") + 1.0, mesh, P("data"), P("data"))
+...         y = step(client.put(np.ones((4, 4)), mesh, P("data")))   # a future, at once
+...         print(y.result())
+"""
+
+from .array import Array
+from .client import Client, connect
+from .cluster import local_cluster
+from .collectives import all_gather, all_to_all, axis_index, pmean, ppermute, psum
+from .compiled import CompiledFunction, shard_map
+from .cost import DeviceSpec
+from .errors import (
+    ClientClosed,
+    CollectiveTimeout,
+    DeviceOutOfMemory,
+    HostLost,
+    PathwaysError,
+    ProgramError,
+    RemoteError,
+    ResourceError,
+    ShardingError,
+)
+from .mesh import Mesh
+from .sharding import P
+from .tracer import program, reference
+
+__all__ = [
+    "Array", "Client", "ClientClosed", "CollectiveTimeout", "CompiledFunction",
+    "DeviceOutOfMemory", "DeviceSpec", "HostLost", "Mesh", "P", "PathwaysError",
+    "ProgramError", "RemoteError", "ResourceError", "ShardingError", "all_gather",
+    "all_to_all", "axis_index", "connect", "local_cluster", "pmean", "ppermute", "program",
+    "psum", "reference", "shard_map",
+]

@@ -1,0 +1,77 @@
+"""``pw.Array``: a future for a logical sharded array that lives on the hosts.
+
+It knows its shape, dtype, mesh and spec at once; ``result()`` fetches the shards straight from
+the hosts and assembles the global value. The client refcounts the logical array (this
+object), not its shards: when the last reference goes (or ``delete()``), its shards are freed
+on every host. It follows ``concurrent.futures``: ``result(timeout)``, ``done()``,
+``exception()``, ``add_done_callback``, and it is awaitable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+
+import numpy as np
+
+from .compiled import Aval
+from .errors import PathwaysError
+
+
+class Array:
+    def __init__(self, client, array_id, aval: Aval, mesh, spec, status: cf.Future,
+                 value=None):
+        self.client, self.id = client, array_id
+        self.aval, self.mesh, self.spec = aval, mesh, spec
+        self._status = status  # resolves (to None) when the producing run is done
+        self._value = value
+        self._deleted = False
+
+    shape = property(lambda self: self.aval.shape)
+    dtype = property(lambda self: self.aval.dtype)
+    ndim = property(lambda self: len(self.aval.shape))
+
+    def __repr__(self):
+        state = "deleted" if self._deleted else ("done" if self.done() else "pending")
+        return f"Array({self.aval}, {self.spec}, {state})"
+
+    def done(self) -> bool:
+        return self._status.done()
+
+    def exception(self, timeout=None):
+        return self._status.exception(timeout)
+
+    def add_done_callback(self, fn) -> None:
+        self._status.add_done_callback(lambda _f: fn(self))
+
+    def result(self, timeout=None) -> np.ndarray:
+        """The global value as a numpy array (waits for it, then fetches the shards)."""
+        if self._deleted:
+            raise PathwaysError("this array was deleted")
+        self._status.result(timeout)
+        if self._value is None:
+            self._value = self.client._fetch(self, timeout)
+        return self._value
+
+    def __await__(self):
+        return asyncio.wrap_future(
+            self.client._executor.submit(self.result)).__await__()
+
+    def block_until_ready(self, timeout=None) -> Array:
+        self._status.result(timeout)
+        return self
+
+    def delete(self) -> None:
+        """Free the shards on the hosts now."""
+        if not self._deleted:
+            self._deleted = True
+            self._value = None
+            self.client._release(self)
+
+    def __del__(self):
+        try:
+            if not self._deleted:
+                self._deleted = True
+                self.client._release(self)
+        except Exception:
+            pass  # interpreter shutdown: the client frees everything it owns on close

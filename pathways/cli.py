@@ -1,0 +1,108 @@
+"""``pathways`` command line: ``up``, ``coordinator``, ``host`` and ``status``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+import uvloop
+
+
+def _coordinator(args) -> int:
+    from .coordinator import Coordinator
+
+    coord = Coordinator(args.bind, heartbeat_timeout=args.heartbeat_timeout)
+    print(f"pathways coordinator at {coord.address}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    coord.close()
+    return 0
+
+
+def _host(args) -> int:
+    from .host import serve_host
+
+    if os.environ.get("PLAQUE_DIE_WITH_PARENT"):
+        from plaque.cli import _die_with_parent
+
+        _die_with_parent()
+    reason = uvloop.run(serve_host(args.coordinator, args.island, args.devices, args.bind,
+                                   coordinator_timeout=args.coordinator_timeout))
+    logging.getLogger("pathways.host").info("exited: %s", reason)
+    return 0
+
+
+def _up(args) -> int:
+    from .cluster import LocalCluster
+
+    cluster = LocalCluster(args.islands, args.hosts_per_island, args.devices_per_host,
+                           verbose=args.verbose)
+    try:
+        cluster.wait_ready(args.islands * args.hosts_per_island * args.devices_per_host)
+        print(f"pathways cluster up at {cluster.address}  (Ctrl-C to stop)", flush=True)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+    finally:
+        cluster.close()
+    return 0
+
+
+def _status(args) -> int:
+    from .client import Client
+
+    with Client(args.address) as c:
+        st = c._request(c.address, ("status", None)).result(10)
+        print(f"clients connected: {len(st['clients'])}")
+        by_host: dict = {}
+        for d in st["devices"]:
+            by_host.setdefault((d["island"], d["host"]), []).append(d)
+        for (island, host), devs in sorted(by_host.items()):
+            hs = c._request(devs[0]["data"], ("status", None)).result(10)
+            print(f"island {island} host {host} ({st['hosts'][host].get('hostname', '?')}):")
+            for d in devs:
+                info = hs["devices"].get(d["id"], {})
+                used, cap = info.get("hbm_used", 0), info.get("hbm_capacity", 1)
+                print(f"  device {d['id']:3d} {d['kind']}: HBM {used / 2**20:9.1f} MiB"
+                      f" / {cap / 2**30:.0f} GiB, busy {info.get('busy_seconds', 0):.3f} s")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="pathways")
+    ap.add_argument("-v", "--verbose", action="count", default=0)
+    sub = ap.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start a local cluster and keep it running")
+    up.add_argument("--islands", type=int, default=1)
+    up.add_argument("--hosts-per-island", type=int, default=2)
+    up.add_argument("--devices-per-host", type=int, default=4)
+    co = sub.add_parser("coordinator", help="run a coordinator")
+    co.add_argument("--bind", default="tcp://127.0.0.1")
+    co.add_argument("--heartbeat-timeout", type=float, default=3.0)
+    ho = sub.add_parser("host", help="run a host that joins a coordinator")
+    ho.add_argument("--coordinator", required=True)
+    ho.add_argument("--island", type=int, default=0)
+    ho.add_argument("--devices", type=int, default=4)
+    ho.add_argument("--bind", default="tcp://127.0.0.1")
+    ho.add_argument("--coordinator-timeout", type=float, default=10.0)
+    st = sub.add_parser("status", help="show islands, hosts, devices and clients")
+    st.add_argument("address")
+    args = ap.parse_args(argv)
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
+    logging.basicConfig(level=level, format=f"%(asctime)s pathways-{args.command}"
+                        f"[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
+    handler = {"up": _up, "coordinator": _coordinator, "host": _host, "status": _status}
+    return handler[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""The single-controller client: devices, meshes, arrays, and runs that never wait.
+
+All socket traffic happens on the client's own event-loop thread; user calls hand it work and
+return at once. A call of a compiled function or program names its output buffers itself
+(client id, run id, output index), so the futures it returns can be passed to the next call
+before the backend has seen the first: there is no enqueue round trip. A program is lowered
+and installed once per input placement; each call is then one "run" message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import itertools
+import logging
+import threading
+from collections import namedtuple
+
+import numpy as np
+import uvloop
+import zmq
+
+from plaque.coordinator import ship
+
+from . import protocol, sharding
+from .array import Array
+from .compiled import Aval, CompiledFunction
+from .errors import ClientClosed, PathwaysError, ProgramError, RemoteError
+from .lowering import Placement, lower, placement_of, skeleton
+from .mesh import Mesh
+from .protocol import RunArg
+from .tracer import single_call_program
+
+log = logging.getLogger("pathways.client")
+
+Device = namedtuple("Device", "id island host kind")
+
+
+class Client:
+    def __init__(self, address: str, dispatch: str = "parallel", timeout: float = 30.0):
+        if dispatch not in ("parallel", "sequential"):
+            raise ValueError(f"dispatch must be 'parallel' or 'sequential', got {dispatch!r}")
+        self.address, self.dispatch, self.timeout = address, dispatch, timeout
+        self.ctx = zmq.Context()
+        self._loop = uvloop.new_event_loop()
+        self._socks: dict[str, zmq.Socket] = {}
+        self._pending: dict[int, cf.Future] = {}
+        self._inflight: dict[int, tuple] = {}
+        self._req_ids = itertools.count()
+        self._array_ids = itertools.count()
+        self._run_ids = itertools.count()
+        self._program_ids = itertools.count()
+        self._lowered: dict[tuple, tuple] = {}
+        self._op_programs: dict[tuple, object] = {}
+        self._executor = cf.ThreadPoolExecutor(2, thread_name_prefix="pathways-await")
+        self.closed = False
+        self._thread = threading.Thread(target=self._serve, name="pathways-client",
+                                        daemon=True)
+        self._thread.start()
+        self.id = self._request(self.address, ("hello", None, {})).result(timeout)
+        self._refresh_devices()
+
+    # ---- loop thread ----------------------------------------------------------------------
+    def _serve(self):
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+        for s in self._socks.values():
+            s.close(linger=1000)  # let queued deletes reach the hosts
+        self._loop.close()
+
+    def _sock(self, address: str) -> zmq.Socket:
+        s = self._socks.get(address)
+        if s is None:
+            s = self._socks[address] = self.ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(address)
+            fd = s.getsockopt(zmq.FD)
+            self._loop.add_reader(fd, self._drain, s)
+        return s
+
+    def _drain(self, s):
+        while True:
+            try:
+                frames = s.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                self._on_reply(protocol.unpack(frames))
+            except Exception:
+                log.exception("bad reply")
+
+    def _on_reply(self, msg):
+        kind = msg[0]
+        if kind in ("run_done", "run_failed"):
+            entry = self._inflight.pop(msg[1], None)
+            if entry is not None:
+                status = entry[0]
+                if kind == "run_done":
+                    status.set_result(None)
+                else:
+                    status.set_exception(_as_remote(msg[2]))
+        elif kind == "install_failed":
+            for run_id, entry in list(self._inflight.items()):
+                if entry[3] == msg[1]:
+                    del self._inflight[run_id]
+                    entry[0].set_exception(_as_remote(msg[2]))
+        else:
+            fut = self._pending.pop(msg[1], None)
+            if fut is None:
+                return
+            if kind == "error":
+                fut.set_exception(msg[2] if isinstance(msg[2], Exception)
+                                  else PathwaysError(str(msg[2])))
+            else:
+                fut.set_result(msg[2])
+
+    def _call(self, fn, *args):
+        if self.closed:
+            raise ClientClosed("this client is closed")
+        self._loop.call_soon_threadsafe(fn, *args)
+
+    def _send(self, address, payload):
+        self._call(lambda: self._sock(address).send_multipart(protocol.pack(payload),
+                                                               copy=False))
+
+    def _request(self, address, payload) -> cf.Future:
+        """Send ``(kind, req_id, ...)``; the future gets the reply's third item."""
+        req = next(self._req_ids)
+        fut: cf.Future = cf.Future()
+        self._pending[req] = fut
+        self._send(address, (payload[0], req, *payload[2:]))
+        return fut
+
+    # ---- cluster --------------------------------------------------------------------------
+    def _refresh_devices(self):
+        infos = self._request(self.address, ("devices", None)).result(self.timeout)
+        self._device_info = {d["id"]: d for d in infos}
+
+    def devices(self) -> list[Device]:
+        """Every emulated device: id, island, host, kind."""
+        self._refresh_devices()
+        return [Device(d["id"], d["island"], d["host"], d["kind"])
+                for d in self._device_info.values()]
+
+    def mesh(self, shape, axis_names, island=None) -> Mesh:
+        """A virtual slice of ``shape`` devices from the resource manager, as a mesh."""
+        shape = tuple(int(n) for n in shape)
+        if len(shape) != len(tuple(axis_names)):
+            raise sharding.ShardingError(f"mesh shape {shape} and axis names {axis_names}"
+                                         " differ in length")
+        sl = self._request(self.address, ("mesh", None, self.id, shape, island)
+                           ).result(self.timeout)
+        self._refresh_devices()
+        return Mesh(shape, tuple(axis_names), sl.devices, sl.slice_id, sl.island, sl.version,
+                    client=self)
+
+    # ---- arrays ---------------------------------------------------------------------------
+    def put(self, value, mesh: Mesh, spec=None) -> Array:
+        """Shard ``value`` over ``mesh`` by ``spec`` and send each shard to its device."""
+        value = np.array(value, copy=True)
+        spec = sharding.normalize_spec(spec, value.ndim, mesh.axis_names)
+        shards = sharding.split(value, mesh.shape, mesh.axis_names, spec)
+        array_id = (self.id, next(self._array_ids))
+        for d, shard in zip(mesh.devices, shards):
+            self._send(self._data_address(d), ("put", array_id, d, shard, (self.id, None)))
+        done: cf.Future = cf.Future()
+        done.set_result(None)
+        return Array(self, array_id, Aval.of(value), mesh, spec, done, value=value)
+
+    def _data_address(self, device):
+        try:
+            return self._device_info[device]["data"]
+        except KeyError:
+            raise PathwaysError(f"device {device} is not on a live host") from None
+
+    def _fetch(self, array: Array, timeout) -> np.ndarray:
+        m = array.mesh
+        by_slice: dict[tuple, list[int]] = {}
+        for i in range(m.size):
+            sl = sharding.device_slices(array.shape, m.shape, m.axis_names, array.spec, i)
+            by_slice.setdefault(tuple((s.start, s.stop) for s in sl), []).append(i)
+        futures = {}
+        for members in by_slice.values():
+            d = m.devices[members[0]]
+            futures[members[0]] = self._request(self._data_address(d),
+                                                ("get", None, array.id, d))
+        shards = [None] * m.size
+        for members in by_slice.values():
+            value = futures[members[0]].result(timeout)
+            for i in members:
+                shards[i] = value
+        return sharding.assemble(shards, m.shape, m.axis_names, array.spec)
+
+    def _release(self, array: Array) -> None:
+        if self.closed:
+            return
+        per_host: dict[str, list] = {}
+        for d in array.mesh.devices:
+            per_host.setdefault(self._data_address(d), []).append((array.id, d))
+        for address, keys in per_host.items():
+            self._send(address, ("delete", keys))
+
+    # ---- programs -------------------------------------------------------------------------
+    def op_program(self, fn: CompiledFunction, avals):
+        key = (fn, tuple(avals))
+        if key not in self._op_programs:
+            self._op_programs[key] = single_call_program(fn, avals)
+        return self._op_programs[key]
+
+    def run_program(self, program, arrays):
+        """Run a traced program on ``arrays``; returns its output futures at once."""
+        for i, a in enumerate(arrays):
+            if a.client is not self:
+                raise ProgramError(f"argument {i} belongs to another client")
+            if a._deleted:
+                raise ProgramError(f"argument {i} was deleted")
+        placements = tuple(Placement(a.mesh.devices, a.spec) for a in arrays)
+        pid, out_places = self._install(program, placements)
+        run_id = next(self._run_ids)
+        status: cf.Future = cf.Future()
+        outputs, out_ids = [], {}
+        for v in program.outputs:
+            if v in program.inputs:
+                outputs.append(arrays[program.inputs.index(v)])
+                continue
+            mesh, spec = out_places[v.id]
+            out_ids[v.id] = (self.id, next(self._array_ids))
+            outputs.append(Array(self, out_ids[v.id], v.aval, mesh, spec, status))
+        arg = RunArg(self.id, run_id, self.dispatch,
+                     {v.id: a.id for v, a in zip(program.inputs, arrays)}, out_ids, {})
+        self._inflight[run_id] = (status, tuple(arrays), tuple(outputs), pid)
+        self._send(self.address, ("run", pid, run_id, arg))
+        return outputs[0] if program.single_output else tuple(outputs)
+
+    def _install(self, program, placements):
+        key = (id(program), placements)
+        hit = self._lowered.get(key)
+        if hit is not None:
+            return hit[1], hit[2]
+        worker_of = {d: info["host"] for d, info in self._device_info.items()}
+        island_of = {d: info["island"] for d, info in self._device_info.items()}
+        lowered = lower(program, list(placements), worker_of, island_of)
+        out_places = {}
+        for eqn in program.eqns:
+            for v, spec in zip(eqn.outputs, eqn.fn.out_specs):
+                p = placement_of(eqn.fn, spec, len(v.aval.shape))
+                out_places[v.id] = (eqn.fn.mesh, sharding.P(*p.spec))
+        pid = (self.id, next(self._program_ids))
+        blob = ship([n.factory for n in lowered.graph.nodes], [e.fn.body for e in program.eqns])
+        nodes, edges = skeleton(lowered.graph)
+        self._send(self.address, ("install", pid, nodes, edges, blob, lowered.gangs,
+                                  lowered.island))
+        self._lowered[key] = (program, pid, out_places)  # keeps program alive: id() stays valid
+        return pid, out_places
+
+    # ---- life cycle -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Free everything this client owns on the hosts and disconnect."""
+        if self.closed:
+            return
+        try:
+            for address in {d["data"] for d in self._device_info.values()}:
+                self._send(address, ("delete_owner", self.id))
+            self._send(self.address, ("bye", self.id))
+        except Exception:
+            pass
+        self.closed = True
+        err = ClientClosed("the client closed before this run finished")
+
+        def stop():
+            for status, *_ in self._inflight.values():
+                if not status.done():
+                    status.set_exception(err)
+            self._inflight.clear()
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(err)
+            self._loop.stop()
+
+        self._loop.call_soon_threadsafe(stop)
+        self._thread.join(10)
+        self._executor.shutdown(wait=False)
+        self.ctx.term()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _as_remote(err) -> Exception:
+    if isinstance(err, PathwaysError):
+        return err
+    return RemoteError(str(err))
+
+
+def connect(address: str, dispatch: str = "parallel", timeout: float = 30.0) -> Client:
+    """Connect to a Pathways coordinator at ``address`` (printed by ``pathways up``)."""
+    return Client(address, dispatch=dispatch, timeout=timeout)

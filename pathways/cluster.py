@@ -1,0 +1,96 @@
+"""``pw.local_cluster``: a coordinator and emulated hosts as subprocesses, always torn down."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+
+from .errors import PathwaysError
+
+
+class LocalCluster:
+    """Processes of a local cluster; ``address`` is what clients connect to."""
+
+    def __init__(self, islands=1, hosts_per_island=2, devices_per_host=4,
+                 heartbeat_timeout=3.0, verbose=0):
+        self.processes: list[subprocess.Popen] = []
+        self.islands, self.hosts_per_island = islands, hosts_per_island
+        self.devices_per_host = devices_per_host
+        env = dict(os.environ, PLAQUE_DIE_WITH_PARENT="1")
+        v = ["-v"] * verbose
+        coord = subprocess.Popen(
+            [sys.executable, "-m", "pathways", *v, "coordinator",
+             "--heartbeat-timeout", str(heartbeat_timeout)],
+            stdout=subprocess.PIPE, text=True, env=env)
+        self.processes.append(coord)
+        self.address = self._read_address(coord)
+        self._env, self._v = env, v
+        for island in range(islands):
+            for _ in range(hosts_per_island):
+                self.add_host(island, devices_per_host)
+
+    @staticmethod
+    def _read_address(proc, timeout=30.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                raise PathwaysError(f"coordinator exited with {proc.wait()} before starting")
+            if line.startswith("pathways coordinator at "):
+                return line.split()[-1]
+        raise PathwaysError("coordinator did not report its address")
+
+    def add_host(self, island: int, devices: int) -> subprocess.Popen:
+        """Start one more host process in ``island``."""
+        p = subprocess.Popen(
+            [sys.executable, "-m", "pathways", *self._v, "host", "--coordinator", self.address,
+             "--island", str(island), "--devices", str(devices)], env=self._env)
+        self.processes.append(p)
+        return p
+
+    def wait_ready(self, num_devices: int, timeout: float = 60.0) -> None:
+        from .client import Client
+
+        deadline = time.monotonic() + timeout
+        with Client(self.address) as c:
+            while len(c.devices()) < num_devices:
+                if time.monotonic() > deadline:
+                    raise PathwaysError(f"only {len(c.devices())} of {num_devices} devices"
+                                        f" joined within {timeout:.0f} s")
+                if any(p.poll() is not None for p in self.processes):
+                    raise PathwaysError("a cluster process exited while starting")
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        for p in reversed(self.processes):
+            if p.poll() is None:
+                p.terminate()
+        for p in self.processes:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+            if p.stdout:
+                p.stdout.close()
+
+
+@contextlib.contextmanager
+def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_timeout=3.0,
+                  verbose=0, timeout=60.0):
+    """Start a coordinator and ``islands * hosts_per_island`` host processes on this machine.
+
+    >>> with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4) as cluster:
+    ...     with pw.connect(cluster.address) as client:
+    ...         print(client.devices())
+    """
+    cluster = LocalCluster(islands, hosts_per_island, devices_per_host, heartbeat_timeout,
+                           verbose)
+    try:
+        cluster.wait_ready(islands * hosts_per_island * devices_per_host, timeout)
+        yield cluster
+    finally:
+        cluster.close()

@@ -1,0 +1,413 @@
+"""Collectives called inside SPMD bodies (psum, all_gather, ppermute...) and where they run.
+
+A body runs once per device of a mesh, each time on that device's shard. A collective over mesh
+axes first finds the device's *group*: the devices that share its coordinates on every other
+axis, ordered by their coordinates on the named axes (``sharding.axis_group``). It then makes
+one *exchange* with that group and computes its result locally from what it received. Every
+member receives the same values in the same source order and reduces them in that order, so
+results are bitwise identical on every member (psum of float32 included).
+
+Collectives find their device through a thread-local kernel environment (``kernel_env``).
+An environment knows the mesh and the device's flat index and implements ``exchange``:
+
+    exchange(members, position, outgoing, expect_from) -> {source position: value}
+
+``outgoing`` maps destination positions to values; a value for the device's own position is
+kept locally, never sent. Each exchange takes the environment's next sequence number, so the
+members of a group, calling the same collectives in the same order, agree on which exchange a
+message belongs to. ``axis_index`` exchanges nothing and takes no number.
+
+Environments here: ``LocalEnv`` (threads sharing an in-memory ``Rendezvous``, plus a ``send``
+hook a host uses for devices elsewhere), ``AbstractEnv`` (no peers: zeros of the right shapes,
+for finding output shapes and dtypes) and ``run_spmd``, which runs a body on every device of a
+mesh in threads, for tests and the reference interpreter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import threading
+from collections.abc import Callable, Hashable, Iterator
+
+import numpy as np
+
+from .errors import CollectiveTimeout, ProgramError, ShardingError
+from .sharding import axis_group, check_mesh
+
+__all__ = [
+    "AbstractEnv",
+    "KernelEnv",
+    "LocalEnv",
+    "Rendezvous",
+    "all_gather",
+    "all_to_all",
+    "axis_index",
+    "current_env",
+    "kernel_env",
+    "pmean",
+    "ppermute",
+    "psum",
+    "run_spmd",
+]
+
+_local = threading.local()
+
+
+def current_env() -> KernelEnv | None:
+    """The kernel environment of this thread, or None outside a compiled function."""
+    return getattr(_local, "env", None)
+
+
+@contextlib.contextmanager
+def kernel_env(env: KernelEnv) -> Iterator[KernelEnv]:
+    """Make ``env`` this thread's kernel environment for the ``with`` block (nests)."""
+    previous = current_env()
+    _local.env = env
+    try:
+        yield env
+    finally:
+        _local.env = previous
+
+
+class KernelEnv:
+    """Where one device runs one kernel: the mesh, the device's flat index, and a way to talk."""
+
+    def __init__(self, mesh_shape, axis_names, flat_index: int):
+        self.mesh_shape, self.axis_names = check_mesh(mesh_shape, axis_names)
+        if not 0 <= flat_index < math.prod(self.mesh_shape):
+            raise ShardingError(f"flat index {flat_index} is outside mesh {self.mesh_shape}")
+        self.flat_index = flat_index
+        self._seq = 0
+
+    def next_collective(self) -> int:
+        """The sequence number of this kernel's next exchange (0, 1, 2...)."""
+        seq, self._seq = self._seq, self._seq + 1
+        return seq
+
+    def exchange(
+        self, members: list[int], position: int, outgoing: dict[int, object], expect_from: list[int]
+    ) -> dict[int, object]:
+        """Send ``outgoing[p]`` to ``members[p]``; return {source position: value received}."""
+        raise NotImplementedError
+
+
+class Rendezvous:
+    """A thread-safe mailbox: values keyed by (exchange key, destination, source).
+
+    ``collect`` removes what it returns, even when it times out, so a finished exchange leaves
+    nothing behind (only a value arriving after its exchange gave up stays, until ``abort``).
+    One condition per waiting (key, destination) shares a single lock, so a delivery wakes
+    only the thread that wants it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._boxes: dict[tuple[Hashable, Hashable], dict[Hashable, object]] = {}
+        self._waiters: dict[tuple[Hashable, Hashable], threading.Condition] = {}
+        self._aborted: str | None = None
+
+    def deliver(self, key: Hashable, src: Hashable, dst: Hashable, value: object) -> None:
+        """Leave ``value`` from ``src`` for ``dst``'s exchange ``key`` (dropped after abort)."""
+        with self._lock:
+            if self._aborted is not None:
+                return
+            box = self._boxes.setdefault((key, dst), {})
+            if src in box:
+                raise ProgramError(f"exchange {key!r}: {src!r} delivered to {dst!r} twice")
+            box[src] = value
+            waiter = self._waiters.get((key, dst))
+            if waiter is not None:
+                waiter.notify()
+
+    def collect(self, key: Hashable, dst: Hashable, sources, timeout: float) -> dict:
+        """Wait until every source has delivered to ``dst`` for ``key``; return {src: value}.
+
+        Raises CollectiveTimeout naming the missing sources after ``timeout`` seconds, or at
+        once if the mailbox is aborted.
+        """
+        sources = list(sources)
+        with self._lock:
+            box = self._boxes.setdefault((key, dst), {})
+            waiter = self._waiters[(key, dst)] = threading.Condition(self._lock)
+            try:
+                waiter.wait_for(
+                    lambda: self._aborted is not None or all(s in box for s in sources), timeout
+                )
+            finally:
+                del self._waiters[(key, dst)]
+            missing = [s for s in sources if s not in box]
+            # Take what arrived even on failure, so a failed exchange leaves nothing behind.
+            got = {s: box.pop(s) for s in sources if s in box}
+            if not box:
+                self._boxes.pop((key, dst), None)  # abort may have cleared it already
+            if self._aborted is not None:
+                raise _Abandoned(f"exchange {key!r} at {dst!r} abandoned: {self._aborted}")
+            if missing:
+                raise CollectiveTimeout(
+                    f"exchange {key!r} at {dst!r}: no value from {missing} after {timeout}s "
+                    "(a peer skipped this collective, called another one, or is lost)"
+                )
+            return got
+
+    def abort(self, reason: str) -> None:
+        """Wake every waiter with a CollectiveTimeout, drop stored values and later deliveries."""
+        with self._lock:
+            if self._aborted is None:
+                self._aborted = reason
+            self._boxes.clear()
+            for waiter in self._waiters.values():
+                waiter.notify_all()
+
+    def pending(self) -> int:
+        """How many delivered values nobody has collected yet."""
+        with self._lock:
+            return sum(len(box) for box in self._boxes.values())
+
+
+class _Abandoned(CollectiveTimeout):
+    """An exchange woken by ``Rendezvous.abort``: a consequence of another device's failure."""
+
+
+def _copy(value):
+    # Mimic the network: a receiver must never share memory with the sender's array.
+    return value.copy() if isinstance(value, np.ndarray) else value
+
+
+class LocalEnv(KernelEnv):
+    """A device whose peers are reached through a shared Rendezvous or a ``send`` hook.
+
+    ``devices`` maps flat index -> physical device id; mailbox keys are
+    ``(gang_key, sequence number)`` and sources/destinations are physical ids. Values for a
+    device where ``is_local(device)`` is false go to ``send(dst_device, key, src_device,
+    value)`` (a host routes them over the network into the peer host's Rendezvous).
+    ``bytes_sent_local`` / ``bytes_sent_remote`` count array bytes sent, for ICI cost models.
+    """
+
+    def __init__(
+        self,
+        mesh_shape,
+        axis_names,
+        flat_index: int,
+        devices: dict[int, Hashable],
+        gang_key: Hashable,
+        rendezvous: Rendezvous,
+        send: Callable | None = None,
+        timeout: float = 60.0,
+        is_local: Callable[[Hashable], bool] | None = None,
+    ):
+        super().__init__(mesh_shape, axis_names, flat_index)
+        self.devices = dict(devices)
+        if len(set(self.devices.values())) != len(self.devices):
+            raise ProgramError(f"devices {self.devices} map two flat indices to one device")
+        self._flat_of = {dev: i for i, dev in self.devices.items()}
+        self.gang_key, self.rendezvous = gang_key, rendezvous
+        self.send, self.timeout = send, timeout
+        self.is_local = is_local if is_local is not None else (lambda device: True)
+        self.bytes_sent_local = 0
+        self.bytes_sent_remote = 0
+
+    def exchange(self, members, position, outgoing, expect_from):
+        key = (self.gang_key, self.next_collective())
+        me = self.devices[self.flat_index]
+        received = {}
+        for dst_pos, value in outgoing.items():
+            if dst_pos == position:
+                received[position] = _copy(value)
+            else:
+                self._send_one(key, me, self.devices[members[dst_pos]], value)
+        sources = [self.devices[members[s]] for s in expect_from if s != position]
+        got = self.rendezvous.collect(key, me, sources, self.timeout)
+        position_of = {flat: p for p, flat in enumerate(members)}
+        received.update({position_of[self._flat_of[dev]]: v for dev, v in got.items()})
+        if position in expect_from and position not in received:
+            raise ProgramError(f"exchange {key!r} expects a value from itself but sends none")
+        return {s: received[s] for s in expect_from}
+
+    def _send_one(self, key, src: Hashable, dst: Hashable, value) -> None:
+        nbytes = getattr(value, "nbytes", 0)
+        if self.is_local(dst):
+            self.rendezvous.deliver(key, src, dst, _copy(value))
+            self.bytes_sent_local += nbytes
+        elif self.send is None:
+            raise ProgramError(f"device {dst!r} is not local and this LocalEnv has no send hook")
+        else:
+            self.send(dst, key, src, value)
+            self.bytes_sent_remote += nbytes
+
+
+class AbstractEnv(KernelEnv):
+    """A device with no peers, for finding a body's output shapes and dtypes.
+
+    Every expected source "sends" zeros shaped like this device's first outgoing value (lowest
+    destination position): the collectives here send same-shaped values to every destination,
+    so any one is a faithful template. If the device sends nothing (a ppermute source of no
+    pair) the result is empty, and ppermute falls back to zeros_like(x), the right shape.
+    """
+
+    def __init__(self, mesh_shape, axis_names, flat_index: int = 0):
+        super().__init__(mesh_shape, axis_names, flat_index)
+
+    def exchange(self, members, position, outgoing, expect_from):
+        self.next_collective()
+        if not outgoing:
+            return {}
+        template = outgoing[min(outgoing)]
+        return {s: np.zeros_like(template) for s in expect_from}
+
+
+def _group(name: str, axes) -> tuple[KernelEnv, list[int], int]:
+    """This thread's environment and its group over ``axes``; errors name the collective."""
+    env = current_env()
+    if env is None:
+        raise ProgramError(
+            f"{name} called outside a compiled function: collectives only run inside a body "
+            "executed on a mesh (run_spmd, or a program compiled for a mesh)"
+        )
+    members, position = axis_group(env.mesh_shape, env.axis_names, axes, env.flat_index)
+    return env, members, position
+
+
+def _gather(name: str, x, axes) -> tuple[list, int]:
+    """Every member's ``x`` in position order, and this device's position."""
+    env, members, position = _group(name, axes)
+    everyone = list(range(len(members)))
+    got = env.exchange(members, position, {p: x for p in everyone}, everyone)
+    return [got[p] for p in everyone], position
+
+
+def _check_axis(name: str, what: str, axis: int, ndim: int) -> int:
+    """``axis`` made non-negative, or a ProgramError if it is outside ``ndim`` dimensions."""
+    if not -ndim <= axis < ndim:
+        raise ProgramError(f"{name}: {what}={axis} is out of range for {ndim} dimension(s)")
+    return axis % ndim
+
+
+def psum(x, axes):
+    """Sum of ``x`` over the group along ``axes``, added in position order on every member."""
+    return _ordered_sum(_gather("psum", np.asarray(x), axes)[0])
+
+
+def pmean(x, axes):
+    """Mean of ``x`` over the group (psum divided by the group size; ints become floats)."""
+    values, _ = _gather("pmean", np.asarray(x), axes)
+    return np.asarray(_ordered_sum(values) / len(values))
+
+
+def _ordered_sum(values: list) -> np.ndarray:
+    # A fixed order (position 0 first) is what makes float sums bitwise equal on all members.
+    total = values[0].copy()
+    for value in values[1:]:
+        total = total + value
+    return np.asarray(total)
+
+
+def all_gather(x, axes, axis: int = 0, tiled: bool = False):
+    """Every member's ``x``, stacked along a new dimension ``axis`` (or concatenated if tiled)."""
+    x = np.asarray(x)
+    if tiled:
+        axis = _check_axis("all_gather", "axis", axis, x.ndim)
+    else:
+        axis = _check_axis("all_gather", "axis", axis, x.ndim + 1)
+    values, _ = _gather("all_gather", x, axes)
+    return np.concatenate(values, axis=axis) if tiled else np.stack(values, axis=axis)
+
+
+def ppermute(x, axes, perm):
+    """Send ``x`` along the (source position, destination position) pairs of ``perm``.
+
+    A device that is nobody's destination gets zeros_like(x).
+    """
+    x = np.asarray(x)
+    env, members, position = _group("ppermute", axes)
+    pairs = _check_perm(perm, len(members))
+    outgoing = {dst: x for src, dst in pairs if src == position}
+    sources = [src for src, dst in pairs if dst == position]
+    got = env.exchange(members, position, outgoing, sources)
+    return got[sources[0]] if sources and sources[0] in got else np.zeros_like(x)
+
+
+def _check_perm(perm, n: int) -> list[tuple[int, int]]:
+    """``perm`` as int pairs, checked in range with no repeated source or destination."""
+    try:
+        pairs = [(int(src), int(dst)) for src, dst in perm]
+    except (TypeError, ValueError) as exc:
+        raise ProgramError(f"ppermute: perm {perm!r} is not a list of (src, dst) pairs") from exc
+    for src, dst in pairs:
+        if not (0 <= src < n and 0 <= dst < n):
+            raise ProgramError(f"ppermute: pair ({src}, {dst}) is outside a group of {n}")
+    for i, what in ((0, "source"), (1, "destination")):
+        if len({pair[i] for pair in pairs}) != len(pairs):
+            raise ProgramError(f"ppermute: perm {perm!r} repeats a {what}")
+    return pairs
+
+
+def all_to_all(x, axes, split_axis: int, concat_axis: int):
+    """Split ``x`` in group-size chunks along ``split_axis``; chunk j goes to position j.
+
+    The chunks received are concatenated along ``concat_axis`` in source order, so that
+    dimension grows by the group size while ``split_axis`` shrinks by it.
+    """
+    x = np.asarray(x)
+    split_axis = _check_axis("all_to_all", "split_axis", split_axis, x.ndim)
+    concat_axis = _check_axis("all_to_all", "concat_axis", concat_axis, x.ndim)
+    env, members, position = _group("all_to_all", axes)
+    n = len(members)
+    if x.shape[split_axis] % n:
+        raise ShardingError(
+            f"all_to_all: dimension {split_axis} of shape {x.shape} has size "
+            f"{x.shape[split_axis]}, not divisible by the group size {n} of axes {axes!r}"
+        )
+    chunks = np.split(x, n, axis=split_axis)
+    everyone = list(range(n))
+    got = env.exchange(members, position, dict(enumerate(chunks)), everyone)
+    return np.concatenate([got[p] for p in everyone], axis=concat_axis)
+
+
+def axis_index(axes) -> int:
+    """This device's position along ``axes`` (no communication)."""
+    return _group("axis_index", axes)[2]
+
+
+_gang_ids = itertools.count()
+
+
+def run_spmd(
+    body: Callable, mesh_shape, axis_names, per_device_args: list[tuple], timeout: float = 30.0
+) -> list:
+    """Run ``body(*per_device_args[i])`` on every device i of a mesh, one thread each.
+
+    Returns the results in flat-index order. If devices raise, raises the exception of the
+    lowest flat index among those that failed on their own account, after every thread has
+    ended: the first failure aborts the shared Rendezvous, so peers stuck waiting for the
+    failed device stop at once instead of waiting ``timeout``. A body that never returns
+    outside a collective is not interrupted.
+    """
+    mesh_shape, axis_names = check_mesh(mesh_shape, axis_names)
+    n = math.prod(mesh_shape)
+    if len(per_device_args) != n:
+        raise ProgramError(f"run_spmd got {len(per_device_args)} argument tuples for {n} devices")
+    rendezvous, gang_key = Rendezvous(), ("spmd", next(_gang_ids))
+    devices = {i: i for i in range(n)}
+    results: list = [None] * n
+    errors: dict[int, BaseException] = {}
+
+    def run(i: int) -> None:
+        env = LocalEnv(mesh_shape, axis_names, i, devices, gang_key, rendezvous, timeout=timeout)
+        try:
+            with kernel_env(env):
+                results[i] = body(*per_device_args[i])
+        except Exception as exc:
+            errors[i] = exc
+            rendezvous.abort(f"device {i} raised {exc!r}")
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        own = [i for i in sorted(errors) if not isinstance(errors[i], _Abandoned)]
+        raise errors[(own or sorted(errors))[0]]
+    return results

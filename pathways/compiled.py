@@ -1,0 +1,148 @@
+"""Compiled functions: a numpy body mapped over the shards of a mesh (``shard_map``).
+
+A compiled function knows its mesh, the partition spec of each argument and result, and its
+cost. Output shapes and dtypes are found once per input signature by abstract evaluation: the
+body runs on zero shards of the right shape with collectives that only produce shapes, and the
+answer is cached. Calling one outside ``@pw.program`` runs it at once (OpByOp) and returns
+futures; inside a program it records one equation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import collectives
+from . import cost as cost_model
+from .errors import ProgramError, ShardingError
+from .mesh import Mesh
+from .sharding import P, global_shape_of, normalize_spec, shard_shape
+
+
+@dataclass(frozen=True)
+class Aval:
+    """The abstract value of a global array: shape and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @classmethod
+    def of(cls, x) -> Aval:
+        return cls(tuple(int(n) for n in x.shape), np.dtype(x.dtype))
+
+    def __str__(self):
+        return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
+
+
+def _specs(specs, what: str) -> tuple[tuple, bool]:
+    """(tuple of specs, single) from a P, None, or a tuple/list of them."""
+    if specs is None or isinstance(specs, P):
+        return (specs,), True
+    if isinstance(specs, (tuple, list)) and all(s is None or isinstance(s, P) for s in specs):
+        return tuple(specs), False
+    raise ShardingError(f"{what} must be a P(...) or a tuple of them, got {specs!r}")
+
+
+class CompiledFunction:
+    """``body`` run on every device of ``mesh`` on its shard. Create with ``shard_map``."""
+
+    def __init__(self, body, mesh: Mesh, in_specs, out_specs, cost=None, name=None):
+        if not callable(body):
+            raise ProgramError(f"shard_map needs a callable body, got {body!r}")
+        if not isinstance(mesh, Mesh):
+            raise ProgramError(f"shard_map needs a Mesh (client.mesh(...)), got {mesh!r}")
+        self.body, self.mesh, self.cost = body, mesh, cost
+        self.name = name or getattr(body, "__name__", "body")
+        self.in_specs, self._broadcast_in = _specs(in_specs, "in_specs")
+        self.out_specs, self.single_output = _specs(out_specs, "out_specs")
+        self._avals: dict[tuple, tuple[Aval, ...]] = {}
+
+    def __repr__(self):
+        return f"<compiled {self.name} on {self.mesh}>"
+
+    def arg_specs(self, nargs: int) -> tuple:
+        """The spec of each of ``nargs`` arguments (one P given applies to all)."""
+        if self._broadcast_in:
+            return self.in_specs * nargs
+        if len(self.in_specs) != nargs:
+            raise ProgramError(f"{self.name}: {len(self.in_specs)} in_specs for {nargs}"
+                               " arguments")
+        return self.in_specs
+
+    def shard_avals(self, in_avals) -> list[Aval]:
+        m = self.mesh
+        out = []
+        for i, (a, spec) in enumerate(zip(in_avals, self.arg_specs(len(in_avals)))):
+            try:
+                spec = normalize_spec(spec, len(a.shape), m.axis_names)
+                out.append(Aval(shard_shape(a.shape, m.shape, m.axis_names, spec), a.dtype))
+            except ShardingError as exc:
+                raise ShardingError(f"{self.name}: argument {i} {a}: {exc}") from None
+        return out
+
+    def abstract_eval(self, in_avals) -> tuple[Aval, ...]:
+        """Global output avals for these input avals (evaluated once, then cached)."""
+        key = tuple(in_avals)
+        if key not in self._avals:
+            self._avals[key] = self._abstract_eval(key)
+        return self._avals[key]
+
+    def _abstract_eval(self, in_avals) -> tuple[Aval, ...]:
+        m = self.mesh
+        zeros = [np.zeros(a.shape, a.dtype) for a in self.shard_avals(in_avals)]
+        env = collectives.AbstractEnv(m.shape, m.axis_names)
+        with collectives.kernel_env(env):
+            try:
+                outs = self.body(*zeros)
+            except (ShardingError, ProgramError):
+                raise
+            except Exception as exc:
+                raise ProgramError(f"{self.name} fails on shards of shapes "
+                                   f"{[str(Aval.of(z)) for z in zeros]}: {exc!r}") from exc
+        outs = self._as_tuple(outs)
+        result = []
+        for o, spec in zip(outs, self.out_specs):
+            spec = normalize_spec(spec, o.ndim, m.axis_names)
+            result.append(Aval(global_shape_of(o.shape, m.shape, m.axis_names, spec), o.dtype))
+        return tuple(result)
+
+    def _as_tuple(self, outs) -> tuple:
+        outs = (outs,) if self.single_output else outs
+        if not isinstance(outs, (tuple, list)) or len(outs) != len(self.out_specs):
+            raise ProgramError(f"{self.name} must return {len(self.out_specs)} array(s) to"
+                               f" match out_specs, got {type(outs).__name__}")
+        return tuple(np.asarray(o) for o in outs)
+
+    def run_shard(self, env, shards) -> tuple[tuple, float]:
+        """Run the body on one device's shards under ``env``; (outputs, modelled seconds)."""
+        with collectives.kernel_env(env):
+            outs = self._as_tuple(self.body(*shards))
+        default = cost_model.estimate_kernel(shards, outs, env_spec(env))
+        seconds = cost_model.resolve_cost(self.cost, [s.shape for s in shards], default)
+        return outs, seconds
+
+    def __call__(self, *args):
+        from .tracer import current_trace, run_op_by_op
+
+        trace = current_trace()
+        if trace is not None:
+            return trace.record(self, args)
+        return run_op_by_op(self, args)
+
+
+def env_spec(env):
+    spec = getattr(env, "device_spec", None)
+    return spec if spec is not None else cost_model.DeviceSpec()
+
+
+def shard_map(body, mesh: Mesh, in_specs, out_specs, cost=None, name=None) -> CompiledFunction:
+    """Compile ``body`` to run on every device of ``mesh`` on its shard of the arguments.
+
+    ``in_specs``/``out_specs`` are partition specs (``P('data')``; a tuple for several).
+    ``cost`` is the modelled time of one execution in seconds, or a function of the input
+    shard shapes; by default it is estimated from the bytes touched.
+
+    >>> step = pw.shard_map(lambda x: pw.psum(x, "data") + 1, mesh, P("data"), P("data"))
+    """
+    return CompiledFunction(body, mesh, in_specs, out_specs, cost=cost, name=name)

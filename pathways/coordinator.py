@@ -1,0 +1,210 @@
+"""The Pathways coordinator: resource manager, one gang scheduler per island, program runs.
+
+It embeds a Plaque cluster (hosts are its workers) and serves clients on a ROUTER socket on
+the same event loop. A client's program is installed once as a Plaque graph; each run is one
+message from the client, sequenced by the island's scheduler (every gang of the run gets its
+sequence number on each of its devices) and started with one START message per host. The
+client learns the end of the run from here; its data it fetches from the hosts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+import zmq
+
+import plaque
+
+from . import protocol
+from .lowering import rebuild
+from .resource_manager import ResourceManager
+from .scheduler import Gang, IslandScheduler
+
+log = logging.getLogger("pathways.coordinator")
+
+
+@dataclass
+class _Program:
+    client: int
+    gangs: list
+    island: int | None
+    gid: int | None = None
+    error: Exception | None = None
+    waiting: list = field(default_factory=list)  # runs that arrived before the install ended
+
+
+class Coordinator:
+    def __init__(self, bind: str = "tcp://127.0.0.1", heartbeat_timeout: float = 3.0):
+        self.cluster = plaque.Cluster(bind, heartbeat_timeout=heartbeat_timeout)
+        self.rm = ResourceManager()
+        self.schedulers: dict[int, IslandScheduler] = {}
+        self.hosts: dict[int, dict] = {}  # worker id -> info
+        self.programs: dict[tuple, _Program] = {}
+        self.clients: dict[int, bytes] = {}  # client id -> socket identity
+        self._client_ids = itertools.count()
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        base = bind if bind.startswith("tcp://") else "tcp://127.0.0.1"
+        self.sock.bind_to_random_port(base) if base.count(":") == 1 else self.sock.bind(base)
+        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.cluster.listeners.append(self._on_cluster_event)
+        self.cluster.call_soon(self._start_serving)
+
+    def _start_serving(self):
+        loop = self.cluster.loop
+        loop.add_reader(self.sock.getsockopt(zmq.FD), self._drain)
+        loop.call_soon(self._drain)
+
+    def close(self):
+        try:
+            self.cluster.call_soon(lambda: self.cluster.loop.remove_reader(
+                self.sock.getsockopt(zmq.FD)))
+        except Exception:
+            pass
+        self.cluster.close()
+        self.sock.close(0)
+        self.ctx.term()
+
+    # ---- hosts ----------------------------------------------------------------------------
+    def _on_cluster_event(self, ev):
+        if ev[0] != "membership":
+            return
+        live = set(ev[1])
+        core = self.cluster.core
+        for w in live - set(self.hosts):
+            info = core.workers[w].info
+            devs = self.rm.add_host(w, int(info.get("island", 0)), int(info.get("devices", 0)))
+            self.hosts[w] = dict(info, device_ids=[d.id for d in devs])
+            core.send_user(w, ("devices", [d.id for d in devs]))
+            log.info("host %d joined island %s with devices %s", w, info.get("island"),
+                     [d.id for d in devs])
+        for w in set(self.hosts) - live:
+            lost = self.rm.remove_host(w)
+            log.warning("host %d lost with devices %s", w, lost)
+            del self.hosts[w]
+        topology = {d: w for w, h in self.hosts.items() for d in h["device_ids"]}
+        for w in self.hosts:
+            core.send_user(w, ("topology", topology))
+        self.cluster.soon()
+
+    def devices(self) -> list[dict]:
+        out = []
+        for d in self.rm.devices():
+            h = self.hosts[d.host]
+            out.append({"id": d.id, "island": d.island, "host": d.host, "index": d.index,
+                        "kind": d.kind, "data": h["data"]})
+        return out
+
+    # ---- clients --------------------------------------------------------------------------
+    def _drain(self):
+        for _ in range(256):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            ident = frames[0].bytes
+            try:
+                req = protocol.unpack(frames[1:])
+                handler = getattr(self, "_req_" + str(req[0]))
+            except Exception as exc:
+                log.warning("dropped a bad client message: %r", exc)
+                continue
+            try:
+                handler(ident, *req[1:])
+            except Exception as exc:
+                log.info("request %s failed: %r", req[0], exc)
+                if len(req) > 1 and isinstance(req[1], int):
+                    self._reply(ident, ("error", req[1], exc))
+        else:
+            self.cluster.loop.call_soon(self._drain)
+        self.cluster.soon()
+
+    def _reply(self, ident, payload):
+        self.sock.send_multipart([ident, *protocol.pack(payload, -1)], copy=False)
+
+    def _req_info(self, ident, req):
+        self._reply(ident, ("info", req, {"plaque": self.cluster.address,
+                                          "clients": self.address}))
+
+    def _req_hello(self, ident, req, info):
+        cid = next(self._client_ids)
+        self.clients[cid] = ident
+        self._reply(ident, ("welcome", req, cid))
+
+    def _req_devices(self, ident, req):
+        self._reply(ident, ("devices", req, self.devices()))
+
+    def _req_mesh(self, ident, req, client, shape, island):
+        sl = self.rm.allocate(client, tuple(shape), island=island)
+        self._reply(ident, ("mesh", req, sl))
+
+    def _req_status(self, ident, req):
+        self._reply(ident, ("status", req, {"hosts": self.hosts, "devices": self.devices(),
+                                            "clients": sorted(self.clients),
+                                            "resources": self.rm.snapshot()}))
+
+    def _req_install(self, ident, pid, nodes, edges, blob, gangs, island):
+        client = pid[0]
+        prog = self.programs[pid] = _Program(client, [tuple(g) for g in gangs], island)
+
+        def installed(gid, error):
+            prog.gid, prog.error = gid, error
+            if error is not None:
+                self._reply(ident, ("install_failed", pid, error))
+            for run in prog.waiting:
+                self._req_run(*run)
+            prog.waiting.clear()
+
+        try:
+            graph = rebuild(nodes, edges, blob, self.cluster.core.live_workers())
+            self.cluster.install_async(graph, installed)
+        except Exception as exc:
+            installed(None, exc)
+
+    def _req_run(self, ident, pid, run_id, arg):
+        prog = self.programs.get(pid)
+        if prog is None:
+            self._reply(ident, ("run_failed", run_id, plaque.GraphError(f"no program {pid}")))
+            return
+        if prog.gid is None and prog.error is None:
+            prog.waiting.append((ident, pid, run_id, arg))
+            return
+        if prog.error is not None:
+            self._reply(ident, ("run_failed", run_id, prog.error))
+            return
+        sched = self.schedulers.setdefault(prog.island, IslandScheduler(prog.island))
+        gangs = [Gang((pid, run_id, e), prog.client, devs) for e, devs in enumerate(prog.gangs)]
+        released = sched.submit(gangs)
+        seqs = {gang_id[2]: dict(s) for gang_id, s in released}
+        arg = dataclasses.replace(arg, seqs=seqs)
+
+        def done(result, error):
+            if error is None:
+                self._reply(ident, ("run_done", run_id))
+            else:
+                self._reply(ident, ("run_failed", run_id, error))
+
+        try:
+            self.cluster.start_async(prog.gid, arg, done)
+        except Exception as exc:
+            self._skip(seqs)
+            self._reply(ident, ("run_failed", run_id, exc))
+
+    def _skip(self, seqs):
+        """Tell hosts to skip sequence numbers of gangs that will never run."""
+        per_host: dict[int, dict] = {}
+        owner = {d: w for w, h in self.hosts.items() for d in h["device_ids"]}
+        for per_device in seqs.values():
+            for d, s in per_device.items():
+                if d in owner:
+                    per_host.setdefault(owner[d], {}).setdefault(d, []).append(s)
+        for w, skips in per_host.items():
+            self.cluster.core.send_user(w, ("skip", skips))
+
+    def _req_bye(self, ident, client):
+        self.rm.release_client(client)
+        self.clients.pop(client, None)

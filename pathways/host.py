@@ -1,0 +1,207 @@
+"""A host process: a Plaque worker, an object store, and D emulated TPUs.
+
+The host joins the coordinator's Plaque cluster (it is a Plaque worker whose operators are
+kernel shards), learns its global device ids from the resource manager, and serves clients
+directly on its own data socket (put, get, delete) so that array data never passes through
+the coordinator. Collectives between devices of different hosts travel as Plaque USER
+messages straight from host to host; within a host they are memory handoffs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+
+import zmq
+
+import plaque
+from plaque.endpoint import Endpoint
+from plaque.worker import WorkerCore
+from plaque.zmq_transport import ZmqTransport
+
+from . import protocol
+from .collectives import Rendezvous
+from .cost import DeviceSpec
+from .device import EmulatedDevice
+from .object_store import ObjectStore
+
+log = logging.getLogger("pathways.host")
+
+
+class Host:
+    def __init__(self, island: int, num_devices: int, spec: DeviceSpec | None = None):
+        self.island, self.num_devices = island, num_devices
+        self.spec = spec or DeviceSpec()
+        self.devices: dict[int, EmulatedDevice] = {}
+        self.store = ObjectStore(self.devices)
+        self.rendezvous = Rendezvous()
+        self.worker_of: dict[int, int] = {}
+        self.core: WorkerCore | None = None
+        self.loop = None
+        self._early_kernels: list = []
+
+    # ---- devices and kernels (called from the loop or device threads) ---------------------
+    def enqueue(self, device: int, seq: int, kernel) -> None:
+        self.devices[device].enqueue(seq, kernel)
+
+    def is_local(self, device: int) -> bool:
+        return device in self.devices
+
+    def send_ici(self, dst_device, key, src_device, value) -> None:
+        """Device thread: ship a collective contribution to the host of ``dst_device``."""
+        worker = self.worker_of[dst_device]
+        msg = ("ici", key, src_device, dst_device, value)
+        self.core.call_soon(lambda: self.core.send_user(worker, msg))
+
+    def wait_buffer(self, key, timeout):
+        return self.store.get(key, timeout)
+
+    # ---- messages from the coordinator and peers (loop thread) ----------------------------
+    def on_user(self, sender, payload) -> None:
+        kind = payload[0]
+        if kind == "ici":
+            _, key, src, dst, value = payload
+            self.rendezvous.deliver(key, src, dst, value)
+        elif kind == "devices":
+            for d in payload[1]:
+                if d not in self.devices:
+                    self.devices[d] = EmulatedDevice(d, self.spec, name=f"tpu{d}")
+            log.info("host %s owns devices %s", self.core.id, sorted(self.devices))
+        elif kind == "topology":
+            self.worker_of = dict(payload[1])
+        elif kind == "skip":
+            for d, seqs in payload[1].items():
+                for s in seqs:
+                    if d in self.devices:
+                        self.devices[d].skip(s)
+        else:
+            log.warning("unknown message %r from %s", kind, sender)
+
+    def status(self) -> dict:
+        return {
+            "island": self.island,
+            "devices": {d: {"busy_seconds": dev.busy_seconds, "hbm_used": dev.hbm.used,
+                            "hbm_capacity": dev.hbm.capacity, "next_seq": dev.next_seq}
+                        for d, dev in sorted(self.devices.items())},
+            "store": self.store.stats(),
+        }
+
+    def close(self) -> None:
+        for dev in self.devices.values():
+            dev.close(timeout=1.0)
+
+
+class DataService:
+    """The host's client-facing socket: put, get (answered when ready), delete."""
+
+    def __init__(self, host: Host, bind: str, ctx: zmq.Context):
+        self.host = host
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        if bind.startswith("tcp://") and bind.count(":") == 1:
+            self.sock.bind_to_random_port(bind)
+        else:
+            self.sock.bind(bind)
+        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def start(self, loop) -> None:
+        self.loop = loop
+        loop.add_reader(self.sock.getsockopt(zmq.FD), self._drain)
+        loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        for _ in range(256):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            ident, body = frames[0].bytes, frames[1:]
+            try:
+                self._handle(ident, protocol.unpack(body))
+            except Exception as exc:
+                log.warning("data service dropped a request: %r", exc)
+        self.loop.call_soon(self._drain)
+
+    def _reply(self, ident, payload) -> None:
+        self.sock.send_multipart([ident, *protocol.pack(payload)], copy=False)
+
+    def _handle(self, ident, req) -> None:
+        kind, store = req[0], self.host.store
+        if kind == "put":
+            _, array_id, device, value, owner = req
+            store.put((array_id, device), value, owner)
+        elif kind == "get":
+            _, req_id, array_id, device = req
+            self._get(ident, req_id, (array_id, device))
+        elif kind == "delete":
+            for key in req[1]:
+                store.delete(key)
+        elif kind == "delete_owner":
+            store.delete_owner(req[1])
+        elif kind == "status":
+            self._reply(ident, ("status", req[1], self.host.status()))
+        else:
+            raise ValueError(f"unknown request {kind!r}")
+
+    def _get(self, ident, req_id, key) -> None:
+        def ready(_key):
+            self.loop.call_soon_threadsafe(answer)
+
+        def answer():
+            try:
+                value = self.host.store.get(key, 0)
+                self._reply(ident, ("value", req_id, value))
+            except Exception as exc:
+                self._reply(ident, ("error", req_id, exc))
+
+        self.host.store.add_done_callback(key, ready)
+
+
+def _coordinator_info(address: str, ctx: zmq.Context, timeout: float = 30.0) -> dict:
+    """Ask the coordinator where its Plaque cluster listens."""
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
+    s.connect(address)
+    try:
+        s.send_multipart(protocol.pack(("info", 0)))
+        reply = protocol.unpack(s.recv_multipart())
+    except zmq.Again:
+        raise plaque.CoordinatorLost(f"no coordinator answered at {address}") from None
+    finally:
+        s.close(0)
+    return reply[2]
+
+
+async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
+                     spec: DeviceSpec | None = None, coordinator_timeout: float = 10.0) -> str:
+    loop = asyncio.get_running_loop()
+    ctx = zmq.Context()
+    info = await loop.run_in_executor(None, _coordinator_info, coordinator, ctx)
+    host = Host(island, num_devices, spec)
+    host.loop = loop
+    data = DataService(host, bind, ctx)
+    transport = ZmqTransport(bind, context=ctx)
+    core = WorkerCore(transport.address, info["plaque"],
+                      info={"role": "host", "island": island, "devices": num_devices,
+                            "data": data.address, "pid": os.getpid(),
+                            "hostname": socket.gethostname(), "spec": host.spec},
+                      coordinator_timeout=coordinator_timeout, services={"host": host})
+    core.on_user = host.on_user
+    host.core = core
+    done = loop.create_future()
+    endpoint = Endpoint(core, transport, loop,
+                        on_exit=lambda reason: done.done() or done.set_result(reason))
+    endpoint.start()
+    data.start(loop)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, endpoint.stop, f"signal {sig.name}")
+    try:
+        return await done
+    finally:
+        host.close()
+        data.sock.close(0)
+        ctx.term()

@@ -1,0 +1,86 @@
+"""The program IR: a short list of equations, one per compiled-function call, and its
+reference interpreter.
+
+An equation names the compiled function and its input and output variables; whatever the
+number of shards, a call is one equation. ``str(program)`` prints it readably. ``evaluate``
+runs a program in this process on global numpy arrays (every device's body on a thread, with
+real collectives), which every distributed result is checked against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import collectives, sharding
+from .compiled import Aval, CompiledFunction
+
+
+@dataclass(frozen=True, eq=False)
+class Var:
+    id: int
+    aval: Aval
+
+    def __str__(self):
+        return f"v{self.id}"
+
+
+@dataclass(frozen=True, eq=False)
+class Eqn:
+    fn: CompiledFunction
+    inputs: tuple[Var, ...]
+    outputs: tuple[Var, ...]
+
+    def __str__(self):
+        outs = ", ".join(f"{v}:{v.aval}" for v in self.outputs)
+        ins = ", ".join(map(str, self.inputs))
+        m = self.fn.mesh
+        mesh = ",".join(f"{a}={n}" for a, n in zip(m.axis_names, m.shape))
+        return f"{outs} = {self.fn.name}[{mesh}]({ins})"
+
+
+@dataclass(eq=False)
+class Program:
+    name: str
+    inputs: tuple[Var, ...]
+    eqns: tuple[Eqn, ...]
+    outputs: tuple[Var, ...]
+    single_output: bool = True
+
+    def __str__(self):
+        ins = ", ".join(f"{v}:{v.aval}" for v in self.inputs)
+        lines = [f"program {self.name}({ins}):"]
+        lines += [f"  {e}" for e in self.eqns]
+        lines.append(f"  return {', '.join(map(str, self.outputs))}")
+        return "\n".join(lines)
+
+
+def evaluate_eqn(eqn: Eqn, args: list, timeout: float = 60.0) -> list:
+    """Run one equation on global numpy arrays, in process."""
+    fn, m = eqn.fn, eqn.fn.mesh
+    specs = fn.arg_specs(len(args))
+    per_input = [sharding.split(a, m.shape, m.axis_names,
+                                sharding.normalize_spec(s, a.ndim, m.axis_names))
+                 for a, s in zip(args, specs)]
+    per_device = [tuple(shards[i] for shards in per_input) for i in range(m.size)]
+
+    def body(*shards):
+        outs = fn._as_tuple(fn.body(*shards))
+        return outs
+
+    results = collectives.run_spmd(body, m.shape, m.axis_names, per_device, timeout=timeout)
+    outs = []
+    for k, spec in enumerate(fn.out_specs):
+        shards = [r[k] for r in results]
+        spec = sharding.normalize_spec(spec, shards[0].ndim, m.axis_names)
+        outs.append(sharding.assemble(shards, m.shape, m.axis_names, spec))
+    return outs
+
+
+def evaluate(program: Program, *args):
+    """The reference interpreter: run ``program`` on global numpy arrays in this process."""
+    env = {v: a for v, a in zip(program.inputs, args)}
+    for eqn in program.eqns:
+        outs = evaluate_eqn(eqn, [env[v] for v in eqn.inputs])
+        env.update(zip(eqn.outputs, outs))
+    outs = [env[v] for v in program.outputs]
+    return outs[0] if program.single_output else tuple(outs)

@@ -1,0 +1,170 @@
+"""``@pw.program``: record calls of compiled functions into one program, run with one call.
+
+While a program function runs under tracing, its arguments are tracers (shape and dtype, no
+value) and every compiled-function call appends one equation and returns new tracers. The
+traced program is cached per input signature, so the Python function runs once per
+signature. ``pw.reference(f)`` evaluates the same program in-process on numpy arrays.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import numpy as np
+
+from .compiled import Aval, CompiledFunction
+from .errors import ProgramError
+from .ir import Eqn, Program, Var, evaluate
+
+_state = threading.local()
+
+
+def current_trace():
+    stack = getattr(_state, "stack", None)
+    return stack[-1] if stack else None
+
+
+class Tracer:
+    """A value inside a program being traced: its shape and dtype are known, not its data."""
+
+    def __init__(self, trace: Trace, var: Var):
+        self._trace, self.var = trace, var
+
+    shape = property(lambda self: self.var.aval.shape)
+    dtype = property(lambda self: self.var.aval.dtype)
+    ndim = property(lambda self: len(self.var.aval.shape))
+
+    def __repr__(self):
+        return f"Tracer({self.var}:{self.var.aval})"
+
+    def _refuse(self, *args, **kwargs):
+        raise ProgramError("inside @pw.program only compiled functions (pw.shard_map) can act"
+                           " on arrays; do this arithmetic inside a shard_map body")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _refuse
+    __truediv__ = __rtruediv__ = __matmul__ = __neg__ = __getitem__ = _refuse
+    __array__ = _refuse
+
+    def __bool__(self):
+        raise ProgramError("a traced array has no value yet: Python control flow cannot depend"
+                           " on it inside @pw.program")
+
+
+class Trace:
+    def __init__(self):
+        self.ids = itertools.count()
+        self.eqns: list[Eqn] = []
+
+    def new_var(self, aval: Aval) -> Var:
+        return Var(next(self.ids), aval)
+
+    def record(self, fn: CompiledFunction, args):
+        vars_ = []
+        for i, a in enumerate(args):
+            if not isinstance(a, Tracer) or a._trace is not self:
+                raise ProgramError(
+                    f"{fn.name}: argument {i} is a {type(a).__name__}, not a value of this"
+                    " program; pass arrays in as program arguments")
+            vars_.append(a.var)
+        out_avals = fn.abstract_eval([v.aval for v in vars_])
+        outs = tuple(self.new_var(a) for a in out_avals)
+        self.eqns.append(Eqn(fn, tuple(vars_), outs))
+        tracers = tuple(Tracer(self, v) for v in outs)
+        return tracers[0] if fn.single_output else tracers
+
+
+def trace_program(fn, avals, name=None) -> Program:
+    """Run ``fn`` on tracers of ``avals`` and return the recorded program."""
+    trace = Trace()
+    inputs = tuple(trace.new_var(a) for a in avals)
+    stack = getattr(_state, "stack", None)
+    if stack is None:
+        stack = _state.stack = []
+    stack.append(trace)
+    try:
+        out = fn(*(Tracer(trace, v) for v in inputs))
+    finally:
+        stack.pop()
+    single = not isinstance(out, (tuple, list))
+    outs = (out,) if single else tuple(out)
+    for i, o in enumerate(outs):
+        if not isinstance(o, Tracer) or o._trace is not trace:
+            raise ProgramError(f"program {name or fn.__name__} must return arrays it computed;"
+                               f" output {i} is {type(o).__name__}")
+    return Program(name or getattr(fn, "__name__", "program"), inputs, tuple(trace.eqns),
+                   tuple(o.var for o in outs), single)
+
+
+class ProgramFunction:
+    """A Python function traced into one program; calling it runs the program once."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "program")
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self._cache: dict[tuple, Program] = {}
+
+    def trace(self, avals) -> Program:
+        key = tuple(avals)
+        if key not in self._cache:
+            self._cache[key] = trace_program(self.fn, key, self.__name__)
+        return self._cache[key]
+
+    def __call__(self, *arrays):
+        from .array import Array
+
+        if not arrays or not all(isinstance(a, Array) for a in arrays):
+            raise ProgramError(f"{self.__name__}: call a program with pw.Array arguments"
+                               " (client.put(...)); for numpy use pw.reference(f)")
+        program = self.trace([Aval(a.shape, a.dtype) for a in arrays])
+        return arrays[0].client.run_program(program, arrays)
+
+
+def program(fn) -> ProgramFunction:
+    """Decorator: trace ``fn`` into one program of compiled-function calls.
+
+    >>> @pw.program
+    ... def chain(x):
+    ...     for _ in range(128):
+    ...         x = step(x)
+    ...     return x
+    >>> z = chain(x)      # one client call runs all 128 steps
+    """
+    return ProgramFunction(fn)
+
+
+def single_call_program(fn: CompiledFunction, avals) -> Program:
+    trace = Trace()
+    inputs = tuple(trace.new_var(a) for a in avals)
+    outs = fn.abstract_eval(list(avals))
+    out_vars = tuple(trace.new_var(a) for a in outs)
+    return Program(fn.name, inputs, (Eqn(fn, inputs, out_vars),), out_vars, fn.single_output)
+
+
+def run_op_by_op(fn: CompiledFunction, args):
+    """A compiled-function call outside a program: a one-equation program, run at once."""
+    from .array import Array
+
+    if not args or not all(isinstance(a, Array) for a in args):
+        raise ProgramError(f"{fn.name}: call with pw.Array arguments (client.put(...));"
+                           " for numpy use pw.reference(f)")
+    client = args[0].client
+    program = client.op_program(fn, [Aval(a.shape, a.dtype) for a in args])
+    return client.run_program(program, args)
+
+
+def reference(f):
+    """A function computing ``f`` (a program or compiled function) in-process on numpy."""
+    def run(*args):
+        args = [np.asarray(a) for a in args]
+        avals = [Aval.of(a) for a in args]
+        if isinstance(f, ProgramFunction):
+            prog = f.trace(avals)
+        elif isinstance(f, CompiledFunction):
+            prog = single_call_program(f, avals)
+        else:
+            raise ProgramError(f"pw.reference needs a @pw.program or shard_map, got {f!r}")
+        return evaluate(prog, *args)
+
+    return run
