@@ -120,8 +120,14 @@ class Client:
         self._loop.call_soon_threadsafe(fn, *args)
 
     def _send(self, address, payload):
-        self._call(lambda: self._sock(address).send_multipart(protocol.pack(payload),
-                                                               copy=False))
+        self._call(self._send_now, address, payload)
+
+    def _send_now(self, address, payload):
+        s = self._sock(address)
+        s.send_multipart(protocol.pack(payload), copy=False)
+        # A send can consume the edge of the socket's FD that announced an incoming message
+        # (ZeroMQ's FD is edge-triggered and shared by both directions): look again.
+        self._drain(s)
 
     def _request(self, address, payload) -> cf.Future:
         """Send ``(kind, req_id, ...)``; the future gets the reply's third item."""

@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import math
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 
 import numpy as np
@@ -107,11 +108,12 @@ class Rendezvous:
         self._boxes: dict[tuple[Hashable, Hashable], dict[Hashable, object]] = {}
         self._waiters: dict[tuple[Hashable, Hashable], threading.Condition] = {}
         self._aborted: str | None = None
+        self._failed_gangs: OrderedDict[Hashable, str] = OrderedDict()
 
     def deliver(self, key: Hashable, src: Hashable, dst: Hashable, value: object) -> None:
         """Leave ``value`` from ``src`` for ``dst``'s exchange ``key`` (dropped after abort)."""
         with self._lock:
-            if self._aborted is not None:
+            if self._aborted is not None or _gang(key) in self._failed_gangs:
                 return
             box = self._boxes.setdefault((key, dst), {})
             if src in box:
@@ -133,7 +135,8 @@ class Rendezvous:
             waiter = self._waiters[(key, dst)] = threading.Condition(self._lock)
             try:
                 waiter.wait_for(
-                    lambda: self._aborted is not None or all(s in box for s in sources), timeout
+                    lambda: self._aborted is not None or _gang(key) in self._failed_gangs
+                    or all(s in box for s in sources), timeout
                 )
             finally:
                 del self._waiters[(key, dst)]
@@ -144,6 +147,9 @@ class Rendezvous:
                 self._boxes.pop((key, dst), None)  # abort may have cleared it already
             if self._aborted is not None:
                 raise _Abandoned(f"exchange {key!r} at {dst!r} abandoned: {self._aborted}")
+            failed = self._failed_gangs.get(_gang(key))
+            if failed is not None:
+                raise _Abandoned(f"exchange {key!r} at {dst!r} abandoned: {failed}")
             if missing:
                 raise CollectiveTimeout(
                     f"exchange {key!r} at {dst!r}: no value from {missing} after {timeout}s "
@@ -160,10 +166,33 @@ class Rendezvous:
             for waiter in self._waiters.values():
                 waiter.notify_all()
 
+    def abort_gang(self, gang_key: Hashable, reason: str) -> None:
+        """Fail every exchange, present and future, whose key is ``(gang_key, seq)``.
+
+        A device whose kernel failed calls this (on every host of the gang) so that its
+        peers stop waiting for it at once instead of timing out.
+        """
+        with self._lock:
+            self._failed_gangs[gang_key] = reason
+            while len(self._failed_gangs) > FAILED_GANGS_KEPT:
+                self._failed_gangs.popitem(last=False)
+            for k in [k for k in self._boxes if _gang(k[0]) == gang_key]:
+                del self._boxes[k]
+            for (key, _dst), waiter in self._waiters.items():
+                if _gang(key) == gang_key:
+                    waiter.notify_all()
+
     def pending(self) -> int:
         """How many delivered values nobody has collected yet."""
         with self._lock:
             return sum(len(box) for box in self._boxes.values())
+
+
+FAILED_GANGS_KEPT = 10_000
+
+
+def _gang(key):
+    return key[0] if isinstance(key, tuple) and key else None
 
 
 class _Abandoned(CollectiveTimeout):

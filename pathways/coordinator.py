@@ -125,6 +125,7 @@ class Coordinator:
 
     def _reply(self, ident, payload):
         self.sock.send_multipart([ident, *protocol.pack(payload, -1)], copy=False)
+        self.cluster.loop.call_soon(self._drain)  # the send may have eaten the readable edge
 
     def _req_info(self, ident, req):
         self._reply(ident, ("info", req, {"plaque": self.cluster.address,

@@ -56,6 +56,14 @@ class Host:
         msg = ("ici", key, src_device, dst_device, value)
         self.core.call_soon(lambda: self.core.send_user(worker, msg))
 
+    def abort_gang(self, gang_key, devices, reason) -> None:
+        """Device thread: stop this gang's collectives here and on its other hosts."""
+        self.rendezvous.abort_gang(gang_key, reason)
+        workers = {self.worker_of[d] for d in devices if d in self.worker_of} - {self.core.id}
+        msg = ("abort_gang", gang_key, reason)
+        for w in workers:
+            self.core.call_soon(lambda w=w: self.core.send_user(w, msg))
+
     def wait_buffer(self, key, timeout):
         return self.store.get(key, timeout)
 
@@ -65,6 +73,8 @@ class Host:
         if kind == "ici":
             _, key, src, dst, value = payload
             self.rendezvous.deliver(key, src, dst, value)
+        elif kind == "abort_gang":
+            self.rendezvous.abort_gang(payload[1], payload[2])
         elif kind == "devices":
             for d in payload[1]:
                 if d not in self.devices:
@@ -127,6 +137,7 @@ class DataService:
 
     def _reply(self, ident, payload) -> None:
         self.sock.send_multipart([ident, *protocol.pack(payload)], copy=False)
+        self.loop.call_soon(self._drain)  # the send may have eaten the FD's readable edge
 
     def _handle(self, ident, req) -> None:
         kind, store = req[0], self.host.store

@@ -107,6 +107,9 @@ class Kernel:
                 self.host.store.fail(self.key(v), err)
             except Exception:
                 log.exception("could not poison output %s", self.key(v))
+        gang = (self.arg.client, self.arg.run_id, self.spec.index)
+        self.host.abort_gang(gang, self.spec.fn.mesh.devices, f"{self.name} failed on device"
+                             f" {self.device_id}: {exc!r}")
 
         def fail(cap):
             raise err

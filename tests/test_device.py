@@ -1,0 +1,419 @@
+"""Emulated devices: strict seq order, one kernel at a time, modelled time, HBM back-pressure.
+
+Time is checked through a fake clock and sleep, never against the wall clock; every device
+and thread a test starts is closed by a fixture, and every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pathways.cost import (
+    DCN,
+    ICI,
+    DeviceSpec,
+    estimate_kernel,
+    kernel_time,
+    resolve_cost,
+    transfer_time,
+)
+from pathways.device import MIN_SLEEP, EmulatedDevice, HbmAccount
+from pathways.errors import CollectiveTimeout, DeviceOutOfMemory, PathwaysError
+
+WAIT = 5.0  # generous bound on every wait; tests never depend on it being reached
+
+
+class FakeTime:
+    """A clock that only moves when slept on (by the device) or advanced (by a kernel)."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+class Kernel:
+    """A test kernel: logs its run, optionally advances fake time or runs a body."""
+
+    def __init__(self, name, log=None, duration=0.0, body=None, labels=None):
+        self.name, self.log, self.duration, self.body = name, log, duration, body
+        self.labels = labels or {}
+        self.errors: list[BaseException] = []
+        self.completed = False
+
+    def execute(self, device):
+        if self.log is not None:
+            self.log.append(self.name)
+        if self.body is not None:
+            self.body(device)
+        return self.duration
+
+    def on_error(self, exc):
+        self.errors.append(exc)
+
+    def on_done(self):
+        self.completed = True
+
+
+@pytest.fixture
+def make_device():
+    """Build devices that are always closed, even when the test fails."""
+    made: list[EmulatedDevice] = []
+
+    def make(device_id=0, **kwargs):
+        device = EmulatedDevice(device_id, kwargs.pop("spec", DeviceSpec()), **kwargs)
+        made.append(device)
+        return device
+
+    yield make
+    for device in made:
+        assert device.close(timeout=WAIT)
+
+
+@pytest.fixture
+def threads():
+    """Start helper threads that are always joined."""
+    started: list[threading.Thread] = []
+
+    def start(target, *args):
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        started.append(thread)
+        thread.start()
+        return thread
+
+    yield start
+    for thread in started:
+        thread.join(WAIT)
+        assert not thread.is_alive()
+
+
+# -- order --------------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(order=st.permutations(list(range(8))), durations=st.lists(
+    st.floats(0, 2, allow_nan=False), min_size=8, max_size=8))
+def test_kernels_run_in_seq_order_one_at_a_time(make_device, order, durations):
+    fake, ran = FakeTime(), []
+    active, overlaps = [0], []
+
+    def body(_device):
+        active[0] += 1
+        overlaps.append(active[0] > 1)
+        active[0] -= 1
+
+    device = make_device(clock=fake.clock, sleep=fake.sleep)
+    with device:
+        for seq in order:
+            device.enqueue(seq, Kernel(seq, ran, durations[seq], body))
+        assert device.wait_idle(WAIT)
+        assert ran == list(range(8))
+        assert not any(overlaps)
+        timeline = device.timeline
+        assert [r.seq for r in timeline] == list(range(8))
+        for before, after in zip(timeline, timeline[1:]):
+            assert before.end <= after.start
+        for record, duration in zip(timeline, durations):
+            assert record.end - record.start == pytest.approx(duration)
+        assert device.busy_seconds == pytest.approx(sum(durations))
+        assert device.next_seq == 8
+
+
+def test_enqueue_from_many_threads_runs_in_order(make_device, threads):
+    ran = []
+    device = make_device()
+    enqueuers = [
+        threads(lambda p: [device.enqueue(s, Kernel(s, ran)) for s in range(p, 40, 4)], part)
+        for part in range(4)
+    ]
+    for thread in enqueuers:
+        thread.join(WAIT)
+    assert device.wait_idle(WAIT)
+    assert ran == list(range(40))
+
+
+def test_device_waits_for_the_next_seq(make_device):
+    ran = []
+    device = make_device()
+    device.enqueue(1, Kernel(1, ran))
+    device.enqueue(2, Kernel(2, ran))
+    assert not device.wait_idle(timeout=0.05)
+    assert ran == [] and device.next_seq == 0
+    device.enqueue(0, Kernel(0, ran))
+    assert device.wait_idle(WAIT)
+    assert ran == [0, 1, 2]
+
+
+def test_bad_enqueues_are_rejected(make_device):
+    device = make_device()
+    device.enqueue(0, Kernel("a"))
+    assert device.wait_idle(WAIT)
+    with pytest.raises(ValueError, match="already ran"):
+        device.enqueue(0, Kernel("again"))
+    device.enqueue(5, Kernel("later"))
+    with pytest.raises(ValueError, match="already enqueued"):
+        device.enqueue(5, Kernel("twice"))
+    with pytest.raises(ValueError, match="seq must be"):
+        device.enqueue(-1, Kernel("negative"))
+    with pytest.raises(TypeError):
+        device.enqueue(6, object())
+
+
+# -- modelled time ------------------------------------------------------------------------
+
+
+def test_device_sleeps_the_modelled_remainder(make_device):
+    fake = FakeTime()
+    device = make_device(clock=fake.clock, sleep=fake.sleep)
+    slow = Kernel("slow", duration=0.5, body=lambda d: setattr(fake, "now", fake.now + 2.0))
+    device.enqueue(0, Kernel("modelled", duration=1.5))
+    device.enqueue(1, slow)  # real elapsed (2 s) beats modelled (0.5 s): no sleep
+    assert device.wait_idle(WAIT)
+    assert fake.sleeps == [pytest.approx(1.5)]
+    assert [(r.start, r.end) for r in device.timeline] == [(0.0, 1.5), (1.5, 3.5)]
+    assert device.busy_seconds == pytest.approx(3.5)
+    assert slow.completed
+
+
+def test_outputs_are_published_at_the_modelled_end(make_device):
+    fake, published = FakeTime(), []
+
+    class Publisher(Kernel):
+        def on_done(self):
+            published.append(fake.now)
+            if self.name == "bad":
+                raise RuntimeError("could not publish")
+
+    device = make_device(clock=fake.clock, sleep=fake.sleep)
+    bad = Publisher("bad", duration=1.0)
+    device.enqueue(0, Publisher("good", duration=2.0))
+    device.enqueue(1, bad)
+    assert device.wait_idle(WAIT)
+    assert published == [pytest.approx(2.0), pytest.approx(3.0)]
+    assert [r.error for r in device.timeline] == [False, True]
+    assert isinstance(bad.errors[0], RuntimeError)
+
+
+def test_tiny_remainders_are_not_slept_but_still_accounted(make_device):
+    fake = FakeTime()
+    device = make_device(clock=fake.clock, sleep=fake.sleep)
+    tiny = MIN_SLEEP / 4
+    for seq in range(3):
+        device.enqueue(seq, Kernel(seq, duration=tiny))
+    assert device.wait_idle(WAIT)
+    assert fake.sleeps == []
+    timeline = device.timeline
+    assert all(r.end - r.start == pytest.approx(tiny) for r in timeline)
+    assert all(a.end <= b.start for a, b in zip(timeline, timeline[1:]))
+    assert device.busy_seconds == pytest.approx(3 * tiny)
+
+
+def test_utilization_from_the_timeline(make_device):
+    fake = FakeTime()
+    device = make_device(clock=fake.clock, sleep=fake.sleep)
+    device.enqueue(0, Kernel("a", duration=1.0, labels={"client": 1}))
+    assert device.wait_idle(WAIT)
+    fake.now = 3.0  # idle for two seconds
+    device.enqueue(1, Kernel("b", duration=1.0))
+    assert device.wait_idle(WAIT)
+    assert device.utilization(0.0, 4.0) == pytest.approx(0.5)
+    assert device.utilization(0.5, 1.0) == pytest.approx(1.0)
+    assert device.utilization() == pytest.approx(0.5)
+    assert device.timeline[0].labels == {"client": 1}
+    with pytest.raises(ValueError):
+        device.utilization(2.0, 1.0)
+
+
+# -- failures, skip, close ----------------------------------------------------------------
+
+
+def test_a_failing_kernel_does_not_kill_the_device(make_device):
+    ran = []
+
+    def boom(_device):
+        raise RuntimeError("kernel bug")
+
+    class BadOnError(Kernel):
+        def on_error(self, exc):
+            raise RuntimeError("on_error bug too")
+
+    device = make_device()
+    failing = Kernel("boom", ran, body=boom)
+    negative = Kernel("negative", ran, duration=-1.0)
+    device.enqueue(0, failing)
+    device.enqueue(1, negative)
+    device.enqueue(2, BadOnError("worse", ran, body=boom))
+    device.enqueue(3, Kernel("fine", ran))
+    assert device.wait_idle(WAIT)
+    assert ran == ["boom", "negative", "worse", "fine"]
+    assert [r.error for r in device.timeline] == [True, True, True, False]
+    assert isinstance(failing.errors[0], RuntimeError) and not failing.completed
+    assert isinstance(negative.errors[0], ValueError)
+
+
+def test_skip_lets_later_seqs_run(make_device):
+    ran = []
+    device = make_device()
+    device.enqueue(2, Kernel(2, ran))
+    assert device.skip(1)
+    dropped = Kernel(3, ran)
+    device.enqueue(3, dropped)
+    assert device.skip(3)  # already queued: dropped and told
+    assert not device.skip(3)
+    device.enqueue(0, Kernel(0, ran))
+    assert device.wait_idle(WAIT)
+    assert ran == [0, 2]
+    assert isinstance(dropped.errors[0], PathwaysError)
+    assert device.next_seq == 4 and not device.skip(0)
+
+
+def test_close_is_idempotent_and_tells_queued_kernels(make_device):
+    device = make_device()
+    waiting = Kernel("never")
+    device.enqueue(1, waiting)
+    assert device.close(timeout=WAIT)
+    assert device.close(timeout=WAIT)
+    assert isinstance(waiting.errors[0], PathwaysError)
+    with pytest.raises(PathwaysError, match="closed"):
+        device.enqueue(2, Kernel("late"))
+
+
+# -- the faithful deadlock ----------------------------------------------------------------
+
+
+class Collective(Kernel):
+    """A gang's kernel: blocks in a rendezvous with its peers, as a TPU all-reduce does.
+
+    When one rendezvous times out, every barrier of the step is aborted, as a runtime aborts
+    the whole step once it detects a deadlock. Without that the outcome would depend on a
+    race: the device that times out first could move on and complete the other gang with
+    its still-waiting peer.
+    """
+
+    def __init__(self, name, barriers):
+        super().__init__(name, body=self._rendezvous)
+        self.barriers = barriers
+
+    def _rendezvous(self, device):
+        try:
+            self.barriers[self.name].wait()
+        except threading.BrokenBarrierError:
+            for barrier in self.barriers.values():
+                barrier.abort()
+            raise CollectiveTimeout(f"{self.name} on {device.name}: peers never arrived") from None
+
+
+@pytest.mark.parametrize("consistent", [True, False])
+def test_inconsistent_gang_order_deadlocks_and_is_detected(make_device, consistent):
+    barriers = {g: threading.Barrier(2, timeout=0.5) for g in "AB"}
+    devices = [make_device(0), make_device(1)]
+    orders = [["A", "B"], ["A", "B"] if consistent else ["B", "A"]]
+    kernels = []
+    for device, order in zip(devices, orders):
+        for seq, gang in enumerate(order):
+            kernels.append(Collective(gang, barriers))
+            device.enqueue(seq, kernels[-1])
+    for device in devices:
+        assert device.wait_idle(WAIT)  # detected: nothing hangs
+    if consistent:
+        assert [k.errors for k in kernels] == [[]] * 4
+        assert not any(r.error for d in devices for r in d.timeline)
+    else:
+        assert all(len(k.errors) == 1 for k in kernels)
+        assert all(isinstance(k.errors[0], CollectiveTimeout) for k in kernels)
+        assert all(r.error for d in devices for r in d.timeline)
+
+
+# -- HBM ----------------------------------------------------------------------------------
+
+
+def test_allocation_larger_than_hbm_fails_at_once():
+    hbm = HbmAccount(100, "tpu:0")
+    with pytest.raises(DeviceOutOfMemory, match=r"tpu:0.*101.*100"):
+        hbm.allocate(101)
+    assert hbm.used == 0
+
+
+def test_full_hbm_makes_allocation_wait_until_freed(threads):
+    hbm = HbmAccount(100, "tpu:0")
+    hbm.allocate(60)
+    done = threading.Event()
+    threads(lambda: (hbm.allocate(60, timeout=WAIT), done.set()))
+    _wait_until(lambda: hbm.waiting == 1)
+    assert not done.is_set() and hbm.used == 60
+    hbm.free(60)
+    assert done.wait(WAIT)
+    assert hbm.used == 60 and hbm.peak == 60
+    hbm.free(60)
+    assert hbm.used == 0
+
+
+def test_hbm_wait_times_out_and_close_cancels_waits(threads):
+    hbm = HbmAccount(100, "tpu:0")
+    hbm.allocate(100)
+    with pytest.raises(DeviceOutOfMemory, match="timed out waiting"):
+        hbm.allocate(1, timeout=0.01)
+    errors = []
+    threads(lambda: _catch(errors, hbm.allocate, 1))
+    _wait_until(lambda: hbm.waiting == 1)
+    hbm.close()
+    _wait_until(lambda: errors)
+    assert isinstance(errors[0], PathwaysError)
+    hbm.free(100)
+    with pytest.raises(AssertionError, match="double free"):
+        hbm.free(1)
+
+
+def test_device_owns_an_hbm_account_of_its_spec(make_device):
+    device = make_device(spec=DeviceSpec(hbm_bytes=1 << 20))
+    assert device.hbm.capacity == 1 << 20
+    with pytest.raises(DeviceOutOfMemory):
+        device.hbm.allocate(2 << 20)
+
+
+# -- cost model ---------------------------------------------------------------------------
+
+
+def test_cost_model():
+    spec = DeviceSpec()
+    assert kernel_time(spec.flops, 0, spec) == pytest.approx(1.0)
+    assert kernel_time(0, spec.hbm_bandwidth * 2, spec) == pytest.approx(2.0)
+    a = np.zeros(1 << 18, np.float32)
+    assert estimate_kernel([a, a], [a], spec) == pytest.approx(3 * a.nbytes / spec.hbm_bandwidth)
+    assert transfer_time(0, DCN) == 0.0
+    assert transfer_time(100e9, ICI) == pytest.approx(1.0 + 5e-6)
+    assert resolve_cost(None, [(4,)], 0.25) == 0.25
+    assert resolve_cost(2, [(4,)], 0.25) == 2.0
+    assert resolve_cost(lambda shapes: shapes[0][0] * 1e-3, [(4,)], 0.25) == pytest.approx(4e-3)
+    for bad in (-1.0, "1s", True, float("nan"), lambda shapes: -2):
+        with pytest.raises(ValueError, match="seconds"):
+            resolve_cost(bad, [(4,)], 0.25)
+
+
+def _wait_until(predicate, timeout=WAIT):
+    """Poll a condition another thread will make true; fails the test instead of hanging."""
+    event = threading.Event()
+    for _ in range(int(timeout / 0.001)):
+        if predicate():
+            return
+        event.wait(0.001)
+    raise AssertionError("condition never became true")
+
+
+def _catch(errors, fn, *args):
+    try:
+        fn(*args)
+    except Exception as exc:
+        errors.append(exc)

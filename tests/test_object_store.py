@@ -1,0 +1,312 @@
+"""The per-host object store: life cycle, tombstones, owners, callbacks, failures, accounting.
+
+Every scenario ends by checking that the store's and the devices' HBM accounting is back to
+zero. Devices and helper threads are closed by fixtures; every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import numpy as np
+import pytest
+
+from pathways.cost import DeviceSpec
+from pathways.device import EmulatedDevice
+from pathways.errors import DeviceOutOfMemory
+from pathways.object_store import BufferState, ObjectStore
+
+WAIT = 5.0
+HBM = 1024
+OWNER = ("client-1", "program-1")
+
+
+@pytest.fixture
+def devices():
+    made = {d: EmulatedDevice(d, DeviceSpec(hbm_bytes=HBM)) for d in range(2)}
+    yield made
+    for device in made.values():
+        assert device.close(timeout=WAIT)
+
+
+@pytest.fixture
+def store(devices):
+    store = ObjectStore(devices)
+    yield store
+    # Accounting must be back to zero after every scenario.
+    assert store.stats() == {
+        "entries": {"pending": 0, "ready": 0, "failed": 0, "deleting": 0, "awaited": 0},
+        "bytes": {0: 0, 1: 0},
+    }
+    assert all(device.hbm.used == 0 for device in devices.values())
+
+
+@pytest.fixture
+def threads():
+    started: list[threading.Thread] = []
+
+    def start(target, *args):
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        started.append(thread)
+        thread.start()
+        return thread
+
+    start.started = started
+    yield start
+    for thread in started:
+        thread.join(WAIT)
+        assert not thread.is_alive()
+
+
+def array(nbytes, fill=1):
+    return np.full(nbytes, fill, dtype=np.uint8)
+
+
+def test_life_cycle(store, devices):
+    key = (("client-1", 0), 0)
+    assert store.state(key) is None
+    store.reserve(key, 100, OWNER)
+    assert store.state(key) is BufferState.PENDING
+    assert store.used_bytes(0) == 100 and devices[0].hbm.used == 100
+    with pytest.raises(TimeoutError):
+        store.get(key, timeout=0.01)
+    store.put(key, array(100, 7), OWNER)
+    assert store.state(key) is BufferState.READY
+    assert store.get(key, timeout=WAIT)[0] == 7
+    assert store.stats()["entries"]["ready"] == 1
+    assert store.delete(key)
+    assert not store.delete(key)
+    assert store.state(key) is None and len(store) == 0
+    with pytest.raises(TimeoutError):  # gone: like a key nobody has created yet
+        store.get(key, timeout=0.01)
+
+
+def test_put_without_reserve_allocates(store):
+    store.put(("x", 1), array(10), OWNER)
+    assert store.used_bytes(1) == 10 and store.used_bytes(0) == 0
+    assert store.delete(("x", 1))
+
+
+def test_double_reserve_or_put_is_a_clear_error(store):
+    key = ("x", 0)
+    store.reserve(key, 10, OWNER)
+    with pytest.raises(ValueError, match=r"'x', 0"):
+        store.reserve(key, 10, OWNER)
+    with pytest.raises(ValueError, match="reserved with 10 bytes"):
+        store.put(key, array(11), OWNER)
+    with pytest.raises(ValueError, match="owned by"):
+        store.put(key, array(10), ("someone-else", None))
+    store.put(key, array(10), OWNER)
+    with pytest.raises(ValueError, match=r"'x', 0.*already ready"):
+        store.put(key, array(10), OWNER)
+    with pytest.raises(ValueError, match="already ready"):
+        store.fail(key, RuntimeError("late"))
+    assert store.delete(key)
+
+
+def test_bad_keys_and_owners(store):
+    with pytest.raises(KeyError, match="no device 9"):
+        store.reserve(("x", 9), 10, OWNER)
+    with pytest.raises(ValueError, match="owner"):
+        store.reserve(("x", 0), 10, "client-1")
+    with pytest.raises(KeyError, match="no device 9"):
+        store.get(("x", 9), timeout=WAIT)
+    with pytest.raises(ValueError, match="key"):
+        store.get("x", timeout=WAIT)
+    assert store.delete(("unknown", 0)) is False
+
+
+def test_delete_of_pending_leaves_a_tombstone_until_resolved(store, devices):
+    key = ("x", 0)
+    store.reserve(key, 100, OWNER)
+    assert store.delete(key)
+    assert store.state(key) is None
+    assert store.stats()["entries"]["deleting"] == 1
+    assert store.used_bytes(0) == 100  # the producer is still writing into it
+    with pytest.raises(KeyError, match="deleted"):
+        store.get(key, timeout=WAIT)
+    store.put(key, array(100), OWNER)  # the producer finishes: memory goes back
+    assert store.used_bytes(0) == 0 and devices[0].hbm.used == 0
+    assert store.stats()["entries"]["deleting"] == 0
+
+
+def test_failed_tombstone_is_freed_too(store):
+    store.reserve(("x", 0), 100, OWNER)
+    store.delete(("x", 0))
+    store.fail(("x", 0), RuntimeError("producer died"))
+    assert store.used_bytes(0) == 0
+
+
+def test_failure_propagates_to_get_and_callbacks(store):
+    key = ("x", 0)
+    store.reserve(key, 8, OWNER)
+    seen = []
+    store.add_done_callback(key, lambda k: seen.append((k, store.state(k))))
+    store.fail(key, ZeroDivisionError("in kernel"))
+    assert seen == [(key, BufferState.FAILED)]
+    with pytest.raises(ZeroDivisionError, match="in kernel"):
+        store.get(key, timeout=WAIT)
+    assert store.used_bytes(0) == 8  # a failed entry holds its memory until deleted
+    assert store.delete(key)
+
+
+def test_callbacks_run_once_outside_the_lock(store):
+    key = ("x", 0)
+    store.reserve(key, 8, OWNER)
+    seen = []
+
+    def reentrant(k):  # would deadlock if called under the store's lock
+        seen.append(("first", store.get(k, timeout=WAIT)[0]))
+
+    def broken(_k):
+        raise RuntimeError("a callback bug must not stop the others")
+
+    store.add_done_callback(key, reentrant)
+    store.add_done_callback(key, broken)
+    store.add_done_callback(key, lambda k: seen.append(("third", k)))
+    store.put(key, array(8, 3), OWNER)
+    store.add_done_callback(key, lambda k: seen.append(("late", k)))  # already ready: now
+    assert seen == [("first", 3), ("third", key), ("late", key)]
+    store.delete(key)
+    with pytest.raises(KeyError, match="no device"):
+        store.add_done_callback(("x", 5), print)
+
+
+def test_get_waits_for_a_producer_thread(store, threads):
+    key = ("x", 1)
+    store.reserve(key, 4, OWNER)
+    threads(store.put, key, array(4, 9), OWNER)
+    assert list(store.get(key, timeout=WAIT)) == [9] * 4
+    store.delete(key)
+
+
+def test_readers_may_wait_for_a_key_nobody_created_yet(store, threads):
+    key = (("c1", 0), 0)
+    seen = []
+    store.add_done_callback(key, seen.append)
+    got = []
+    threads(lambda: got.append(store.get(key, timeout=WAIT)[0]))
+    assert store.state(key) is None and not store.delete(key)
+    assert store.stats()["entries"]["awaited"] == 1
+    store.put(key, array(4, 5), OWNER)  # the producer takes the placeholder over
+    threads.started[0].join(WAIT)
+    assert got == [5] and seen == [key]
+    store.delete(key)
+
+
+def test_a_timed_out_wait_leaves_nothing_behind(store):
+    with pytest.raises(TimeoutError, match="awaited"):
+        store.get(("never", 1), timeout=0.01)
+    assert store.stats()["entries"]["awaited"] == 0
+
+
+def test_fail_of_an_unreserved_key_poisons_readers(store):
+    key = (("c1", 3), 1)
+    seen = []
+    store.add_done_callback(key, seen.append)
+    store.fail(key, RuntimeError("producer failed before allocating"), owner=("c1", None))
+    assert seen == [key] and store.state(key) is BufferState.FAILED
+    with pytest.raises(RuntimeError, match="before allocating"):
+        store.get(key, timeout=WAIT)
+    store.fail(("orphan", 0), RuntimeError("no owner"))
+    assert store.delete_owner("c1") == 1
+    assert store.delete(("orphan", 0))
+
+
+def test_devices_added_after_the_store_was_made(devices):
+    host_devices = {}
+    store = ObjectStore(host_devices)  # as a host does, before it learns its devices
+    host_devices[0] = devices[0]
+    store.put(("x", 0), array(8), OWNER)
+    assert store.used_bytes(0) == 8 and store.stats()["bytes"] == {0: 8}
+    store.delete(("x", 0))
+    assert devices[0].hbm.used == 0
+
+
+def test_delete_owner_collects_everything_a_client_owned(store):
+    for n in range(3):
+        store.put((("c1", n), n % 2), array(10), ("c1", "p1"))
+    store.reserve((("c1", 9), 0), 10, ("c1", None))
+    store.put((("c2", 0), 0), array(10), ("c2", "p1"))
+    assert store.delete_owner("c1") == 4
+    assert store.delete_owner("c1") == 0
+    assert len(store) == 1 and store.used_bytes(0) == 20  # c2's, and c1's pending tombstone
+    store.fail((("c1", 9), 0), RuntimeError("client lost"))
+    assert store.delete_owner("c2") == 1
+
+
+def test_full_hbm_stalls_reserve_until_a_delete(store, devices, threads):
+    store.put(("big", 0), array(HBM - 100), OWNER)
+    done = threading.Event()
+    threads(lambda: (store.reserve(("next", 0), 200, OWNER, timeout=WAIT), done.set()))
+    _wait_until(lambda: devices[0].hbm.waiting == 1)
+    assert store.state(("next", 0)) is BufferState.PENDING and not done.is_set()
+    store.delete(("big", 0))
+    assert done.wait(WAIT)
+    assert store.used_bytes(0) == 200
+    store.put(("next", 0), array(200), OWNER)
+    store.delete(("next", 0))
+
+
+def test_reserve_that_cannot_fit_fails_the_entry(store):
+    with pytest.raises(DeviceOutOfMemory):
+        store.reserve(("huge", 0), HBM + 1, OWNER)
+    store.put(("fill", 0), array(HBM), OWNER)
+    with pytest.raises(DeviceOutOfMemory, match="timed out"):
+        store.reserve(("late", 0), 1, OWNER, timeout=0.01)
+    for key in [("huge", 0), ("late", 0)]:
+        assert store.state(key) is BufferState.FAILED  # readers get the error, not a hang
+        with pytest.raises(DeviceOutOfMemory):
+            store.get(key, timeout=WAIT)
+        store.delete(key)
+    store.delete(("fill", 0))
+
+
+def test_concurrent_producers_consumers_and_deleters(store, threads):
+    """A smoke test: four threads churn through their own keys on two shared devices."""
+    errors = []
+
+    def churn(worker):
+        try:
+            _churn(store, worker, random.Random(worker))
+        except Exception as exc:
+            errors.append(exc)
+
+    for worker in range(4):
+        threads(churn, worker)
+    for thread in threads.started:
+        thread.join(WAIT)
+    assert errors == []
+
+
+def _churn(store, worker, rng):
+    """Reserve, maybe delete early, resolve, read back; keep a few live keys, then collect."""
+    owner, live = (worker, None), []
+    for n in range(200):
+        key, nbytes = ((worker, n), rng.randrange(2)), rng.randrange(1, 64)
+        store.reserve(key, nbytes, owner, timeout=WAIT)
+        deleted = rng.random() < 0.3 and store.delete(key)
+        if rng.random() < 0.2:
+            store.fail(key, RuntimeError("kernel failed"))
+        else:
+            store.put(key, array(nbytes, n % 256), owner)
+        if deleted:
+            continue
+        try:
+            assert store.get(key, timeout=WAIT)[0] == n % 256
+        except RuntimeError:
+            assert store.state(key) is BufferState.FAILED
+        live.append(key)
+        if len(live) > 3:  # 4 workers x 3 keys x 63 bytes fit in one device's HBM
+            assert store.delete(live.pop(0))
+    assert store.delete_owner(worker) == len(live)
+
+
+def _wait_until(predicate, timeout=WAIT):
+    event = threading.Event()
+    for _ in range(int(timeout / 0.001)):
+        if predicate():
+            return
+        event.wait(0.001)
+    raise AssertionError("condition never became true")
