@@ -20,6 +20,8 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	touch $@ $(STAMP)
 
 demo: $(STAMP)
+	$(BIN)/python examples/pathways_quickstart.py
+	@echo
 	$(BIN)/python examples/plaque_sparse_exchange.py
 
 test: $(TEST_STAMP)

@@ -33,6 +33,7 @@ import enum
 import logging
 import operator
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
@@ -44,6 +45,9 @@ log = logging.getLogger("pathways.object_store")
 
 Key = tuple[Hashable, int]  # (array_id, device_id)
 Owner = tuple[Hashable, Hashable]  # (client_id, program_id or None)
+
+
+EARLY_DELETES_KEPT = 100_000
 
 
 class BufferState(enum.Enum):
@@ -79,6 +83,9 @@ class ObjectStore:
         self._lock = threading.Lock()
         self._entries: dict[Key, _Entry] = {}
         self._bytes: dict[int, int] = {}
+        # keys deleted before their producer created them (a client may drop an output of a
+        # failed run while other shards are still being written): freed as soon as they come
+        self._deleted_early: OrderedDict[Key, None] = OrderedDict()
 
     # -- producing -------------------------------------------------------------------------
 
@@ -183,11 +190,18 @@ class ObjectStore:
     def delete(self, key: Key) -> bool:
         """Forget ``key`` and free its HBM (at once, or when a pending producer resolves it).
 
-        Returns False, doing nothing, for an unknown, merely awaited or already deleted key.
+        Returns False for an unknown, merely awaited or already deleted key. An unknown key is
+        remembered (a bounded number of them) and freed as soon as it is produced; an awaited
+        one is left alone, since a reader (a kernel) still needs it.
         """
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None or entry.deleted or entry.awaited:
+            if entry is None:
+                self._deleted_early[key] = None
+                while len(self._deleted_early) > EARLY_DELETES_KEPT:
+                    self._deleted_early.popitem(last=False)
+                return False
+            if entry.deleted or entry.awaited:
                 return False
             entry.deleted = True
             self._release_if_done_locked(key, entry)
@@ -247,6 +261,8 @@ class ObjectStore:
         if entry is None:
             entry = self._entries[key] = _Entry()
         entry.awaited, entry.owner, entry.nbytes = False, owner, nbytes
+        if self._deleted_early.pop(key, 0) is None:
+            entry.deleted = True  # deleted before it existed: a tombstone from the start
         return entry
 
     def _watch_locked(self, key: Key) -> _Entry:

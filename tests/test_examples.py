@@ -15,3 +15,10 @@ def test_plaque_sparse_exchange_example_runs():
     ).stdout
     assert out.count("aggregate[") == 2 * 8
     assert "run t=1:" in out and "wire (all workers)" in out
+
+
+def test_pathways_quickstart_example_runs():
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "pathways_quickstart.py")],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "equal to the reference interpreter" in out
+    assert out.count("  device ") == 8

@@ -310,3 +310,22 @@ def _wait_until(predicate, timeout=WAIT):
             return
         event.wait(0.001)
     raise AssertionError("condition never became true")
+
+
+def test_delete_before_the_producer_frees_the_buffer_when_it_comes():
+    from pathways.cost import DeviceSpec
+    from pathways.device import EmulatedDevice
+    from pathways.object_store import ObjectStore
+
+    dev = EmulatedDevice(0, DeviceSpec(hbm_bytes=1 << 20))
+    try:
+        store = ObjectStore({0: dev})
+        assert store.delete(("late", 0)) is False  # nothing yet: remembered
+        store.put(("late", 0), np.ones(128), ("c", None))
+        assert store.used_bytes(0) == 0 and store.state(("late", 0)) is None
+        store.reserve(("later", 0), 64, ("c", None))
+        assert store.delete(("later", 0)) is True  # pending: tombstone, freed on resolve
+        store.put(("later", 0), np.ones(8), ("c", None))
+        assert store.used_bytes(0) == 0 and len(store) == 0
+    finally:
+        dev.close()
