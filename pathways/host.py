@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 
 import zmq
 
@@ -29,6 +30,8 @@ from .device import EmulatedDevice
 from .object_store import ObjectStore
 
 log = logging.getLogger("pathways.host")
+
+SWITCH_INTERVAL = 0.0002
 
 
 class Host:
@@ -190,6 +193,10 @@ def _coordinator_info(address: str, ctx: zmq.Context, timeout: float = 30.0) -> 
 async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
                      spec: DeviceSpec | None = None, coordinator_timeout: float = 10.0) -> str:
     loop = asyncio.get_running_loop()
+    # Device threads and the event loop take turns on the GIL; Python's default 5 ms switch
+    # interval would add up to 5 ms to every hand-off between them (a collective's message
+    # arriving, a kernel finishing), so hand over far more often.
+    sys.setswitchinterval(SWITCH_INTERVAL)
     ctx = zmq.Context()
     info = await loop.run_in_executor(None, _coordinator_info, coordinator, ctx)
     host = Host(island, num_devices, spec)

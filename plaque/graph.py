@@ -157,6 +157,7 @@ class Topology:
     shards: tuple[int, ...]
     any_path: tuple[tuple[bool, ...], ...]
     aligned_path: tuple[tuple[bool, ...], ...]
+    order: tuple[int, ...] = ()  # position of each node in a topological order
 
     @classmethod
     def of(cls, shards, edges) -> Topology:
@@ -181,7 +182,11 @@ class Topology:
                         anyp[src][m] = True
                     if e.routing is ONE_TO_ONE and aligned[d][m]:
                         aligned[src][m] = True
-        return cls(tuple(shards), tuple(map(tuple, anyp)), tuple(map(tuple, aligned)))
+        position = [0] * n
+        for i, node in enumerate(order):
+            position[node] = i
+        return cls(tuple(shards), tuple(map(tuple, anyp)), tuple(map(tuple, aligned)),
+                   tuple(position))
 
     def upstream(self, node: int) -> list[tuple[int, bool]]:
         """Nodes that can reach ``node``: (upstream node, reaches every shard)."""

@@ -68,7 +68,9 @@ class ProgressTracker:
 
     def __init__(self, topology: Topology):
         self.topology = topology
-        self._upstream = [topology.upstream(n) for n in range(len(topology.shards))]
+        # nearest upstream node first (reverse topological order): see ``blocker``
+        self._upstream = [sorted(topology.upstream(n), key=lambda u: -topology.order[u[0]])
+                          for n in range(len(topology.shards))]
         self._counts: dict[Key, int] = {}
         # t -> node -> shard -> number of positive keys there (INPUT and/or CAP)
         self._positive: dict[object, dict[int, dict[int, int]]] = {}
@@ -123,17 +125,37 @@ class ProgressTracker:
 
     def is_complete(self, node: int, shard: int, t) -> bool:
         """True when no tuple with timestamp <= t can still reach (node, shard)."""
+        return self.blocker(node, shard, t) is None
+
+    def blocker(self, node: int, shard: int, t):
+        """A witness that (node, shard) is not complete for t, or None if it is.
+
+        The witness names one positive location that can reach the shard; as long as
+        ``still_blocks(witness)`` holds, the shard stays incomplete, so a caller can re-test
+        many waiting shards in O(1) each and only search again when its witness is gone.
+        Upstream nodes are searched nearest first, so along a chain the witness is the
+        predecessor, which is the next to finish.
+        """
         upstream = self._upstream[node]
         for t2, nodes in self._positive.items():
             if not t2 <= t:
                 continue
             if self._counts.get((INPUT, node, shard, t2), 0) > 0:
-                return False
+                return (INPUT, node, shard, t2)
             for up, every_shard in upstream:
                 shards = nodes.get(up)
-                if shards and (every_shard or shard in shards):
-                    return False
-        return True
+                if shards:
+                    if every_shard:
+                        return (None, up, next(iter(shards)), t2)
+                    if shard in shards:
+                        return (None, up, shard, t2)
+        return None
+
+    def still_blocks(self, witness) -> bool:
+        kind, node, shard, t = witness
+        if kind == INPUT:
+            return self._counts.get(witness, 0) > 0
+        return bool(self._positive.get(t, {}).get(node, {}).get(shard))
 
     def is_done(self, t) -> bool:
         """True when nothing at all remains at timestamp t (the run has drained)."""

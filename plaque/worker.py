@@ -60,6 +60,7 @@ class _LocalGraph:
                                   _bind(hold, gid, node.index, shard), services)
                     self.ops[(node.index, shard)] = (node.factory(), ctx)
         self.pending: dict[tuple[int, int], list] = {}  # shard -> timestamps awaiting completion
+        self.witness: dict[tuple[int, int], tuple] = {}  # shard -> what blocks its first t
         self.args: dict[object, object] = {}
         self.early: dict[object, list] = {}  # tuples that overtook their run's START
         self.open_shards: dict[object, int] = {}  # t -> local shards not yet complete
@@ -424,8 +425,17 @@ class WorkerCore:
         self._commit()
         fired = False
         for g in list(self.graphs.values()):
+            tracker, witness = g.tracker, g.witness
             for shard_key, ts in list(g.pending.items()):
-                while ts and g.tracker.is_complete(shard_key[0], shard_key[1], ts[0]):
+                while ts:
+                    w = witness.get(shard_key)
+                    if w is not None and w[3] <= ts[0] and tracker.still_blocks(w):
+                        break  # the same positive pointstamp still holds this shard back
+                    w = tracker.blocker(shard_key[0], shard_key[1], ts[0])
+                    if w is not None:
+                        witness[shard_key] = w
+                        break
+                    witness.pop(shard_key, None)
                     t = ts.pop(0)
                     self._complete(g, shard_key, t)
                     fired = True
