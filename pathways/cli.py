@@ -72,8 +72,10 @@ def _status(args) -> int:
             for d in devs:
                 info = hs["devices"].get(d["id"], {})
                 used, cap = info.get("hbm_used", 0), info.get("hbm_capacity", 1)
+                busy = info.get("busy_seconds", 0.0)
                 print(f"  device {d['id']:3d} {d['kind']}: HBM {used / 2**20:9.1f} MiB"
-                      f" / {cap / 2**30:.0f} GiB, busy {info.get('busy_seconds', 0):.3f} s")
+                      f" / {cap / 2**30:.0f} GiB, busy {busy:.3f} s"
+                      f" ({100 * busy / max(hs.get('uptime', 1.0), 1e-9):.1f}% of uptime)")
     return 0
 
 

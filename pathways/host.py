@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import sys
+import time
 
 import zmq
 
@@ -44,7 +45,7 @@ class Host:
         self.worker_of: dict[int, int] = {}
         self.core: WorkerCore | None = None
         self.loop = None
-        self._early_kernels: list = []
+        self.started = time.monotonic()
 
     # ---- devices and kernels (called from the loop or device threads) ---------------------
     def enqueue(self, device: int, seq: int, kernel) -> None:
@@ -96,6 +97,7 @@ class Host:
     def status(self) -> dict:
         return {
             "island": self.island,
+            "uptime": time.monotonic() - self.started,
             "devices": {d: {"busy_seconds": dev.busy_seconds, "hbm_used": dev.hbm.used,
                             "hbm_capacity": dev.hbm.capacity, "next_seq": dev.next_seq}
                         for d, dev in sorted(self.devices.items())},

@@ -212,3 +212,30 @@ def test_concurrent_clients_on_overlapping_slices_all_finish_correctly(cluster):
         t.join(120)
     assert not errors, errors
     assert results == {k: True for k in range(4)}
+
+
+def device_busy(client) -> dict:
+    addresses = sorted({d["data"] for d in client._device_info.values()})
+    out = {}
+    for a in addresses:
+        for d, info in client._request(a, ("status", None)).result(10)["devices"].items():
+            out[d] = info["busy_seconds"]
+    return out
+
+
+def test_modelled_cost_occupies_the_devices(client):
+    """A kernel holds its device for at least its modelled time: busy time accounts for it."""
+    mesh = client.mesh((2, 2), ("data", "model"))
+    slow = pw.shard_map(lambda v: v + 1, mesh, P("data"), P("data"), cost=0.02)
+    before = device_busy(client)
+    x = client.put(np.zeros((2, 2)), mesh, P("data"))
+    for _ in range(5):
+        x = slow(x)
+    np.testing.assert_array_equal(x.result(30), np.full((2, 2), 5.0))
+    after = device_busy(client)
+    for d in mesh.devices:
+        assert after[d] - before[d] >= 5 * 0.02 - 1e-6  # float sums of the durations
+    shapes = []
+    by_shape = pw.shard_map(lambda v: v * 2, mesh, P("data"), P("data"),
+                            cost=lambda in_shapes: shapes.append(in_shapes) or 0.001)
+    assert by_shape(client.put(np.ones((4, 2)), mesh, P("data"))).result(30).sum() == 16
