@@ -1,5 +1,7 @@
 """Shared fixtures: clusters that are always torn down, on each transport."""
 
+import threading
+
 import pytest
 
 import plaque
@@ -15,4 +17,39 @@ def cluster(request):
 @pytest.fixture
 def tcp_cluster3():
     with plaque.local_cluster(workers=3, transport="tcp", heartbeat_timeout=2.0) as c:
+        yield c
+
+
+@pytest.fixture
+def threads():
+    """Start helper threads (``threads(target, *args)``) that are always joined."""
+    started: list[threading.Thread] = []
+
+    def start(target, *args):
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        started.append(thread)
+        thread.start()
+        return thread
+
+    start.started = started
+    yield start
+    for thread in started:
+        thread.join(10)
+        assert not thread.is_alive()
+
+
+@pytest.fixture(scope="session")
+def pathways_cluster():
+    """One island, 2 host processes x 4 emulated TPUs, shared by the test session."""
+    import pathways as pw
+
+    with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4) as c:
+        yield c
+
+
+@pytest.fixture
+def pw_client(pathways_cluster):
+    import pathways as pw
+
+    with pw.connect(pathways_cluster.address) as c:
         yield c

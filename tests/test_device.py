@@ -81,23 +81,6 @@ def make_device():
         assert device.close(timeout=WAIT)
 
 
-@pytest.fixture
-def threads():
-    """Start helper threads that are always joined."""
-    started: list[threading.Thread] = []
-
-    def start(target, *args):
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        started.append(thread)
-        thread.start()
-        return thread
-
-    yield start
-    for thread in started:
-        thread.join(WAIT)
-        assert not thread.is_alive()
-
-
 # -- order --------------------------------------------------------------------------------
 
 

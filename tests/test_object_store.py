@@ -42,23 +42,6 @@ def store(devices):
     assert all(device.hbm.used == 0 for device in devices.values())
 
 
-@pytest.fixture
-def threads():
-    started: list[threading.Thread] = []
-
-    def start(target, *args):
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        started.append(thread)
-        thread.start()
-        return thread
-
-    start.started = started
-    yield start
-    for thread in started:
-        thread.join(WAIT)
-        assert not thread.is_alive()
-
-
 def array(nbytes, fill=1):
     return np.full(nbytes, fill, dtype=np.uint8)
 

@@ -11,16 +11,14 @@ import pathways as pw
 from pathways import P
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4) as c:
-        yield c
+@pytest.fixture
+def cluster(pathways_cluster):
+    return pathways_cluster
 
 
 @pytest.fixture
-def client(cluster):
-    with pw.connect(cluster.address) as c:
-        yield c
+def client(pw_client):
+    return pw_client
 
 
 def host_stats(client):
@@ -32,6 +30,16 @@ def host_stats(client):
 def store_bytes(client) -> int:
     return sum(sum(s["bytes"].values()) if isinstance(s.get("bytes"), dict) else 0
                for s in host_stats(client))
+
+
+def wait_for_store_bytes(client, want, tries=100) -> int:
+    """Poll the hosts until their stores hold ``want`` bytes (frees travel asynchronously)."""
+    got = store_bytes(client)
+    while got != want and tries:
+        tries -= 1
+        threading.Event().wait(0.05)
+        got = store_bytes(client)
+    return got
 
 
 def test_collectives_across_hosts_match_the_reference(client):
@@ -138,11 +146,7 @@ def test_dropping_the_last_reference_frees_the_shards(client):
     import gc
 
     gc.collect()
-    deadline = 100
-    while store_bytes(client) != before and deadline:
-        deadline -= 1
-        threading.Event().wait(0.05)
-    assert store_bytes(client) == before
+    assert wait_for_store_bytes(client, before) == before
 
 
 def test_closing_a_client_frees_everything_it_owned(cluster):
@@ -153,11 +157,7 @@ def test_closing_a_client_frees_everything_it_owned(cluster):
         keep = [c.put(np.ones((32, 32)), mesh, P("data")) for _ in range(3)]
         assert keep[0].result(10).sum() == 32 * 32
         c.close()
-        deadline = 100
-        while store_bytes(probe) != before and deadline:
-            deadline -= 1
-            threading.Event().wait(0.05)
-        assert store_bytes(probe) == before
+        assert wait_for_store_bytes(probe, before) == before
         with pytest.raises(pw.ClientClosed):
             c.put(np.ones(4), mesh, P())
 

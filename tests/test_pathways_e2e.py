@@ -8,16 +8,14 @@ import pathways as pw
 from pathways import P
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4) as c:
-        yield c
+@pytest.fixture
+def cluster(pathways_cluster):
+    return pathways_cluster
 
 
 @pytest.fixture
-def client(cluster):
-    with pw.connect(cluster.address) as c:
-        yield c
+def client(pw_client):
+    return pw_client
 
 
 def body(x):
