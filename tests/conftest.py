@@ -39,7 +39,7 @@ def threads():
 
 
 @pytest.fixture(scope="session")
-def pathways_cluster():
+def pw_cluster():
     """One island, 2 host processes x 4 emulated TPUs, shared by the test session."""
     import pathways as pw
 
@@ -48,8 +48,8 @@ def pathways_cluster():
 
 
 @pytest.fixture
-def pw_client(pathways_cluster):
+def client(pw_cluster):
     import pathways as pw
 
-    with pw.connect(pathways_cluster.address) as c:
+    with pw.connect(pw_cluster.address) as c:
         yield c

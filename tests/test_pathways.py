@@ -11,16 +11,6 @@ import pathways as pw
 from pathways import P
 
 
-@pytest.fixture
-def cluster(pathways_cluster):
-    return pathways_cluster
-
-
-@pytest.fixture
-def client(pw_client):
-    return pw_client
-
-
 def host_stats(client):
     """Object-store stats of every host, asked directly of the hosts."""
     addresses = sorted({d["data"] for d in client._device_info.values()})
@@ -149,10 +139,10 @@ def test_dropping_the_last_reference_frees_the_shards(client):
     assert wait_for_store_bytes(client, before) == before
 
 
-def test_closing_a_client_frees_everything_it_owned(cluster):
-    with pw.connect(cluster.address) as probe:
+def test_closing_a_client_frees_everything_it_owned(pw_cluster):
+    with pw.connect(pw_cluster.address) as probe:
         before = store_bytes(probe)
-        c = pw.connect(cluster.address)
+        c = pw.connect(pw_cluster.address)
         mesh = c.mesh((2, 4), ("data", "model"))
         keep = [c.put(np.ones((32, 32)), mesh, P("data")) for _ in range(3)]
         assert keep[0].result(10).sum() == 32 * 32
@@ -162,8 +152,8 @@ def test_closing_a_client_frees_everything_it_owned(cluster):
             c.put(np.ones(4), mesh, P())
 
 
-def test_sequential_dispatch_gives_the_same_results(cluster):
-    with pw.connect(cluster.address, dispatch="sequential") as c:
+def test_sequential_dispatch_gives_the_same_results(pw_cluster):
+    with pw.connect(pw_cluster.address, dispatch="sequential") as c:
         mesh = c.mesh((2, 4), ("data", "model"))
         step = pw.shard_map(lambda v: pw.psum(v, "data") + 1.0, mesh, P("data"), P("data"))
 
@@ -178,14 +168,14 @@ def test_sequential_dispatch_gives_the_same_results(cluster):
                                    pw.reference(chain)(x0))
 
 
-def test_concurrent_clients_on_overlapping_slices_all_finish_correctly(cluster):
+def test_concurrent_clients_on_overlapping_slices_all_finish_correctly(pw_cluster):
     """Several clients run collective programs at once on slices sharing devices: the island
     scheduler puts their gangs in one order on every device, so none deadlocks."""
     errors, results = [], {}
 
     def run(k):
         try:
-            with pw.connect(cluster.address) as c:
+            with pw.connect(pw_cluster.address) as c:
                 shape = [(2, 4), (2, 2), (4, 2)][k % 3]
                 mesh = c.mesh(shape, ("data", "model"))
                 step = pw.shard_map(lambda v: pw.psum(v, "data") * 0.5 + pw.pmean(v, "model"),

@@ -2,20 +2,9 @@
 reference interpreter."""
 
 import numpy as np
-import pytest
 
 import pathways as pw
 from pathways import P
-
-
-@pytest.fixture
-def cluster(pathways_cluster):
-    return pathways_cluster
-
-
-@pytest.fixture
-def client(pw_client):
-    return pw_client
 
 
 def body(x):
