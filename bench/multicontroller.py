@@ -6,7 +6,12 @@ devices, which run their kernels in program order; collectives meet over ICI. He
 built from the very pieces a Pathways host uses -- ``EmulatedDevice`` executors, a
 ``Rendezvous`` per host, ``LocalEnv`` kernel environments, the same modelled cost (body cost
 plus ICI transfer time of the bytes sent off-host) and ZeroMQ over tcp loopback with Plaque's
-wire framing -- so that the two differ only in how work reaches the devices.
+wire framing. The two differ in how work reaches the devices (here: straight from the user
+loop, no coordinator, no per-run messages or progress tracking) and in the host-to-host path
+of collective contributions: here device threads send them directly, batched per destination
+host, and a dedicated thread receives them, as the runtime of a multi-controller system would;
+a Pathways host relays each one as its own Plaque message through its event loop
+(``--no-batch`` sends one message per contribution here too, for comparison).
 
 One process per host (multiprocessing, spawn), ``devices_per_host`` devices each; device ids
 are global (``host * devices_per_host + k``) and flat mesh index = device id. Each process:
@@ -25,7 +30,7 @@ are global (``host * devices_per_host + k``) and flat mesh index = device id. Ea
 Throughput is n / (latest device finish - earliest barrier exit), over all hosts (monotonic
 clocks are system-wide on Linux); utilization is each device's busy time over that window.
 
-Run: ``python bench/multicontroller.py --hosts 2 --n 2000 --cost 0.0005``.
+Run: ``python bench/multicontroller.py --hosts 2 --n 2000 --cost 0.0005 [--no-batch]``.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable in spawned
     sys.path.insert(0, _ROOT)
 
 from pathways import cost as cost_model  # noqa: E402
+from pathways import host as pathways_host  # noqa: E402
 from pathways.collectives import LocalEnv, Rendezvous, kernel_env, psum  # noqa: E402
 from pathways.device import EmulatedDevice  # noqa: E402
 from plaque import wire  # noqa: E402
@@ -92,13 +98,19 @@ class _OutboxRendezvous(Rendezvous):
     """A Rendezvous whose remote sends are buffered per (source device, destination host) and
     leave, one message per host, when the source device starts to collect."""
 
-    def __init__(self, host: int, per_host: int, push: dict[int, dict[int, zmq.Socket]]):
+    def __init__(self, host: int, per_host: int, push: dict[int, dict[int, zmq.Socket]],
+                 batch: bool = True):
         super().__init__()
-        self.host, self.per_host, self.push = host, per_host, push
+        self.host, self.per_host, self.push, self.batch = host, per_host, push, batch
         self._outbox: dict[int, dict[int, list]] = {d: {} for d in push}
 
     def send(self, dst_device, key, src_device, value) -> None:
         """The LocalEnv ``send`` hook; runs on ``src_device``'s thread only."""
+        if not self.batch:  # one message per contribution (the ablation)
+            item = [(key, src_device, dst_device, value)]
+            self.push[src_device][dst_device // self.per_host].send_multipart(
+                wire.encode(wire.Kind.USER, self.host, item), copy=False)
+            return
         box = self._outbox[src_device]
         items = box.get(dst_device // self.per_host)
         if items is None:
@@ -154,7 +166,7 @@ class _HostNode:
     """One emulated host of the multi-controller job: its devices, sockets and receiver."""
 
     def __init__(self, host: int, hosts: int, per_host: int, ctx: zmq.Context,
-                 pull: zmq.Socket, peer_addresses: list[str]):
+                 pull: zmq.Socket, peer_addresses: list[str], batch: bool):
         self.host, self.per_host = host, per_host
         self.mesh_shape = (hosts * per_host,)
         self.flat_devices = {i: i for i in range(hosts * per_host)}
@@ -170,7 +182,7 @@ class _HostNode:
                     s.connect(address)
                     push[d][peer] = s
         self.sockets = [s for per_peer in push.values() for s in per_peer.values()]
-        self.rendezvous = _OutboxRendezvous(host, per_host, push)
+        self.rendezvous = _OutboxRendezvous(host, per_host, push, batch)
         self.devices = {d: EmulatedDevice(d, name=f"mc-tpu{d}") for d in self.local}
         self.values = {d: np.zeros(()) for d in self.local}
         self.finished_at = {d: 0.0 for d in self.local}
@@ -186,16 +198,14 @@ class _HostNode:
 
     def _receive(self) -> None:
         pull, deliver = self._pull, self.rendezvous.deliver
+        pull.setsockopt(zmq.RCVTIMEO, 100)
         while not self._stop.is_set():
-            if not pull.poll(100):
+            try:
+                frames = pull.recv_multipart()
+            except zmq.Again:
                 continue
-            while True:
-                try:
-                    frames = pull.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                for key, src, dst, value in wire.decode(frames)[2]:
-                    deliver(key, src, dst, value)
+            for key, src, dst, value in wire.decode(frames)[2]:
+                deliver(key, src, dst, value)
 
     def run(self, barrier, run_no: int, n: int, cost: float, steps: int, x0: float,
             timeout: float) -> dict:
@@ -234,10 +244,11 @@ class _HostNode:
             s.close(0)
 
 
-def _host_main(conn, barrier, host: int, hosts: int, per_host: int) -> None:
+def _host_main(conn, barrier, host: int, hosts: int, per_host: int, batch: bool) -> None:
     """A host process: bind, learn the peers, then serve run requests from the parent."""
-    if os.environ.get("MC_SWITCH"):
-        sys.setswitchinterval(float(os.environ["MC_SWITCH"]))
+    # Same interpreter setting as a Pathways host (device threads and the receiver hand the
+    # GIL to each other constantly), whatever pathways.host currently chooses.
+    sys.setswitchinterval(getattr(pathways_host, "SWITCH_INTERVAL", sys.getswitchinterval()))
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
     pull.setsockopt(zmq.LINGER, 0)
@@ -248,7 +259,7 @@ def _host_main(conn, barrier, host: int, hosts: int, per_host: int) -> None:
         conn.send(("bound", pull.getsockopt_string(zmq.LAST_ENDPOINT)))
         if not conn.poll(START_TIMEOUT):
             return
-        node = _HostNode(host, hosts, per_host, ctx, pull, conn.recv())
+        node = _HostNode(host, hosts, per_host, ctx, pull, conn.recv(), batch)
         conn.send(("ready", os.getpid()))
         while conn.poll(3600):
             msg = conn.recv()
@@ -294,8 +305,8 @@ class McResult:
 class MultiController:
     """``hosts`` processes ready to run the trivial computation; use as a context manager."""
 
-    def __init__(self, hosts: int, devices_per_host: int = 4):
-        self.hosts, self.per_host = hosts, devices_per_host
+    def __init__(self, hosts: int, devices_per_host: int = 4, batch: bool = True):
+        self.hosts, self.per_host, self.batch = hosts, devices_per_host, batch
         ctx = mp.get_context("spawn")
         self._barrier = ctx.Barrier(hosts)
         self._conns, self.processes = [], []
@@ -304,7 +315,7 @@ class MultiController:
             for h in range(hosts):
                 parent, child = ctx.Pipe()
                 p = ctx.Process(target=_host_main, name=f"mc-host{h}", daemon=True,
-                                args=(child, self._barrier, h, hosts, devices_per_host))
+                                args=(child, self._barrier, h, hosts, devices_per_host, batch))
                 p.start()
                 child.close()
                 self._conns.append(parent)
@@ -318,9 +329,15 @@ class MultiController:
             raise
 
     def _expect(self, conn, kind: str, timeout: float):
-        if not conn.poll(timeout):
-            raise TimeoutError(f"a multi-controller host sent no {kind!r} within {timeout:.0f} s")
-        msg = conn.recv()
+        try:
+            if not conn.poll(timeout):
+                raise TimeoutError(f"a multi-controller host sent no {kind!r} within "
+                                   f"{timeout:.0f} s")
+            msg = conn.recv()
+        except EOFError:
+            codes = [p.exitcode for p in self.processes]
+            raise RuntimeError(f"a multi-controller host process died (exit codes {codes})"
+                               ) from None
         if msg[0] == "error":
             raise RuntimeError(f"multi-controller host failed:\n{msg[1]}")
         if msg[0] != kind:
@@ -380,8 +397,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cost", type=float, default=0.0, help="modelled seconds per computation")
     ap.add_argument("--steps", type=int, default=1, help="psum+1 steps inside one kernel")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-batch", action="store_true",
+                    help="send each collective contribution as its own message")
     args = ap.parse_args(argv)
-    with MultiController(args.hosts, args.devices_per_host) as mc:
+    with MultiController(args.hosts, args.devices_per_host, batch=not args.no_batch) as mc:
         mc.run(min(args.n, 100), args.cost, args.steps)  # warm-up: connections, first calls
         for _ in range(args.reps):
             r = mc.run(args.n, args.cost, args.steps)

@@ -121,7 +121,9 @@ class Rendezvous:
             box[src] = value
             waiter = self._waiters.get((key, dst))
             if waiter is not None:
-                waiter.notify()
+                cond, needed = waiter
+                if len(box) >= len(needed) and needed.issubset(box):
+                    cond.notify()  # wake the collector once, when it has everything
 
     def collect(self, key: Hashable, dst: Hashable, sources, timeout: float) -> dict:
         """Wait until every source has delivered to ``dst`` for ``key``; return {src: value}.
@@ -132,7 +134,8 @@ class Rendezvous:
         sources = list(sources)
         with self._lock:
             box = self._boxes.setdefault((key, dst), {})
-            waiter = self._waiters[(key, dst)] = threading.Condition(self._lock)
+            waiter = threading.Condition(self._lock)
+            self._waiters[(key, dst)] = (waiter, frozenset(sources))
             try:
                 waiter.wait_for(
                     lambda: self._aborted is not None or _gang(key) in self._failed_gangs
@@ -163,7 +166,7 @@ class Rendezvous:
             if self._aborted is None:
                 self._aborted = reason
             self._boxes.clear()
-            for waiter in self._waiters.values():
+            for waiter, _needed in self._waiters.values():
                 waiter.notify_all()
 
     def abort_gang(self, gang_key: Hashable, reason: str) -> None:
@@ -178,7 +181,7 @@ class Rendezvous:
                 self._failed_gangs.popitem(last=False)
             for k in [k for k in self._boxes if _gang(k[0]) == gang_key]:
                 del self._boxes[k]
-            for (key, _dst), waiter in self._waiters.items():
+            for (key, _dst), (waiter, _needed) in self._waiters.items():
                 if _gang(key) == gang_key:
                     waiter.notify_all()
 

@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 
 import zmq
@@ -46,6 +47,8 @@ class Host:
         self.core: WorkerCore | None = None
         self.loop = None
         self.started = time.monotonic()
+        self._ici_lock = threading.Lock()
+        self._ici_out: dict[int, list] = {}  # worker -> contributions waiting for this turn
 
     # ---- devices and kernels (called from the loop or device threads) ---------------------
     def enqueue(self, device: int, seq: int, kernel) -> None:
@@ -55,10 +58,23 @@ class Host:
         return device in self.devices
 
     def send_ici(self, dst_device, key, src_device, value) -> None:
-        """Device thread: ship a collective contribution to the host of ``dst_device``."""
+        """Device thread: ship a collective contribution to the host of ``dst_device``.
+
+        Contributions from all devices are gathered per destination host and leave in one
+        message per loop turn, not one message each.
+        """
         worker = self.worker_of[dst_device]
-        msg = ("ici", key, src_device, dst_device, value)
-        self.core.call_soon(lambda: self.core.send_user(worker, msg))
+        with self._ici_lock:
+            first = not self._ici_out
+            self._ici_out.setdefault(worker, []).append((key, src_device, dst_device, value))
+        if first:
+            self.core.call_soon(self._flush_ici)
+
+    def _flush_ici(self) -> None:
+        with self._ici_lock:
+            out, self._ici_out = self._ici_out, {}
+        for worker, items in out.items():
+            self.core.send_user(worker, ("ici", items))
 
     def abort_gang(self, gang_key, devices, reason) -> None:
         """Device thread: stop this gang's collectives here and on its other hosts."""
@@ -75,8 +91,8 @@ class Host:
     def on_user(self, sender, payload) -> None:
         kind = payload[0]
         if kind == "ici":
-            _, key, src, dst, value = payload
-            self.rendezvous.deliver(key, src, dst, value)
+            for key, src, dst, value in payload[1]:
+                self.rendezvous.deliver(key, src, dst, value)
         elif kind == "abort_gang":
             self.rendezvous.abort_gang(payload[1], payload[2])
         elif kind == "devices":

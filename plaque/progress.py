@@ -66,8 +66,10 @@ class ChangeBatch:
 class ProgressTracker:
     """One copy of a graph's pointstamp counts, with the completion test."""
 
-    def __init__(self, topology: Topology):
+    def __init__(self, topology: Topology, track_drops: bool = False):
         self.topology = topology
+        # witnesses (see ``blocker``) that stopped holding since the owner last looked
+        self.dropped: set | None = set() if track_drops else None
         # nearest upstream node first (reverse topological order): see ``blocker``
         self._upstream = [sorted(topology.upstream(n), key=lambda u: -topology.order[u[0]])
                           for n in range(len(topology.shards))]
@@ -113,7 +115,11 @@ class ProgressTracker:
         nodes = self._positive[t]
         shards = nodes[node]
         shards[shard] -= 1
+        if self.dropped is not None:
+            self.dropped.add(key)
         if not shards[shard]:
+            if self.dropped is not None:
+                self.dropped.add((None, node, shard, t))
             del shards[shard]
             if not shards:
                 del nodes[node]

@@ -43,6 +43,9 @@ class Kind(enum.IntEnum):
     USER = 15  # anyone -> anyone: a payload for the embedding runtime (not for graphs)
 
 
+_KINDS = {k.value: k for k in Kind}  # a dict lookup is far cheaper than Kind(value)
+
+
 def encode(kind: Kind, sender: int, payload) -> list:
     """Frames for one message; large buffers are appended as out-of-band frames."""
     buffers: list = []
@@ -70,10 +73,10 @@ def decode(frames) -> tuple[Kind, int, object]:
         raise ProtocolError(f"bad magic {magic!r}")
     if version != VERSION:
         raise ProtocolError(f"wire version {version}, this build speaks {VERSION}")
-    try:
-        kind = Kind(kind)
-    except ValueError:
-        raise ProtocolError(f"unknown message kind {kind}") from None
+    kind_ = _KINDS.get(kind)
+    if kind_ is None:
+        raise ProtocolError(f"unknown message kind {kind}")
+    kind = kind_
     try:
         payload = pickle.loads(frames[1], buffers=frames[2:])
     except Exception as exc:  # any unpickling failure means a bad message

@@ -41,7 +41,7 @@ class _LocalGraph:
         self.graph = graph
         self.placement = placement
         self.topology = Topology.of([n.shards for n in graph.nodes], graph.edges)
-        self.tracker = ProgressTracker(self.topology)
+        self.tracker = ProgressTracker(self.topology, track_drops=True)
         self.staged = ChangeBatch()  # this turn's changes, not yet in the tracker
         self.outgoing = ChangeBatch()  # applied here, to be sent to every peer
         self.for_coordinator: dict[object, ChangeBatch] = {}  # t -> changes at t
@@ -60,7 +60,10 @@ class _LocalGraph:
                                   _bind(hold, gid, node.index, shard), services)
                     self.ops[(node.index, shard)] = (node.factory(), ctx)
         self.pending: dict[tuple[int, int], list] = {}  # shard -> timestamps awaiting completion
-        self.witness: dict[tuple[int, int], tuple] = {}  # shard -> what blocks its first t
+        # completion tests: a shard that is not complete waits on a witness (a positive
+        # pointstamp that can reach it) and is tested again only when that one goes
+        self.waiting_on: dict[tuple, set] = {}  # witness -> shards
+        self.unchecked: set = set()  # shards with a new timestamp to test
         self.args: dict[object, object] = {}
         self.early: dict[object, list] = {}  # tuples that overtook their run's START
         self.open_shards: dict[object, int] = {}  # t -> local shards not yet complete
@@ -238,6 +241,7 @@ class WorkerCore:
         for shard in g.ops:
             g.pending.setdefault(shard, []).append(t)
             g.live.add((*shard, t))
+            g.unchecked.add(shard)
         for (node, shard), (op, ctx) in g.ops.items():
             on_start = getattr(op, "on_start", None)
             if on_start is None:
@@ -425,22 +429,30 @@ class WorkerCore:
         self._commit()
         fired = False
         for g in list(self.graphs.values()):
-            tracker, witness = g.tracker, g.witness
-            for shard_key, ts in list(g.pending.items()):
-                while ts:
-                    w = witness.get(shard_key)
-                    if w is not None and w[3] <= ts[0] and tracker.still_blocks(w):
-                        break  # the same positive pointstamp still holds this shard back
-                    w = tracker.blocker(shard_key[0], shard_key[1], ts[0])
-                    if w is not None:
-                        witness[shard_key] = w
-                        break
-                    witness.pop(shard_key, None)
-                    t = ts.pop(0)
-                    self._complete(g, shard_key, t)
-                    fired = True
-                if not ts:
-                    del g.pending[shard_key]
+            dropped = g.tracker.dropped
+            if not dropped and not g.unchecked:
+                continue
+            candidates, g.unchecked = g.unchecked, set()
+            for w in dropped:
+                candidates.update(g.waiting_on.pop(w, ()))
+            dropped.clear()
+            for shard_key in candidates:
+                fired |= self._test_shard(g, shard_key)
+        return fired
+
+    def _test_shard(self, g, shard_key) -> bool:
+        """Complete ``shard_key`` for each of its timestamps that is complete, in order."""
+        ts = g.pending.get(shard_key)
+        fired = False
+        while ts:
+            w = g.tracker.blocker(shard_key[0], shard_key[1], ts[0])
+            if w is not None:
+                g.waiting_on.setdefault(w, set()).add(shard_key)
+                break
+            self._complete(g, shard_key, ts.pop(0))
+            fired = True
+        if ts is not None and not ts:
+            del g.pending[shard_key]
         return fired
 
     def _complete(self, g, shard_key, t) -> None:

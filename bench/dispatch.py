@@ -1,0 +1,420 @@
+"""Dispatch overhead: Pathways vs a JAX-style multi-controller (the paper's Figures 5 and 6).
+
+The trivial computation -- psum of a replicated scalar over every device of the mesh, then
+add 1, each output fed to the next call -- measures what dispatch costs when devices have
+almost nothing to do. Pathways runs it three ways (all with parallel asynchronous dispatch):
+
+- **OpByOp**: ``x = step(x)`` called N times from Python, then wait for the last;
+- **Chained**: one ``@pw.program`` of 128 calls of ``step``, run repeatedly (128 computations
+  per run);
+- **Fused**: one ``shard_map`` whose body loops 128 times over psum+1, with modelled cost 128x
+  the per-step cost (128 computations per call);
+
+and the baseline is ``bench/multicontroller.py``: one process per host running the user loop
+on the same emulated devices, collectives and transport, with no coordinator.
+
+Figure 5: computations/s of each, with a negligible modelled cost (``FIG5_COST``), on 1, 2
+and 4 hosts of 4 devices. Figure 6: on the largest configuration, the modelled cost per
+computation swept from 0.05 ms to 20 ms; for each Pathways mode, the smallest cost from which
+on it keeps >= 95% of multi-controller throughput (the paper: 2.3 ms on 128 TPUs).
+
+Every cell is timed from the first call to the last result being ready; the number of calls
+is sized from a warm-up so that a cell takes about ``budget`` seconds (at least one chained
+run or fused call); the modes take turns for ``reps`` rounds and each keeps its best (the
+machine is shared and noisy); results are checked against the exact float recurrence. Device
+utilization is the devices' occupied time over the cell's wall time (occupied = executing,
+including blocking in collectives and waiting for inputs, as ``EmulatedDevice.busy_seconds``
+counts it); "useful" is modelled compute only (computations/s x cost per computation).
+
+Run: ``python bench/dispatch.py [--quick] [--no-append] [--profile]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # run as a script: make "bench" importable
+    sys.path.insert(0, _ROOT)
+
+import pathways as pw  # noqa: E402
+from bench.multicontroller import MultiController, expected_value, trivial_body  # noqa: E402
+from bench.results import append_results  # noqa: E402
+from pathways import P  # noqa: E402
+
+TITLE = "Dispatch overhead: Pathways vs multi-controller (paper Figures 5 and 6)"
+CHAIN = 128  # computations per chained run and per fused call
+PER_HOST = 4
+HOST_COUNTS = (1, 2, 4)
+FIG5_COST = 0.0  # modelled seconds per computation in Figure 5: dispatch overhead only
+SWEEP_MS = (0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20)
+PARITY = 0.95  # "reaches multi-controller throughput" means >= 95% of it
+TARGET_CHAINED = 0.90  # Chained >= 90% of multi-controller at every swept cost
+TARGET_OPBYOP_MS = 1.0  # OpByOp within 95% at a cost <= 1 ms
+TARGET_FUSED = 1.0  # Fused >= multi-controller
+MODES = ("OpByOp", "Chained", "Fused")
+UNIT = {"MC": 1, "OpByOp": 1, "Chained": CHAIN, "Fused": CHAIN}  # computations per unit
+WARM_UNITS = {"MC": 16, "OpByOp": 16, "Chained": 1, "Fused": 1}
+MIN_UNITS = {"MC": 32, "OpByOp": 32, "Chained": 1, "Fused": 1}
+MAX_UNITS = {"MC": 20_000, "OpByOp": 5_000, "Chained": 40, "Fused": 40}
+
+
+@dataclass
+class Cell:
+    """One measurement: ``computations`` in ``wall`` seconds on ``hosts`` x PER_HOST devices."""
+
+    mode: str  # "MC" or one of MODES
+    hosts: int
+    cost: float  # modelled seconds per computation
+    computations: int
+    wall: float
+    occupied: float  # mean over devices of busy seconds / wall
+
+    @property
+    def rate(self) -> float:
+        return self.computations / self.wall
+
+    @property
+    def useful(self) -> float:
+        return min(1.0, self.rate * self.cost)
+
+
+# ---- Pathways ---------------------------------------------------------------------------------
+
+class PathwaysRig:
+    """The three Pathways variants of the trivial computation on one client's mesh."""
+
+    def __init__(self, client, hosts: int):
+        self.client, self.hosts = client, hosts
+        self.devices = hosts * PER_HOST
+        self.mesh = client.mesh((self.devices,), ("d",))
+        self._data = sorted({client._device_info[d]["data"] for d in self.mesh.devices})
+        self._fns: dict[tuple, object] = {}
+
+    def _fn(self, mode: str, cost: float):
+        key = (mode, cost)
+        if key not in self._fns:
+            if mode == "OpByOp":
+                fn = pw.shard_map(trivial_body(1), self.mesh, P(), P(), cost=cost)
+            elif mode == "Fused":
+                fn = pw.shard_map(trivial_body(CHAIN), self.mesh, P(), P(), cost=CHAIN * cost)
+            else:
+                step = self._fn("OpByOp", cost)
+
+                def chain(x):
+                    for _ in range(CHAIN):
+                        x = step(x)
+                    return x
+
+                fn = pw.program(chain)
+            self._fns[key] = fn
+        return self._fns[key]
+
+    def busy(self) -> dict[int, float]:
+        """Busy seconds of every device of the mesh so far, from the hosts' status."""
+        futures = [self.client._request(a, ("status", None)) for a in self._data]
+        busy = {}
+        for f in futures:
+            for d, info in f.result(10)["devices"].items():
+                busy[int(d)] = info["busy_seconds"]
+        return {d: busy[d] for d in self.mesh.devices}
+
+    def run(self, mode: str, cost: float, units: int, timeout: float) -> Cell:
+        """Run ``units`` calls of the mode (each output into the next) and time them."""
+        fn = self._fn(mode, cost)
+        x = self.client.put(np.zeros(()), self.mesh, P())
+        x.block_until_ready(timeout)
+        busy0 = self.busy()
+        t0 = time.perf_counter()
+        for _ in range(units):
+            x = fn(x)
+        x.block_until_ready(timeout)
+        wall = time.perf_counter() - t0
+        busy1 = self.busy()
+        steps = units * UNIT[mode]
+        got, want = float(x.result(timeout)), expected_value(self.devices, steps)
+        if got != want:
+            raise AssertionError(f"{mode}: got {got} after {steps} steps, expected {want}")
+        occupied = sum(busy1[d] - busy0[d] for d in busy0) / len(busy0) / wall
+        return Cell(mode, self.hosts, cost, steps, wall, occupied)
+
+
+def _timeout(mode: str, cost: float, units: int) -> float:
+    return 120.0 + 4.0 * units * UNIT[mode] * cost
+
+
+def measure_config(rig: PathwaysRig, mc: MultiController, cost: float, budget: float,
+                   reps: int) -> dict[str, Cell]:
+    """The multi-controller and the three Pathways modes at one cost, on one configuration.
+
+    Each mode is warmed up once (installing its program, connecting) and sized from that
+    warm-up to about ``budget`` seconds; then ``reps`` rounds time every mode in turn, so
+    that a slow spell of the shared machine hits all of them, and each keeps its best.
+    """
+    def run_mc(mode, c, units, timeout):
+        r = mc.run(units, c, timeout=timeout)
+        return Cell("MC", mc.hosts, c, units, r.wall, r.utilization)
+
+    runners = {"MC": run_mc, **{m: rig.run for m in MODES}}
+    units = {}
+    for mode, run in runners.items():
+        warm = WARM_UNITS[mode]
+        t0 = time.perf_counter()
+        run(mode, cost, warm, _timeout(mode, cost, warm))
+        per_unit = (time.perf_counter() - t0) / warm
+        units[mode] = max(MIN_UNITS[mode], min(MAX_UNITS[mode], round(budget / per_unit)))
+    best: dict[str, Cell] = {}
+    for _ in range(reps):
+        for mode, run in runners.items():
+            cell = run(mode, cost, units[mode], _timeout(mode, cost, units[mode]))
+            if mode not in best or cell.rate > best[mode].rate:
+                best[mode] = cell
+    return best
+
+
+# ---- profiling --------------------------------------------------------------------------------
+
+def profile_cells(cluster, rig: PathwaysRig, cost: float, seconds: float) -> str:
+    """py-spy (GIL-holding samples) of every cluster process while each mode runs."""
+    py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    report = []
+    for mode in MODES:
+        with tempfile.TemporaryDirectory(prefix=f"dispatch-{mode}-") as out:
+            report += _profile_mode(cluster, rig, mode, cost, seconds, py_spy, out)
+    return "\n".join(report)
+
+
+def _profile_mode(cluster, rig, mode, cost, seconds, py_spy, out) -> list[str]:
+    """Record every cluster process with py-spy while ``mode`` runs back to back."""
+    procs = [(p.pid, os.path.join(out, f"{p.pid}.txt")) for p in cluster.processes]
+    spies = [subprocess.Popen([py_spy, "record", "--pid", str(pid), "--gil", "--duration",
+                               str(int(seconds)), "--rate", "200", "--format", "raw", "-o",
+                               path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for pid, path in procs]
+    try:
+        time.sleep(1.0)  # let py-spy attach
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            rig.run(mode, cost, MIN_UNITS[mode] if mode == "OpByOp" else 1, 120)
+    finally:
+        for spy in spies:
+            try:
+                spy.wait(seconds + 30)
+            except subprocess.TimeoutExpired:
+                spy.kill()
+                spy.wait(5)
+    report = []
+    for i, (pid, path) in enumerate(procs):
+        role = "coordinator" if i == 0 else f"host {i - 1}"
+        report.append(f"-- {mode}: {role} (pid {pid}) --")
+        report.extend(_top_frames(path))
+    return report
+
+
+def _top_frames(path: str, n: int = 12) -> list[str]:
+    """The frames most often on the GIL-holding stack (inclusive), from py-spy's raw output."""
+    total, incl, own = 0, Counter(), Counter()
+    try:
+        with open(path) as f:
+            for line in f:
+                stack, _, count = line.rstrip().rpartition(" ")
+                frames, k = stack.split(";"), int(count)
+                total += k
+                own[frames[-1]] += k
+                for frame in set(frames):
+                    incl[frame] += k
+    except (OSError, ValueError):
+        return ["   (no samples)"]
+    if not total:
+        return ["   (no samples)"]
+    skip = ("_bootstrap", "Thread.run", "run (", "_run_module", "_run_code", "<module>",
+            "main (", "_host (", "Runner.run", "_serve", "run_forever", "_run_once")
+    lines = [f"   {total} samples holding the GIL; top inclusive:"]
+    shown = 0
+    for frame, k in incl.most_common():
+        if any(s in frame for s in skip):
+            continue
+        lines.append(f"   {k / total:6.1%}  {frame}")
+        shown += 1
+        if shown == n:
+            break
+    lines.append("   top self:")
+    lines += [f"   {k / total:6.1%}  {frame}" for frame, k in own.most_common(6)]
+    return lines
+
+
+# ---- reporting --------------------------------------------------------------------------------
+
+def _rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}"
+
+
+def _row(figure: str, cells: dict[str, Cell]) -> dict:
+    mc = cells["MC"]
+    row = {"Figure": figure, "Devices": f"{mc.hosts}x{PER_HOST}",
+           "Cost/comp (ms)": f"{mc.cost * 1e3:g}", "Multi-controller /s": _rate(mc.rate)}
+    for mode in MODES:
+        row[f"{mode} /s"] = _rate(cells[mode].rate)
+        row[f"{mode}/MC"] = f"{cells[mode].rate / mc.rate:.2f}"
+    order = ("MC", *MODES)
+    row["Util busy/wall MC,Op,Ch,Fu"] = ", ".join(f"{cells[m].occupied:.0%}" for m in order)
+    row["Useful MC,Op,Ch,Fu"] = ", ".join(f"{cells[m].useful:.0%}" for m in order)
+    return row
+
+
+def _print_cells(cells: dict[str, Cell]) -> None:
+    mc = cells["MC"]
+    parts = [f"MC {_rate(mc.rate)}/s ({mc.computations} in {mc.wall:.2f} s, util "
+             f"{mc.occupied:.0%})"]
+    for mode in MODES:
+        c = cells[mode]
+        parts.append(f"{mode} {_rate(c.rate)}/s = {c.rate / mc.rate:.2f}x ({c.computations} in "
+                     f"{c.wall:.2f} s, util {c.occupied:.0%})")
+    print(f"  {mc.hosts}x{PER_HOST} cost {mc.cost * 1e3:g} ms: " + "; ".join(parts), flush=True)
+
+
+def parity_cost(sweep: dict[float, dict[str, Cell]], mode: str) -> float | None:
+    """The smallest swept cost from which on ``mode`` keeps >= PARITY of multi-controller."""
+    best = None
+    for cost in sorted(sweep, reverse=True):
+        cells = sweep[cost]
+        if cells[mode].rate / cells["MC"].rate < PARITY:
+            break
+        best = cost
+    return best
+
+
+def _ms(cost: float | None) -> str:
+    return "none in the sweep" if cost is None else f"{cost * 1e3:g} ms"
+
+
+def targets(fig5: dict[int, dict[str, Cell]], sweep: dict[float, dict[str, Cell]]):
+    """(line, met) for each target."""
+    ratio = {m: {c: cells[m].rate / cells["MC"].rate for c, cells in sweep.items()}
+             for m in MODES}
+    worst_chained = min(ratio["Chained"].values())
+    op_parity = parity_cost(sweep, "OpByOp")
+    fused_all = [cells["Fused"].rate / cells["MC"].rate
+                 for cells in [*fig5.values(), *sweep.values()]]
+    worst_fused = min(fused_all)
+    out = [
+        (f"Chained >= {TARGET_CHAINED:.0%} of multi-controller at every swept cost: worst "
+         f"{worst_chained:.2f}x", worst_chained >= TARGET_CHAINED),
+        (f"OpByOp within {PARITY:.0%} of multi-controller at a cost <= {TARGET_OPBYOP_MS:g} ms:"
+         f" from {_ms(op_parity)}",
+         op_parity is not None and op_parity <= TARGET_OPBYOP_MS / 1e3),
+        (f"Fused >= multi-controller (every cell): worst {worst_fused:.2f}x",
+         worst_fused >= TARGET_FUSED),
+    ]
+    return out
+
+
+# ---- main -------------------------------------------------------------------------------------
+
+def run_config(hosts: int, costs, budget: float, reps: int, profile: bool):
+    """Start a Pathways cluster and a multi-controller job of ``hosts`` hosts; measure each
+    cost. Returns ({cost: cells}, profile text or None)."""
+    results, prof = {}, None
+    with MultiController(hosts, PER_HOST) as mc:
+        mc.run(64, 0.0)  # warm-up: connections between the hosts
+        with pw.local_cluster(islands=1, hosts_per_island=hosts,
+                              devices_per_host=PER_HOST) as cluster:
+            with pw.connect(cluster.address) as client:
+                rig = PathwaysRig(client, hosts)
+                for cost in costs:
+                    results[cost] = measure_config(rig, mc, cost, budget, reps)
+                    _print_cells(results[cost])
+                if profile:
+                    prof = profile_cells(cluster, rig, FIG5_COST, 6.0)
+    return results, prof
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="1 and 2 hosts, two costs, short cells; no RESULTS.md entry")
+    ap.add_argument("--no-append", action="store_true", help="print only; no RESULTS.md entry")
+    ap.add_argument("--profile", action="store_true",
+                    help="py-spy the cluster during each mode on the largest config")
+    ap.add_argument("--budget", type=float, default=None, help="seconds per timed cell")
+    ap.add_argument("--reps", type=int, default=None, help="timed rounds per cost (best kept)")
+    args = ap.parse_args(argv)
+    host_counts = (1, 2) if args.quick else HOST_COUNTS
+    sweep_costs = [ms / 1e3 for ms in ((0.1, 2.0) if args.quick else SWEEP_MS)]
+    budget = args.budget if args.budget is not None else (0.3 if args.quick else 0.8)
+    reps = args.reps if args.reps is not None else (1 if args.quick else 2)
+    started = time.perf_counter()
+
+    fig5: dict[int, dict[str, Cell]] = {}
+    sweep: dict[float, dict[str, Cell]] = {}
+    profile_text = None
+    sweep_hosts = max(host_counts)
+    for hosts in host_counts:
+        print(f"{hosts} host(s) x {PER_HOST} devices:", flush=True)
+        costs = [FIG5_COST] + (sweep_costs if hosts == sweep_hosts else [])
+        results, prof = run_config(hosts, costs, budget, reps,
+                                   args.profile and hosts == sweep_hosts)
+        fig5[hosts] = results[FIG5_COST]
+        if hosts == sweep_hosts:
+            sweep = {c: results[c] for c in sweep_costs}
+            profile_text = prof
+    elapsed = time.perf_counter() - started
+
+    rows = [_row("5", fig5[h]) for h in host_counts]
+    rows += [_row("6", sweep[c]) for c in sweep_costs]
+    checks = targets(fig5, sweep)
+    parity = {m: parity_cost(sweep, m) for m in MODES}
+    lines = [
+        f"Trivial computation: psum of a replicated float64 scalar over all devices, then +1,"
+        f" each output into the next input. Hosts are processes of {PER_HOST} emulated devices"
+        f" on one {os.cpu_count()}-core machine (a Pathways cluster: coordinator + hosts +"
+        f" this client; the multi-controller: one process per host, bench/multicontroller.py,"
+        f" same EmulatedDevice/Rendezvous/LocalEnv, same modelled cost incl. ICI time, ZeroMQ"
+        f" tcp loopback, no coordinator).",
+        f"OpByOp: N calls of step, then wait for the last. Chained: one @pw.program of {CHAIN}"
+        f" calls, run repeatedly. Fused: one shard_map looping {CHAIN}x psum+1, cost {CHAIN}x;"
+        f" counts {CHAIN} computations per call. Figure 5 rows use a modelled cost of"
+        f" {FIG5_COST * 1e3:g} ms (dispatch overhead only); Figure 6 sweeps the cost per"
+        f" computation on {sweep_hosts}x{PER_HOST} devices.",
+        f"Each cell: one warm-up, then the best of {reps} timed rounds (modes interleaved) of"
+        f" enough calls for ~{budget:g} s (>= 1 chained run or fused call); results checked"
+        f" exactly. Util = devices' occupied time / wall (blocking"
+        f" in collectives and waiting for inputs count as occupied); Useful = computations/s x"
+        f" modelled cost. A shared 2-core machine: expect +-10-20% noise.",
+        "Parity (smallest swept cost from which on a mode keeps >= 95% of multi-controller): "
+        + ", ".join(f"{m} {_ms(parity[m])}" for m in MODES)
+        + " (the paper: 2.3 ms on 128 TPUs).",
+        "Targets: " + "; ".join(f"{text}: {'met' if ok else 'MISSED'}" for text, ok in checks)
+        + ".",
+        f"Total bench time {elapsed:.0f} s.",
+    ]
+    notes = "\n".join(lines)
+
+    print()
+    print(f"{TITLE} (nproc={os.cpu_count()})")
+    for r in rows:
+        print("  " + " | ".join(f"{k}: {v}" for k, v in r.items()))
+    print()
+    print(notes)
+    if profile_text:
+        print("\nProfile (py-spy, samples holding the GIL):")
+        print(profile_text)
+    if args.quick or args.no_append:
+        print("\n(nothing appended to RESULTS.md)")
+    else:
+        append_results(TITLE, rows, notes)
+        print("\nappended to bench/RESULTS.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
