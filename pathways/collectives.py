@@ -228,6 +228,7 @@ class LocalEnv(KernelEnv):
         send: Callable | None = None,
         timeout: float = 60.0,
         is_local: Callable[[Hashable], bool] | None = None,
+        flush: Callable[[], None] | None = None,
     ):
         super().__init__(mesh_shape, axis_names, flat_index)
         self.devices = dict(devices)
@@ -235,7 +236,7 @@ class LocalEnv(KernelEnv):
             raise ProgramError(f"devices {self.devices} map two flat indices to one device")
         self._flat_of = {dev: i for i, dev in self.devices.items()}
         self.gang_key, self.rendezvous = gang_key, rendezvous
-        self.send, self.timeout = send, timeout
+        self.send, self.timeout, self.flush = send, timeout, flush
         self.is_local = is_local if is_local is not None else (lambda device: True)
         self.bytes_sent_local = 0
         self.bytes_sent_remote = 0
@@ -249,6 +250,8 @@ class LocalEnv(KernelEnv):
                 received[position] = _copy(value)
             else:
                 self._send_one(key, me, self.devices[members[dst_pos]], value)
+        if self.flush is not None:
+            self.flush()  # a send hook may batch; what it holds must leave before we wait
         sources = [self.devices[members[s]] for s in expect_from if s != position]
         got = self.rendezvous.collect(key, me, sources, self.timeout)
         position_of = {flat: p for p, flat in enumerate(members)}

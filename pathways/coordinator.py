@@ -87,8 +87,9 @@ class Coordinator:
             log.warning("host %d lost with devices %s", w, lost)
             del self.hosts[w]
         topology = {d: w for w, h in self.hosts.items() for d in h["device_ids"]}
+        links = {w: h["ici"] for w, h in self.hosts.items()}
         for w in self.hosts:
-            core.send_user(w, ("topology", topology))
+            core.send_user(w, ("topology", topology, links))
         self.cluster.soon()
 
     def devices(self) -> list[dict]:

@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 
 import zmq
@@ -29,11 +28,12 @@ from . import protocol
 from .collectives import Rendezvous
 from .cost import DeviceSpec
 from .device import EmulatedDevice
+from .ici import IciLink
 from .object_store import ObjectStore
 
 log = logging.getLogger("pathways.host")
 
-SWITCH_INTERVAL = 0.0002
+SWITCH_INTERVAL = 0.0005
 
 
 class Host:
@@ -47,8 +47,7 @@ class Host:
         self.core: WorkerCore | None = None
         self.loop = None
         self.started = time.monotonic()
-        self._ici_lock = threading.Lock()
-        self._ici_out: dict[int, list] = {}  # worker -> contributions waiting for this turn
+        self.ici = None  # IciLink, set when serving
 
     # ---- devices and kernels (called from the loop or device threads) ---------------------
     def enqueue(self, device: int, seq: int, kernel) -> None:
@@ -58,23 +57,12 @@ class Host:
         return device in self.devices
 
     def send_ici(self, dst_device, key, src_device, value) -> None:
-        """Device thread: ship a collective contribution to the host of ``dst_device``.
+        """Device thread: queue a collective contribution for the host of ``dst_device``."""
+        self.ici.send(self.worker_of[dst_device], key, src_device, dst_device, value)
 
-        Contributions from all devices are gathered per destination host and leave in one
-        message per loop turn, not one message each.
-        """
-        worker = self.worker_of[dst_device]
-        with self._ici_lock:
-            first = not self._ici_out
-            self._ici_out.setdefault(worker, []).append((key, src_device, dst_device, value))
-        if first:
-            self.core.call_soon(self._flush_ici)
-
-    def _flush_ici(self) -> None:
-        with self._ici_lock:
-            out, self._ici_out = self._ici_out, {}
-        for worker, items in out.items():
-            self.core.send_user(worker, ("ici", items))
+    def flush_ici(self) -> None:
+        """Device thread: send what this device queued (before it waits for its peers)."""
+        self.ici.flush()
 
     def abort_gang(self, gang_key, devices, reason) -> None:
         """Device thread: stop this gang's collectives here and on its other hosts."""
@@ -90,10 +78,7 @@ class Host:
     # ---- messages from the coordinator and peers (loop thread) ----------------------------
     def on_user(self, sender, payload) -> None:
         kind = payload[0]
-        if kind == "ici":
-            for key, src, dst, value in payload[1]:
-                self.rendezvous.deliver(key, src, dst, value)
-        elif kind == "abort_gang":
+        if kind == "abort_gang":
             self.rendezvous.abort_gang(payload[1], payload[2])
         elif kind == "devices":
             for d in payload[1]:
@@ -102,6 +87,7 @@ class Host:
             log.info("host %s owns devices %s", self.core.id, sorted(self.devices))
         elif kind == "topology":
             self.worker_of = dict(payload[1])
+            self.ici.peers = dict(payload[2])
         elif kind == "skip":
             for d, seqs in payload[1].items():
                 for s in seqs:
@@ -123,6 +109,8 @@ class Host:
     def close(self) -> None:
         for dev in self.devices.values():
             dev.close(timeout=1.0)
+        if self.ici is not None:
+            self.ici.close()
 
 
 class DataService:
@@ -219,11 +207,13 @@ async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
     info = await loop.run_in_executor(None, _coordinator_info, coordinator, ctx)
     host = Host(island, num_devices, spec)
     host.loop = loop
+    host.ici = IciLink(ctx, bind, host.rendezvous)
+    host.ici.start()
     data = DataService(host, bind, ctx)
     transport = ZmqTransport(bind, context=ctx)
     core = WorkerCore(transport.address, info["plaque"],
                       info={"role": "host", "island": island, "devices": num_devices,
-                            "data": data.address, "pid": os.getpid(),
+                            "data": data.address, "ici": host.ici.address, "pid": os.getpid(),
                             "hostname": socket.gethostname(), "spec": host.spec},
                       coordinator_timeout=coordinator_timeout, services={"host": host})
     core.on_user = host.on_user

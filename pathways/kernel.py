@@ -81,7 +81,7 @@ class Kernel:
         env = LocalEnv(m.shape, m.axis_names, self.shard, dict(enumerate(m.devices)),
                        (self.arg.client, self.arg.run_id, self.spec.index),
                        self.host.rendezvous, send=self.host.send_ici,
-                       is_local=self.host.is_local)
+                       is_local=self.host.is_local, flush=self.host.flush_ici)
         env.device_spec = device.spec
         outs, seconds = fn.run_shard(env, shards)
         self._outputs = outs
