@@ -23,7 +23,7 @@ from . import wire
 from .counters import Counters
 from .graph import KEYED, ONE_TO_ONE, Topology
 from .operator import Capability, Context
-from .progress import CAP, INPUT, SINK, ChangeBatch, ProgressTracker
+from .progress import CAP, INPUT, SINK, ChangeBatch, ProgressTracker, interested_workers
 from .wire import CONTROL, DATA, Kind
 
 log = logging.getLogger("plaque.worker")
@@ -47,6 +47,8 @@ class _LocalGraph:
         self.for_coordinator: dict[object, ChangeBatch] = {}  # t -> changes at t
         self.finished: list = []  # timestamps this worker is done with, to report
         self.peers = sorted({w for p in placement for w in p} - {worker_id})
+        self.interested = interested_workers(self.topology, placement)
+        self.tracked = {loc for loc, ws in self.interested.items() if worker_id in ws}
         self.routes: dict[tuple[int, int], list] = {}
         for e in graph.edges:
             self.routes.setdefault((e.src, e.src_port), []).append(e)
@@ -145,13 +147,17 @@ class WorkerCore:
         """One progress message per peer per turn; the coordinator, which only needs to know
         when a run is over, gets each timestamp's changes once, when this worker is done
         with it (its capabilities there are among them, so it cannot conclude early)."""
-        per_peers: dict[tuple, dict] = {}
+        per_peer: dict[int, dict] = {}
         for gid, g in self.graphs.items():
-            if g.outgoing:
-                per_peers.setdefault(tuple(g.peers), {})[gid] = g.outgoing.drain()
-        for peers, body in per_peers.items():
-            if peers:
-                self._broadcast(peers, body)
+            if not g.outgoing:
+                continue
+            interested, me = g.interested, self.id
+            for key, delta in g.outgoing.drain():
+                for w in interested[(key[1], key[2])]:
+                    if w != me:
+                        per_peer.setdefault(w, {}).setdefault(gid, []).append((key, delta))
+        for peer, body in per_peer.items():
+            self._send(peer, CONTROL, Kind.PROGRESS, body)
         to_coordinator = {}
         for gid, g in self.graphs.items():
             if g.finished:
@@ -165,17 +171,6 @@ class WorkerCore:
                     to_coordinator[gid] = changes
         if to_coordinator:
             self._send(COORDINATOR, CONTROL, Kind.PROGRESS, to_coordinator)
-
-    def _broadcast(self, peers, body) -> None:
-        frames = wire.encode(Kind.PROGRESS, self.id, body)
-        nbytes = wire.frame_bytes(frames)
-        for peer in peers:
-            c = self.counters.peer(peer)
-            c.messages_sent += 1
-            c.frames_sent += len(frames)
-            c.bytes_sent += nbytes
-            c.progress_sent += 1
-            self._commands.append(("send", peer, CONTROL, frames))
 
     # ---- input ----------------------------------------------------------------------------
     def receive(self, frames) -> None:
@@ -235,7 +230,7 @@ class WorkerCore:
     def _on_start(self, sender, payload):
         gid, t, arg = payload
         g = self.graphs[gid]
-        g.tracker.update(g.tracker.start_changes(t))
+        g.tracker.update(((CAP, n, s, t), 1) for n, s in g.tracked)
         g.args[t] = arg
         g.open_shards[t] = len(g.ops)
         for shard in g.ops:
@@ -271,7 +266,8 @@ class WorkerCore:
         for gid, changes in body.items():
             g = self.graphs.get(gid)
             if g is not None:
-                g.tracker.update(ch for ch in changes if ch[0][1] != SINK)
+                tracked = g.tracked
+                g.tracker.update(ch for ch in changes if (ch[0][1], ch[0][2]) in tracked)
 
     def _on_heartbeat(self, sender, payload):
         pass
@@ -397,7 +393,8 @@ class WorkerCore:
         for g in self.graphs.values():
             if g.staged:
                 changes = g.staged.drain()
-                g.tracker.update(ch for ch in changes if ch[0][1] != SINK)
+                tracked = g.tracked
+                g.tracker.update(ch for ch in changes if (ch[0][1], ch[0][2]) in tracked)
                 for key, delta in changes:
                     if key[1] != SINK:
                         g.outgoing.add(key, delta)

@@ -351,3 +351,22 @@ def test_held_capability_delays_completion_until_released(cluster):
     with pytest.raises(plaque.OperatorError, match="ZeroDivisionError"):
         ig.run("fail").result(30)
     assert ig.run(None).result(30).values("collect") == [[(0, 2), (1, 2), (2, 2)]]
+
+
+def test_aligned_chains_send_no_progress_between_workers(cluster):
+    """Shard i of every node on the same worker: nothing another worker does can matter, so
+    no progress message crosses workers (the coordinator still hears the end of each run)."""
+    g = Graph("aligned")
+    s = g.node("src", Source, 2, placement=[0, 1])
+    f = g.node("fwd", Forward, 2, placement=[0, 1])
+    c = g.node("collect", Collect, 2, placement=[0, 1])
+    g.edge(s, f)
+    g.edge(f, c)
+    ig = cluster.install(g)
+    for n in range(3):
+        assert ig.run(n).result(30).values("collect") == [
+            [(0, i) for i in range(n)], [(1, i) for i in range(n)]]
+    counters = cluster.counters()
+    w0, w1 = cluster.workers()
+    assert counters[w0].get(w1, {}).get("progress_sent", 0) == 0
+    assert counters[w1].get(w0, {}).get("progress_sent", 0) == 0

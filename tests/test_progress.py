@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plaque.errors import GraphError
-from plaque.graph import BROADCAST, KEYED, ONE_TO_ONE, Edge, Topology
+from plaque.graph import BROADCAST, KEYED, ONE_TO_ONE, Edge, Graph, Topology
 from plaque.progress import CAP, INPUT, SINK, ChangeBatch, ProgressTracker
 
 A, B, C, D = 0, 1, 2, 3
@@ -351,3 +351,19 @@ def test_completion_is_monotone_under_decrements(data):
     for key, _ in draw_changes(data.draw, tp, 12):
         tr.update([(key, -1)])
         assert all(tr.is_complete(*c) for c in done)
+
+
+def test_interested_workers_follow_real_dependencies():
+    from plaque.progress import interested_workers
+
+    g = Graph("interest")
+    a = g.node("a", object, 2)
+    b = g.node("b", object, 2)
+    c = g.node("c", object, 3)
+    g.edge(a, b, ONE_TO_ONE)
+    g.edge(b, c, KEYED)
+    topo = Topology.of([n.shards for n in g.nodes], g.edges)
+    placement = [(0, 1), (0, 1), (2, 2, 2)]
+    got = interested_workers(topo, placement)
+    assert got[(0, 0)] == {0, 2} and got[(0, 1)] == {1, 2}  # aligned to b, keyed on to c
+    assert got[(1, 0)] == {0, 2} and got[(2, 1)] == {2}
