@@ -187,8 +187,14 @@ class Coordinator:
         def done(result, error):
             if error is None:
                 self._reply(ident, ("run_done", run_id))
-            else:
-                self._reply(ident, ("run_failed", run_id, error))
+                return
+            self._reply(ident, ("run_failed", run_id, error))
+            # Kernels of this run still queued or waiting in collectives on surviving hosts
+            # must not hold their devices until a timeout: fail their gangs now.
+            gangs = [(prog.client, run_id, e) for e in range(len(prog.gangs))]
+            for w in self.hosts:
+                self.cluster.core.send_user(w, ("abort_gangs", gangs, str(error)))
+            self.cluster.soon()
 
         try:
             self.cluster.start_async(prog.gid, arg, done)

@@ -80,6 +80,9 @@ class Host:
         kind = payload[0]
         if kind == "abort_gang":
             self.rendezvous.abort_gang(payload[1], payload[2])
+        elif kind == "abort_gangs":
+            for gang in payload[1]:
+                self.rendezvous.abort_gang(gang, payload[2])
         elif kind == "devices":
             for d in payload[1]:
                 if d not in self.devices:
