@@ -21,6 +21,7 @@ import zmq
 
 import plaque
 from plaque.endpoint import Endpoint
+from plaque.heartbeat import HeartbeatThread
 from plaque.worker import WorkerCore
 from plaque.zmq_transport import ZmqTransport
 
@@ -225,12 +226,15 @@ async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
     endpoint = Endpoint(core, transport, loop,
                         on_exit=lambda reason: done.done() or done.set_result(reason))
     endpoint.start()
+    beats = HeartbeatThread(core, ctx)
+    beats.start()
     data.start(loop)
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, endpoint.stop, f"signal {sig.name}")
     try:
         return await done
     finally:
+        beats.stop()
         host.close()
         data.sock.close(0)
         ctx.term()

@@ -13,6 +13,7 @@ import sys
 import uvloop
 
 from .endpoint import Endpoint
+from .heartbeat import HeartbeatThread
 from .worker import WorkerCore
 from .zmq_transport import ZmqTransport
 
@@ -38,9 +39,14 @@ async def serve_worker(join: str, bind: str, coordinator_timeout: float) -> str:
     endpoint = Endpoint(core, transport, loop,
                         on_exit=lambda reason: done.done() or done.set_result(reason))
     endpoint.start()
+    beats = HeartbeatThread(core, transport.ctx)
+    beats.start()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, endpoint.stop, f"signal {sig.name}")
-    return await done
+    try:
+        return await done
+    finally:
+        beats.stop()
 
 
 def main(argv=None) -> int:

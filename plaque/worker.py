@@ -22,6 +22,7 @@ import cloudpickle
 from . import wire
 from .counters import Counters
 from .graph import KEYED, ONE_TO_ONE, Topology
+from .heartbeat import HEARTBEAT_INTERVAL
 from .operator import Capability, Context
 from .progress import CAP, INPUT, SINK, ChangeBatch, ProgressTracker, interested_workers
 from .wire import CONTROL, DATA, Kind
@@ -30,7 +31,6 @@ log = logging.getLogger("plaque.worker")
 
 COORDINATOR = -1
 MAX_TUPLES_PER_MESSAGE = 8192
-HEARTBEAT_INTERVAL = 0.5
 
 
 class _LocalGraph:
@@ -96,11 +96,13 @@ class WorkerCore:
         self.graphs: dict[int, _LocalGraph] = {}
         self.peers: dict[int, str] = {}
         self._commands: list = [("connect", COORDINATOR, coordinator_address)]
+        self.coordinator_control = coordinator_address.split("|")[0]
         self._local: deque = deque()
         self._data_out: dict[int, dict[tuple, list]] = {}
         self._outputs: list = []
         self._last_heard = None
         self._last_beat = None
+        self.last_tick = None
         self.exited = False
         self._send(COORDINATOR, CONTROL, Kind.HELLO, (address, self.info))
 
@@ -482,6 +484,7 @@ class WorkerCore:
     # ---- time -----------------------------------------------------------------------------
     def tick(self, now: float) -> None:
         """Send heartbeats; give up if the coordinator has been silent too long."""
+        self.last_tick = now  # read by the heartbeat thread: the loop is alive
         if self._last_heard is None:
             self._last_heard = now
         if self.id is not None and (self._last_beat is None

@@ -370,3 +370,19 @@ def test_aligned_chains_send_no_progress_between_workers(cluster):
     w0, w1 = cluster.workers()
     assert counters[w0].get(w1, {}).get("progress_sent", 0) == 0
     assert counters[w1].get(w0, {}).get("progress_sent", 0) == 0
+
+
+class Busy(Operator):
+    """Computes (blocks its worker's event loop) for longer than the heartbeat timeout."""
+
+    def on_complete(self, ctx, t):
+        time.sleep(ctx.arg)
+        ctx.output("done")
+
+
+def test_a_busy_worker_is_not_declared_lost():
+    with plaque.local_cluster(workers=2, transport="tcp", heartbeat_timeout=2.0) as cluster:
+        g = Graph("busy")
+        g.node("busy", Busy, 2)
+        assert cluster.install(g).run(3.0).result(30).values("busy") == ["done", "done"]
+        assert len(cluster.workers()) == 2

@@ -1,0 +1,62 @@
+"""A worker's heartbeat while its event loop is busy.
+
+The event loop sends heartbeats on its ticks, but an operator that computes for longer than
+the coordinator's timeout would stop them and get a healthy worker declared lost. This thread
+steps in while the loop has not beaten for a while, on its own socket, and stops stepping in
+once the loop has been silent for ``stale_after`` seconds: a loop stuck that long is treated
+as dead, so a real hang is still detected.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import zmq
+
+from . import wire
+from .wire import Kind
+
+HEARTBEAT_INTERVAL = 0.5
+
+
+class HeartbeatThread:
+    def __init__(self, core, ctx: zmq.Context, interval: float = HEARTBEAT_INTERVAL,
+                 stale_after: float = 60.0, clock=time.monotonic):
+        self.core, self.ctx = core, ctx
+        self.interval, self.stale_after, self.clock = interval, stale_after, clock
+        self.beats = 0  # heartbeats this thread sent (the loop was busy)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="plaque-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+    def _run(self) -> None:
+        sock = None
+        try:
+            while not self._stop.wait(self.interval):
+                core = self.core
+                last = core.last_tick
+                if core.id is None or last is None or not core.coordinator_control:
+                    continue
+                if sock is None:  # connect early: the first beat must not wait for TCP
+                    sock = self.ctx.socket(zmq.PUSH)
+                    sock.setsockopt(zmq.LINGER, 0)
+                    sock.connect(core.coordinator_control)
+                silent = self.clock() - last
+                if silent < 1.5 * self.interval or silent > self.stale_after:
+                    continue  # the loop beats by itself, or it is stuck, not busy
+                try:
+                    sock.send_multipart(wire.encode(Kind.HEARTBEAT, core.id, self.clock()),
+                                        zmq.NOBLOCK)
+                    self.beats += 1
+                except zmq.Again:
+                    pass
+        finally:
+            if sock is not None:
+                sock.close(0)
