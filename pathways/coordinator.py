@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import zmq
 
 import plaque
+from plaque.zmq_transport import bind_socket
 
 from . import protocol
 from .lowering import rebuild
@@ -48,9 +49,8 @@ class Coordinator:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        base = bind if bind.startswith("tcp://") else "tcp://127.0.0.1"
-        self.sock.bind_to_random_port(base) if base.count(":") == 1 else self.sock.bind(base)
-        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.address = bind_socket(self.sock, bind if bind.startswith("tcp://")
+                                   else "tcp://127.0.0.1")
         self.cluster.listeners.append(self._on_cluster_event)
         self.cluster.call_soon(self._start_serving)
 

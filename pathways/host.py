@@ -23,7 +23,7 @@ import plaque
 from plaque.endpoint import Endpoint
 from plaque.heartbeat import HeartbeatThread
 from plaque.worker import WorkerCore
-from plaque.zmq_transport import ZmqTransport
+from plaque.zmq_transport import ZmqTransport, bind_socket
 
 from . import protocol
 from .collectives import Rendezvous
@@ -124,11 +124,7 @@ class DataService:
         self.host = host
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        if bind.startswith("tcp://") and bind.count(":") == 1:
-            self.sock.bind_to_random_port(bind)
-        else:
-            self.sock.bind(bind)
-        self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.address = bind_socket(self.sock, bind)
 
     def start(self, loop) -> None:
         self.loop = loop

@@ -14,6 +14,8 @@ import threading
 
 import zmq
 
+from plaque.zmq_transport import bind_socket
+
 from . import protocol
 
 log = logging.getLogger("pathways.ici")
@@ -24,11 +26,7 @@ class IciLink:
         self.ctx, self.rendezvous = ctx, rendezvous
         self._pull = ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
-        if bind.startswith("tcp://") and bind.count(":") == 1:
-            self._pull.bind_to_random_port(bind)
-        else:
-            self._pull.bind(bind)
-        self.address = self._pull.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.address = bind_socket(self._pull, bind)
         self.peers: dict[int, str] = {}  # worker id -> ICI address
         self._local = threading.local()
         self._sockets: list[zmq.Socket] = []

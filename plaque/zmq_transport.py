@@ -11,6 +11,7 @@ retried shortly. Large frames go out and come in without copies (``copy=False``)
 from __future__ import annotations
 
 import os
+import socket
 import tempfile
 import time
 import uuid
@@ -25,14 +26,24 @@ DRAIN_SECONDS = 0.005  # then yield, so the turn that sends what we produced can
 HWM = 100_000
 
 
-def _bind(sock, where: str) -> str:
+def bind_socket(sock, where: str) -> str:
+    """Bind ``sock`` (``tcp://HOST`` picks a free port) and return the address peers dial.
+
+    A wildcard bind (``tcp://0.0.0.0``, ``tcp://*``) is announced under this machine's name
+    (or ``$PLAQUE_ADVERTISE``), since no peer can dial a wildcard.
+    """
     if where.startswith("ipc://") and where.endswith("/"):
         where = f"{where}plaque-{uuid.uuid4().hex[:12]}"
     if where.startswith("tcp://") and where.count(":") == 1:
         sock.bind_to_random_port(where)
     else:
         sock.bind(where)
-    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    for wildcard in ("tcp://0.0.0.0:", "tcp://*:"):
+        if endpoint.startswith(wildcard):
+            name = os.environ.get("PLAQUE_ADVERTISE") or socket.getfqdn()
+            endpoint = f"tcp://{name}:{endpoint[len(wildcard):]}"
+    return endpoint
 
 
 class ZmqTransport(Transport):
@@ -50,7 +61,7 @@ class ZmqTransport(Transport):
             s = self.ctx.socket(zmq.PULL)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.RCVHWM, HWM)
-            self._pull[ch] = (s, _bind(s, bind))
+            self._pull[ch] = (s, bind_socket(s, bind))
         self.address = f"{self._pull[CONTROL][1]}|{self._pull[DATA][1]}"
         self._push: dict[tuple[int, int], zmq.Socket] = {}
         self._backlog: dict[tuple[int, int], deque] = {}

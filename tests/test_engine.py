@@ -386,3 +386,18 @@ def test_a_busy_worker_is_not_declared_lost():
         g.node("busy", Busy, 2)
         assert cluster.install(g).run(3.0).result(30).values("busy") == ["done", "done"]
         assert len(cluster.workers()) == 2
+
+
+def test_wildcard_binds_are_announced_under_a_dialable_name(monkeypatch):
+    monkeypatch.setenv("PLAQUE_ADVERTISE", "127.0.0.1")
+    cluster = plaque.Cluster("tcp://0.0.0.0")
+    try:
+        assert cluster.address.startswith("tcp://127.0.0.1:")
+        cluster.start_worker_processes(2, bind="tcp://0.0.0.0")
+        cluster.wait_for_workers(2, timeout=30)
+        for w in cluster.workers():
+            assert "0.0.0.0" not in cluster._core.workers[w].address
+        assert cluster.install(sparse_graph()).run(4).result(30).outputs["collect"] == \
+            expected_sparse(4)
+    finally:
+        cluster.close()
