@@ -220,7 +220,8 @@ class Client:
                 raise ProgramError(f"argument {i} belongs to another client")
             if a._deleted:
                 raise ProgramError(f"argument {i} was deleted")
-        placements = tuple(Placement(a.mesh.devices, a.spec) for a in arrays)
+        placements = tuple(Placement(a.mesh.devices, tuple(a.spec), a.mesh.shape,
+                                     a.mesh.axis_names) for a in arrays)
         pid, out_places = self._install(program, placements)
         run_id = next(self._run_ids)
         status: cf.Future = cf.Future()
@@ -255,7 +256,7 @@ class Client:
         blob = ship([n.factory for n in lowered.graph.nodes], [e.fn.body for e in program.eqns])
         nodes, edges = skeleton(lowered.graph)
         self._send(self.address, ("install", pid, nodes, edges, blob, lowered.gangs,
-                                  lowered.island))
+                                  lowered.islands))
         self._lowered[key] = (program, pid, out_places)  # keeps program alive: id() stays valid
         return pid, out_places
 

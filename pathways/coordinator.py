@@ -31,7 +31,7 @@ log = logging.getLogger("pathways.coordinator")
 class _Program:
     client: int
     gangs: list
-    island: int | None
+    islands: list  # island of each gang
     gid: int | None = None
     error: Exception | None = None
     waiting: list = field(default_factory=list)  # runs that arrived before the install ended
@@ -149,9 +149,9 @@ class Coordinator:
                                             "clients": sorted(self.clients),
                                             "resources": self.rm.snapshot()}))
 
-    def _req_install(self, ident, pid, nodes, edges, blob, gangs, island):
+    def _req_install(self, ident, pid, nodes, edges, blob, gangs, islands):
         client = pid[0]
-        prog = self.programs[pid] = _Program(client, [tuple(g) for g in gangs], island)
+        prog = self.programs[pid] = _Program(client, [tuple(g) for g in gangs], list(islands))
 
         def installed(gid, error):
             prog.gid, prog.error = gid, error
@@ -178,10 +178,14 @@ class Coordinator:
         if prog.error is not None:
             self._reply(ident, ("run_failed", run_id, prog.error))
             return
-        sched = self.schedulers.setdefault(prog.island, IslandScheduler(prog.island))
-        gangs = [Gang((pid, run_id, e), prog.client, devs) for e, devs in enumerate(prog.gangs)]
-        released = sched.submit(gangs)
-        seqs = {gang_id[2]: dict(s) for gang_id, s in released}
+        # each island's scheduler orders that island's gangs of the run, back to back
+        per_island: dict[int, list] = {}
+        for e, (devs, island) in enumerate(zip(prog.gangs, prog.islands)):
+            per_island.setdefault(island, []).append(Gang((pid, run_id, e), prog.client, devs))
+        seqs = {}
+        for island, gangs in per_island.items():
+            sched = self.schedulers.setdefault(island, IslandScheduler(island))
+            seqs.update({gang_id[2]: dict(s) for gang_id, s in sched.submit(gangs)})
         arg = dataclasses.replace(arg, seqs=seqs)
 
         def done(result, error):

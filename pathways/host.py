@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 
 import zmq
@@ -49,6 +50,8 @@ class Host:
         self.loop = None
         self.started = time.monotonic()
         self.ici = None  # IciLink, set when serving
+        self._uses: dict = {}  # buffer key -> users done with it so far
+        self._uses_lock = threading.Lock()
 
     # ---- devices and kernels (called from the loop or device threads) ---------------------
     def enqueue(self, device: int, seq: int, kernel) -> None:
@@ -72,6 +75,16 @@ class Host:
         msg = ("abort_gang", gang_key, reason)
         for w in workers:
             self.core.call_soon(lambda w=w: self.core.send_user(w, msg))
+
+    def release(self, key, uses: int) -> None:
+        """One user of ``key`` is done with it; the last of ``uses`` users frees it."""
+        with self._uses_lock:
+            n = self._uses.get(key, 0) + 1
+            if n < uses:
+                self._uses[key] = n
+                return
+            self._uses.pop(key, None)
+        self.store.delete(key)
 
     def wait_buffer(self, key, timeout):
         return self.store.get(key, timeout)

@@ -14,6 +14,8 @@ import logging
 import traceback
 from dataclasses import dataclass
 
+import numpy as np
+
 import plaque
 
 from . import cost as cost_model
@@ -27,19 +29,46 @@ INPUT_TIMEOUT = 600.0  # a kernel waits this long for an input buffer before fai
 
 
 @dataclass(frozen=True)
+class Incoming:
+    """An input that arrives by transfer: its shard shape and how many pieces each shard gets."""
+
+    var: int
+    shape: tuple[int, ...]
+    dtype: object
+    expect: tuple[int, ...]  # pieces per destination shard
+
+
+@dataclass(frozen=True)
 class KernelSpec:
     index: int  # equation index in its program
     fn: CompiledFunction
     inputs: tuple[int, ...]  # var ids
     outputs: tuple[int, ...]
     in_avals: tuple[Aval, ...]
-    frees: tuple[int, ...]  # intermediate var ids whose last use is this equation
+    releases: tuple[tuple[int, int], ...]  # (intermediate var, its users here) used in place
+    incoming: dict  # input index -> Incoming, for inputs that arrive by transfer
+
+
+@dataclass(frozen=True)
+class SendSpec:
+    var: int
+    consumer: int  # equation index
+    port: int  # the consumer's input index
+    devices: tuple[int, ...]  # where the value lives, per source shard
+    pieces: tuple  # per source shard: (dst shard, src slices, dst slices, link) ...
+    uses: int  # users of the value where it lives (0: a program input or output, kept)
+
+
+def transfer_key(arg, consumer: int, port: int, device: int):
+    """Where a consumer shard assembles an input that arrives by transfer."""
+    return (("xfer", arg.client, arg.run_id, consumer, port), device)
 
 
 class KernelOp(plaque.Operator):
     def __init__(self, spec: KernelSpec):
         self.spec = spec
         self.caps: dict = {}
+        self.assembling: dict = {}  # (t, input index) -> [buffer, pieces still expected]
 
     def on_start(self, ctx, t):
         self.caps[t] = ctx.hold()
@@ -49,6 +78,34 @@ class KernelOp(plaque.Operator):
     def on_complete(self, ctx, t):
         if ctx.arg.mode == "sequential":
             self._enqueue(ctx, t)
+
+    def on_input(self, ctx, t, port, piece):
+        """A piece of an input that arrives by transfer; put the input once it is whole."""
+        inc = self.spec.incoming[port]
+        host, arg = ctx.services["host"], ctx.arg
+        device = self.spec.fn.mesh.devices[ctx.shard]
+        key = transfer_key(arg, self.spec.index, port, device)
+        if piece[0] == "fail":
+            host.store.fail(key, RemoteError(piece[1]), (arg.client, arg.run_id))
+            return
+        _, dst_slices, block, link = piece
+        state = self.assembling.get((t, port))
+        if state is None:
+            state = self.assembling[(t, port)] = [np.empty(inc.shape, inc.dtype),
+                                                  inc.expect[ctx.shard]]
+
+        def place():
+            state[0][dst_slices] = block
+            state[1] -= 1
+            if not state[1]:
+                del self.assembling[(t, port)]
+                host.store.put(key, state[0], (arg.client, arg.run_id))
+
+        delay = _link_time(link, block.nbytes)
+        if delay > 0:
+            host.loop.call_later(delay, place)  # the modelled link time of this piece
+        else:
+            place()
 
     def _enqueue(self, ctx, t):
         cap = self.caps.pop(t)
@@ -74,8 +131,13 @@ class Kernel:
     def key(self, var_id):
         return (self.arg.array_id(var_id), self.device_id)
 
+    def input_keys(self):
+        return [transfer_key(self.arg, self.spec.index, i, self.device_id)
+                if i in self.spec.incoming else self.key(v)
+                for i, v in enumerate(self.spec.inputs)]
+
     def execute(self, device) -> float:
-        shards = [self.host.wait_buffer(self.key(v), INPUT_TIMEOUT) for v in self.spec.inputs]
+        shards = [self.host.wait_buffer(k, INPUT_TIMEOUT) for k in self.input_keys()]
         fn = self.spec.fn
         m = fn.mesh
         env = LocalEnv(m.shape, m.axis_names, self.shard, dict(enumerate(m.devices)),
@@ -93,10 +155,16 @@ class Kernel:
         store = self.host.store
         for v, o in zip(self.spec.outputs, self._outputs):
             store.put(self.key(v), o, self.owner)
-        for v in self.spec.frees:
-            store.delete(self.key(v))
+        self._release_inputs()
         self._outputs = None
         self.cap.post(lambda c: c.release())
+
+    def _release_inputs(self):
+        store = self.host.store
+        for i in self.spec.incoming:
+            store.delete(transfer_key(self.arg, self.spec.index, i, self.device_id))
+        for v, uses in self.spec.releases:
+            self.host.release(self.key(v), uses)
 
     def on_error(self, exc):
         err = exc if isinstance(exc, RemoteError) else RemoteError(
@@ -107,6 +175,7 @@ class Kernel:
                 self.host.store.fail(self.key(v), err)
             except Exception:
                 log.exception("could not poison output %s", self.key(v))
+        self._release_inputs()
         gang = (self.arg.client, self.arg.run_id, self.spec.index)
         self.host.abort_gang(gang, self.spec.fn.mesh.devices, f"{self.name} failed on device"
                              f" {self.device_id}: {exc!r}")
@@ -115,3 +184,42 @@ class Kernel:
             raise err
 
         self.cap.post(fail)
+
+
+def _link_time(link: str, nbytes: int) -> float:
+    if link == "dcn":
+        return cost_model.transfer_time(nbytes, cost_model.DCN)
+    if link == "ici":
+        return cost_model.transfer_time(nbytes, cost_model.ICI)
+    return 0.0
+
+
+class SendOp(plaque.Operator):
+    """The shards of a value that must move: once a shard's buffer is ready, emit to each
+    consumer shard the block it needs (over a KEYED edge), then let the buffer go."""
+
+    def __init__(self, spec: SendSpec):
+        self.spec = spec
+
+    def on_start(self, ctx, t):
+        cap = ctx.hold()
+        host, arg, shard = ctx.services["host"], ctx.arg, ctx.shard
+        key = (arg.array_id(self.spec.var), self.spec.devices[shard])
+        host.store.add_done_callback(key, lambda _k: cap.post(
+            lambda c: self._send(c, host, key, shard)))
+
+    def _send(self, cap, host, key, shard):
+        pieces = self.spec.pieces[shard]
+        try:
+            value = host.store.get(key, 0)
+        except Exception as exc:
+            for dst, *_ in pieces:  # consumers must fail, not wait for pieces forever
+                cap.emit(("fail", f"input of a transfer failed: {exc!r}"), shard=dst)
+        else:
+            for dst, src_slices, dst_slices, link in pieces:
+                cap.emit(("piece", dst_slices, np.ascontiguousarray(value[src_slices]), link),
+                         shard=dst)
+        if self.spec.uses:
+            host.release(key, self.spec.uses)
+        cap.release()
+

@@ -7,8 +7,10 @@ tracking can tell a consumer shard when its producers are done (sequential dispa
 run is over when every kernel has finished. The graph is installed once; each run is a
 timestamp whose argument (``RunArg``) names the buffers and the gang sequence numbers.
 
-For now every value must stay on the mesh and spec it was produced with: a consumer with a
-different placement is refused with a clear error (resharding transfers are the next step).
+A value consumed on other devices or with another spec than where it lives gets a transfer:
+a Send node on the devices that hold it, whose shards emit, over a KEYED edge, exactly the
+blocks each consumer shard needs (``resharding.plan``); the consumer assembles them into a
+transfer buffer its kernel waits on. Transfers between islands are charged DCN time.
 """
 
 from __future__ import annotations
@@ -18,16 +20,25 @@ from dataclasses import dataclass
 
 import plaque
 
+from . import resharding
 from .errors import ProgramError
 from .ir import Program
-from .kernel import KernelOp, KernelSpec
-from .sharding import normalize_spec
+from .kernel import Incoming, KernelOp, KernelSpec, SendOp, SendSpec
+from .sharding import normalize_spec, shard_shape
 
 
 @dataclass(frozen=True)
 class Placement:
+    """Where a value lives: the mesh (devices, shape, axis names) and its partition spec."""
+
     devices: tuple[int, ...]
     spec: tuple
+    shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+
+    @property
+    def mesh(self):
+        return self.shape, self.axis_names
 
     def __str__(self):
         return f"devices {list(self.devices)} spec {self.spec}"
@@ -83,63 +94,112 @@ class LoweredProgram:
     graph: plaque.Graph
     gangs: list[tuple[int, ...]]  # devices of each equation, in equation order
     hosts: list[int]  # worker ids involved
-    island: int | None
+    islands: list[int]  # island of each gang
 
 
 def placement_of(fn, spec, ndim) -> Placement:
     m = fn.mesh
-    return Placement(m.devices, tuple(normalize_spec(spec, ndim, m.axis_names)))
+    return Placement(m.devices, tuple(normalize_spec(spec, ndim, m.axis_names)), m.shape,
+                     m.axis_names)
 
 
 def lower(program: Program, input_placements: list[Placement], worker_of: dict[int, int],
           island_of: dict[int, int]) -> LoweredProgram:
-    """Place every equation; check that every value is consumed where it lives."""
+    """Place every equation; insert a transfer wherever a value is consumed elsewhere."""
     where: dict[int, Placement] = {v.id: p for v, p in zip(program.inputs, input_placements)}
-    last_use: dict[int, int] = {}
+    uses: dict[int, int] = {}  # users of each value where it lives (kernels and transfers)
+    transfers: dict[tuple[int, int], Placement] = {}  # (eqn, input index) -> where it must go
     for e, eqn in enumerate(program.eqns):
         specs = eqn.fn.arg_specs(len(eqn.inputs))
         for i, (v, spec) in enumerate(zip(eqn.inputs, specs)):
             need = placement_of(eqn.fn, spec, len(v.aval.shape))
-            have = where[v.id]
-            if have != need:
-                raise ProgramError(
-                    f"{eqn.fn.name}: argument {i} lives on {have} but the call needs {need};"
-                    " moving data between slices or specs (resharding) is not supported yet")
-            last_use[v.id] = e
+            if where[v.id] != need:
+                transfers[(e, i)] = need
+            uses[v.id] = uses.get(v.id, 0) + 1
         for v, spec in zip(eqn.outputs, eqn.fn.out_specs):
             where[v.id] = placement_of(eqn.fn, spec, len(v.aval.shape))
     keep = {v.id for v in program.outputs} | {v.id for v in program.inputs}
-    islands = {island_of[d] for eqn in program.eqns for d in eqn.fn.mesh.devices}
-    if len(islands) > 1:
-        raise ProgramError(f"program {program.name} spans islands {sorted(islands)}; programs"
-                           " across islands are not supported yet")
-    return _build_graph(program, worker_of, last_use, keep, islands.pop() if islands else None)
+    builder = _Builder(program, worker_of, island_of, where, uses, keep, transfers)
+    return builder.build()
 
 
-def _build_graph(program, worker_of, last_use, keep, island) -> LoweredProgram:
-    g = plaque.Graph(program.name)
-    nodes, producer = [], {}
-    for e, eqn in enumerate(program.eqns):
-        frees = tuple(v.id for v in eqn.inputs if last_use.get(v.id) == e and v.id not in keep)
-        spec = KernelSpec(e, eqn.fn, tuple(v.id for v in eqn.inputs),
-                          tuple(v.id for v in eqn.outputs),
-                          tuple(v.aval for v in eqn.inputs), frees)
-        devices = eqn.fn.mesh.devices
+class _Builder:
+    def __init__(self, program, worker_of, island_of, where, uses, keep, transfers):
+        self.program, self.worker_of, self.island_of = program, worker_of, island_of
+        self.where, self.uses, self.keep, self.transfers = where, uses, keep, transfers
+        self.graph = plaque.Graph(program.name)
+        self.kernel_nodes: list = []
+        self.producer: dict[int, int] = {}
+
+    def hosts(self, devices, what):
         try:
-            hosts = [worker_of[d] for d in devices]
+            return [self.worker_of[d] for d in devices]
         except KeyError as exc:
-            raise ProgramError(f"device {exc.args[0]} of {eqn.fn.name} is not known to be on"
-                               " a live host") from None
-        node = g.node(f"{e}:{eqn.fn.name}", functools.partial(KernelOp, spec), len(devices),
-                      placement=hosts)
-        for v in eqn.inputs:
-            if v.id in producer:
-                src = producer[v.id]
-                same = program.eqns[src].fn.mesh.devices == devices
-                if not any(ed.src == nodes[src].index and ed.dst == node.index for ed in g.edges):
-                    g.edge(nodes[src], node, plaque.ONE_TO_ONE if same else plaque.BROADCAST)
+            raise ProgramError(f"device {exc.args[0]} of {what} is not known to be on a live"
+                               " host") from None
+
+    def build(self) -> LoweredProgram:
+        for e, eqn in enumerate(self.program.eqns):
+            self._kernel(e, eqn)
+        g = self.graph
+        hosts = sorted({w for n in g.nodes for w in n.placement})
+        gangs = [e.fn.mesh.devices for e in self.program.eqns]
+        islands = [self.island_of[d[0]] for d in gangs]
+        return LoweredProgram(self.program, g, gangs, hosts, islands)
+
+    def _kernel(self, e, eqn):
+        g, fn = self.graph, eqn.fn
+        incoming, releases = {}, []
+        for i, v in enumerate(eqn.inputs):
+            if (e, i) in self.transfers:
+                incoming[i] = self._incoming(e, i, v)
+            elif v.id not in self.keep:
+                releases.append((v.id, self.uses[v.id]))
+        spec = KernelSpec(e, fn, tuple(v.id for v in eqn.inputs), tuple(v.id for v in eqn.outputs),
+                          tuple(v.aval for v in eqn.inputs), tuple(releases), incoming)
+        node = g.node(f"{e}:{fn.name}", functools.partial(KernelOp, spec), fn.mesh.size,
+                      placement=self.hosts(fn.mesh.devices, fn.name))
+        for i, v in enumerate(eqn.inputs):
+            if (e, i) in self.transfers:
+                self._send(e, i, v, node)
+            elif v.id in self.producer:
+                self._edge(self.kernel_nodes[self.producer[v.id]], node)
         for v in eqn.outputs:
-            producer[v.id] = e
-        nodes.append(node)
-    hosts = sorted({w for n in g.nodes for w in n.placement})
-    return LoweredProgram(program, g, [e.fn.mesh.devices for e in program.eqns], hosts, island)
+            self.producer[v.id] = e
+        self.kernel_nodes.append(node)
+
+    def _edge(self, src, dst, routing=None):
+        g = self.graph
+        if routing is None:
+            same = src.placement == dst.placement and src.shards == dst.shards
+            routing = plaque.ONE_TO_ONE if same else plaque.BROADCAST
+        if not any(ed.src == src.index and ed.dst == dst.index for ed in g.edges):
+            g.edge(src, dst, routing)
+
+    def _incoming(self, e, i, v) -> Incoming:
+        need = self.transfers[(e, i)]
+        m = self.program.eqns[e].fn.mesh
+        have = self.where[v.id]
+        pieces = resharding.plan(v.aval.shape, have.mesh, have.spec, need.mesh, need.spec)
+        expect = [0] * m.size
+        for p in pieces:
+            expect[p.dst] += 1
+        shape = shard_shape(v.aval.shape, m.shape, m.axis_names, need.spec)
+        return Incoming(v.id, shape, v.aval.dtype, tuple(expect))
+
+    def _send(self, e, i, v, consumer):
+        have, need = self.where[v.id], self.transfers[(e, i)]
+        m = self.program.eqns[e].fn.mesh
+        per_src: list[list] = [[] for _ in have.devices]
+        for p in resharding.plan(v.aval.shape, have.mesh, have.spec, need.mesh, need.spec):
+            a, b = have.devices[p.src], m.devices[p.dst]
+            link = ("local" if self.worker_of[a] == self.worker_of[b] else
+                    "ici" if self.island_of[a] == self.island_of[b] else "dcn")
+            per_src[p.src].append((p.dst, p.src_slices, p.dst_slices, link))
+        spec = SendSpec(v.id, e, i, have.devices, tuple(map(tuple, per_src)),
+                        0 if v.id in self.keep else self.uses[v.id])
+        node = self.graph.node(f"{e}:send{i}:v{v.id}", functools.partial(SendOp, spec),
+                               len(have.devices), placement=self.hosts(have.devices, "a send"))
+        if v.id in self.producer:
+            self._edge(self.kernel_nodes[self.producer[v.id]], node)
+        self.graph.edge(node, consumer, plaque.KEYED, dst_port=i)
