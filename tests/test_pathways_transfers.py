@@ -121,3 +121,24 @@ def test_random_reshards_match_the_reference(client, case):
     x0 = np.arange(8.0 * 8).reshape(8, 8)
     np.testing.assert_allclose(prog(client.put(x0, src, src_spec)).result(60),
                                pw.reference(prog)(x0))
+
+
+def test_both_dispatch_modes_agree_across_slices(pw_cluster):
+    results = {}
+    for mode in ("parallel", "sequential"):
+        with pw.connect(pw_cluster.address, dispatch=mode) as c:
+            a = c.mesh((2,), ("p",))
+            b = c.mesh((4,), ("q",))
+            f = pw.shard_map(lambda v: pw.psum(v, "p") + 1.0, a, P("p"), P("p"))
+            g = pw.shard_map(lambda v: v * (1 + pw.axis_index("q")), b, P("q"), P("q"))
+
+            @pw.program
+            def prog(v):
+                for _ in range(4):
+                    v = f(g(v))
+                return v
+
+            x0 = np.arange(8.0)
+            results[mode] = prog(c.put(x0, a, P("p"))).result(60)
+            np.testing.assert_allclose(results[mode], pw.reference(prog)(x0))
+    np.testing.assert_array_equal(results["parallel"], results["sequential"])
