@@ -307,11 +307,19 @@ class EmulatedDevice:
 
     def _run(self, seq: int, kernel) -> KernelRecord:
         """Execute one kernel, occupy the device for its modelled time, and record it."""
-        begin = self._clock()
         error: BaseException | None = None
         modelled = 0.0
+        prepare = getattr(kernel, "prepare", None)
         try:
-            modelled = check_seconds(kernel.execute(self), f"duration returned by {kernel!r}")
+            if prepare is not None:
+                prepare(self)  # e.g. wait for inputs: the device waits, it does not compute
+        except Exception as exc:
+            error = exc
+        begin = self._clock()
+        try:
+            if error is None:
+                modelled = check_seconds(kernel.execute(self),
+                                         f"duration returned by {kernel!r}")
         except Exception as exc:
             error = exc
         # Never start before the previous kernel's modelled end: see MIN_SLEEP.

@@ -68,7 +68,7 @@ class LazyFactory:
 def skeleton(graph: plaque.Graph) -> tuple[list, list]:
     """The graph's shape without its code: nodes (name, shards, worker ids) and edges."""
     nodes = [(n.name, n.shards, n.placement) for n in graph.nodes]
-    edges = [(e.src, e.dst, e.routing.value) for e in graph.edges]
+    edges = [(e.src, e.dst, e.routing.value, e.src_port, e.dst_port) for e in graph.edges]
     return nodes, edges
 
 
@@ -83,8 +83,8 @@ def rebuild(nodes, edges, blob: bytes, live_workers: list[int]) -> plaque.Graph:
         except KeyError as exc:
             raise ProgramError(f"host {exc.args[0]} is not live") from None
         made.append(g.node(name, LazyFactory(blob, i), shards, placement=where))
-    for src, dst, routing in edges:
-        g.edge(made[src], made[dst], plaque.Routing(routing))
+    for src, dst, routing, src_port, dst_port in edges:
+        g.edge(made[src], made[dst], plaque.Routing(routing), src_port, dst_port)
     return g
 
 

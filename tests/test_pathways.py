@@ -229,3 +229,16 @@ def test_modelled_cost_occupies_the_devices(client):
     by_shape = pw.shard_map(lambda v: v * 2, mesh, P("data"), P("data"),
                             cost=lambda in_shapes: shapes.append(in_shapes) or 0.001)
     assert by_shape(client.put(np.ones((4, 2)), mesh, P("data"))).result(30).sum() == 16
+
+
+def test_helpers_reached_through_closures_and_partials_are_shipped(client):
+    import functools
+
+    import helper_module_for_ship as helper
+
+    mesh = client.mesh((2,), ("d",))
+    via_lambda = pw.shard_map(lambda v: helper.triple(v) + 1, mesh, P("d"), P("d"))
+    via_partial = pw.shard_map(functools.partial(np.multiply, 2.0), mesh, P("d"), P("d"))
+    x = client.put(np.arange(4.0), mesh, P("d"))
+    np.testing.assert_array_equal(via_lambda(x).result(30), np.arange(4.0) * 3 + 1)
+    np.testing.assert_array_equal(via_partial(x).result(30), np.arange(4.0) * 2)

@@ -133,7 +133,7 @@ def test_both_dispatch_modes_agree_across_slices(pw_cluster):
             g = pw.shard_map(lambda v: v * (1 + pw.axis_index("q")), b, P("q"), P("q"))
 
             @pw.program
-            def prog(v):
+            def prog(v, f=f, g=g):
                 for _ in range(4):
                     v = f(g(v))
                 return v
@@ -142,3 +142,17 @@ def test_both_dispatch_modes_agree_across_slices(pw_cluster):
             results[mode] = prog(c.put(x0, a, P("p"))).result(60)
             np.testing.assert_allclose(results[mode], pw.reference(prog)(x0))
     np.testing.assert_array_equal(results["parallel"], results["sequential"])
+
+
+def test_a_moved_value_may_be_any_argument(client):
+    a, b = client.mesh((1,), ("p",)), client.mesh((1,), ("q",))
+    f = pw.shard_map(lambda v: v + 1, a, P(), P())
+    g = pw.shard_map(lambda w, v: w * 10 + v, b, (P(), P()), P())
+
+    @pw.program
+    def prog(w, v):
+        return g(w, f(v))  # the moved value is argument 1
+
+    w0, v0 = np.ones(2), np.arange(2.0)
+    out = prog(client.put(w0, b, P()), client.put(v0, a, P()))
+    np.testing.assert_array_equal(out.result(30), w0 * 10 + v0 + 1)
