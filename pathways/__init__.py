@@ -26,13 +26,15 @@ from .errors import (
     ShardingError,
 )
 from .mesh import Mesh
+from .pipeline import Pipeline, Stage
 from .sharding import P
 from .tracer import program, reference
 
 __all__ = [
     "Array", "Client", "ClientClosed", "CollectiveTimeout", "CompiledFunction",
     "DeviceOutOfMemory", "DeviceSpec", "HostLost", "Mesh", "P", "PathwaysError",
-    "ProgramError", "RemoteError", "ResourceError", "ShardingError", "all_gather",
+    "Pipeline", "ProgramError", "RemoteError", "ResourceError", "ShardingError", "Stage",
+    "all_gather",
     "all_to_all", "axis_index", "connect", "local_cluster", "pmean", "ppermute", "program",
     "psum", "reference", "shard_map",
 ]

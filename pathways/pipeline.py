@@ -29,13 +29,10 @@ be any nest of tuples, lists and dicts of arrays.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
-from plaque.coordinator import ship
 
 from . import collectives
 from .compiled import Aval, shard_map
@@ -198,18 +195,6 @@ def _loss_body(loss):
     return pipeline_loss
 
 
-def _ship_by_value(*fns) -> None:
-    """Let the hosts unpickle the user's functions. The runtime ships code from modules hosts
-    cannot import (scripts, tests) by value, but finds those modules from the kernel bodies
-    only, and our bodies are closures of this module around the user's functions."""
-    def unwrap(f):
-        while isinstance(f, functools.partial):
-            f = f.func
-        return f
-
-    ship(None, [unwrap(f) for f in fns])
-
-
 def _chunks(flat, sizes) -> list[tuple]:
     """``flat`` cut into consecutive tuples of ``sizes``."""
     out, i = [], 0
@@ -253,7 +238,6 @@ class Pipeline:
         islands = list(island) if isinstance(island, (list, tuple)) else [island] * len(stages)
         if len(islands) != len(stages):
             raise ValueError(f"{len(islands)} islands given for {len(stages)} stages")
-        _ship_by_value(loss, *(f for s in stages for f in (s.forward, s.backward)))
         self.client, self.stages, self.loss = client, stages, loss
         self.microbatches, self.devices_per_stage = int(microbatches), int(devices_per_stage)
         self.lr, self.schedule = float(lr), schedule
