@@ -95,11 +95,17 @@ class KernelOp(plaque.Operator):
                                                   inc.expect[ctx.shard]]
 
         def place():
-            state[0][dst_slices] = block
-            state[1] -= 1
-            if not state[1]:
-                del self.assembling[(t, port)]
-                host.store.put(key, state[0], (arg.client, arg.run_id))
+            try:
+                state[0][dst_slices] = block
+                state[1] -= 1
+                if not state[1]:
+                    del self.assembling[(t, port)]
+                    host.store.put(key, state[0], (arg.client, arg.run_id))
+            except Exception as exc:  # never leave the consumer waiting for its input
+                self.assembling.pop((t, port), None)
+                log.exception("assembling a transferred input failed")
+                host.store.fail(key, RemoteError(f"transfer into {key} failed: {exc!r}"),
+                                (arg.client, arg.run_id))
 
         delay = _link_time(link, block.nbytes)
         if delay > 0:
@@ -222,8 +228,10 @@ class SendOp(plaque.Operator):
                 cap.emit(("fail", f"input of a transfer failed: {exc!r}"), shard=dst)
         else:
             for dst, src_slices, dst_slices, link in pieces:
-                cap.emit(("piece", dst_slices, np.ascontiguousarray(value[src_slices]), link),
-                         shard=dst)
+                block = np.asarray(value[src_slices])  # stays 0-d for a scalar
+                if not block.flags.c_contiguous:
+                    block = block.copy()
+                cap.emit(("piece", dst_slices, block, link), shard=dst)
         if self.spec.uses:
             host.release(key, self.spec.uses)
         cap.release()

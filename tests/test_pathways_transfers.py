@@ -156,3 +156,15 @@ def test_a_moved_value_may_be_any_argument(client):
     w0, v0 = np.ones(2), np.arange(2.0)
     out = prog(client.put(w0, b, P()), client.put(v0, a, P()))
     np.testing.assert_array_equal(out.result(30), w0 * 10 + v0 + 1)
+
+
+def test_a_scalar_moves_between_hosts(client):
+    a, b = client.mesh((1,), ("p",)), client.mesh((1,), ("q",))
+    f = pw.shard_map(lambda v: v + 1, a, P(), P())
+    g = pw.shard_map(lambda v: v * 2, b, P(), P())
+
+    @pw.program
+    def prog(v):
+        return g(f(v))
+
+    assert prog(client.put(np.zeros(()), a, P())).result(30) == 2.0
