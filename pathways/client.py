@@ -246,7 +246,7 @@ class Client:
             return hit[1], hit[2]
         worker_of = {d: info["host"] for d, info in self._device_info.items()}
         island_of = {d: info["island"] for d, info in self._device_info.items()}
-        lowered = lower(program, list(placements), worker_of, island_of)
+        lowered = lower(program, list(placements), worker_of, island_of, self.dispatch)
         out_places = {}
         for eqn in program.eqns:
             for v, spec in zip(eqn.outputs, eqn.fn.out_specs):

@@ -211,9 +211,19 @@ class SendOp(plaque.Operator):
 
     def __init__(self, spec: SendSpec):
         self.spec = spec
+        self.caps: dict = {}
 
     def on_start(self, ctx, t):
-        cap = ctx.hold()
+        self.caps[t] = ctx.hold()
+        if ctx.arg.mode != "sequential":
+            self._when_ready(ctx, t)
+
+    def on_complete(self, ctx, t):
+        if ctx.arg.mode == "sequential":  # host work waits until the producer is done
+            self._when_ready(ctx, t)
+
+    def _when_ready(self, ctx, t):
+        cap = self.caps.pop(t)
         host, arg, shard = ctx.services["host"], ctx.arg, ctx.shard
         key = (arg.array_id(self.spec.var), self.spec.devices[shard])
         host.store.add_done_callback(key, lambda _k: cap.post(

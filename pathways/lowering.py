@@ -67,7 +67,7 @@ class LazyFactory:
 
 def skeleton(graph: plaque.Graph) -> tuple[list, list]:
     """The graph's shape without its code: nodes (name, shards, worker ids) and edges."""
-    nodes = [(n.name, n.shards, n.placement) for n in graph.nodes]
+    nodes = [(n.name, n.shards, n.placement, n.notify) for n in graph.nodes]
     edges = [(e.src, e.dst, e.routing.value, e.src_port, e.dst_port) for e in graph.edges]
     return nodes, edges
 
@@ -77,12 +77,12 @@ def rebuild(nodes, edges, blob: bytes, live_workers: list[int]) -> plaque.Graph:
     index = {w: i for i, w in enumerate(live_workers)}
     g = plaque.Graph()
     made = []
-    for i, (name, shards, placement) in enumerate(nodes):
+    for i, (name, shards, placement, notify) in enumerate(nodes):
         try:
             where = [index[w] for w in placement]
         except KeyError as exc:
             raise ProgramError(f"host {exc.args[0]} is not live") from None
-        made.append(g.node(name, LazyFactory(blob, i), shards, placement=where))
+        made.append(g.node(name, LazyFactory(blob, i), shards, placement=where, notify=notify))
     for src, dst, routing, src_port, dst_port in edges:
         g.edge(made[src], made[dst], plaque.Routing(routing), src_port, dst_port)
     return g
@@ -104,8 +104,13 @@ def placement_of(fn, spec, ndim) -> Placement:
 
 
 def lower(program: Program, input_placements: list[Placement], worker_of: dict[int, int],
-          island_of: dict[int, int]) -> LoweredProgram:
-    """Place every equation; insert a transfer wherever a value is consumed elsewhere."""
+          island_of: dict[int, int], dispatch: str = "parallel") -> LoweredProgram:
+    """Place every equation; insert a transfer wherever a value is consumed elsewhere.
+
+    With parallel dispatch no node waits for "complete" notifications (kernels are enqueued
+    at run start, transfers leave when their buffer is ready), so hosts exchange no progress
+    updates during a run; sequential dispatch is built on them.
+    """
     where: dict[int, Placement] = {v.id: p for v, p in zip(program.inputs, input_placements)}
     uses: dict[int, int] = {}  # users of each value where it lives (kernels and transfers)
     transfers: dict[tuple[int, int], Placement] = {}  # (eqn, input index) -> where it must go
@@ -120,6 +125,7 @@ def lower(program: Program, input_placements: list[Placement], worker_of: dict[i
             where[v.id] = placement_of(eqn.fn, spec, len(v.aval.shape))
     keep = {v.id for v in program.outputs} | {v.id for v in program.inputs}
     builder = _Builder(program, worker_of, island_of, where, uses, keep, transfers)
+    builder.notify = dispatch == "sequential"
     return builder.build()
 
 
@@ -158,7 +164,7 @@ class _Builder:
         spec = KernelSpec(e, fn, tuple(v.id for v in eqn.inputs), tuple(v.id for v in eqn.outputs),
                           tuple(v.aval for v in eqn.inputs), tuple(releases), incoming)
         node = g.node(f"{e}:{fn.name}", functools.partial(KernelOp, spec), fn.mesh.size,
-                      placement=self.hosts(fn.mesh.devices, fn.name))
+                      placement=self.hosts(fn.mesh.devices, fn.name), notify=self.notify)
         for i, v in enumerate(eqn.inputs):
             if (e, i) in self.transfers:
                 self._send(e, i, v, node)
@@ -199,7 +205,8 @@ class _Builder:
         spec = SendSpec(v.id, e, i, have.devices, tuple(map(tuple, per_src)),
                         0 if v.id in self.keep else self.uses[v.id])
         node = self.graph.node(f"{e}:send{i}:v{v.id}", functools.partial(SendOp, spec),
-                               len(have.devices), placement=self.hosts(have.devices, "a send"))
+                               len(have.devices), placement=self.hosts(have.devices, "a send"),
+                               notify=self.notify)
         if v.id in self.producer:
             self._edge(self.kernel_nodes[self.producer[v.id]], node)
         self.graph.edge(node, consumer, plaque.KEYED, dst_port=i)

@@ -41,6 +41,7 @@ class Node:
     factory: Callable[[], Any]
     shards: int
     placement: tuple[int, ...] | None = None  # worker index per shard; None = round robin
+    notify: bool = True  # False: on_complete is never called, the shard never waits for it
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,13 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
 
-    def node(self, name, factory, shards=1, placement=None) -> Node:
-        """Add a sharded operator; ``placement`` optionally gives the worker of each shard."""
+    def node(self, name, factory, shards=1, placement=None, notify=True) -> Node:
+        """Add a sharded operator; ``placement`` optionally gives the worker of each shard.
+
+        ``notify=False`` says the operator needs no "complete for t" notifications: its
+        capability is dropped as soon as ``on_start`` returns (or a held capability is
+        released), and no worker needs progress updates on its behalf.
+        """
         if not callable(factory):
             raise GraphError(f"node {name!r}: operator factory {factory!r} is not callable")
         if not isinstance(shards, int) or shards < 1:
@@ -81,7 +87,7 @@ class Graph:
                     f"node {name!r}: placement needs {shards} non-negative worker indices,"
                     f" got {placement!r}"
                 )
-        node = Node(len(self.nodes), name, factory, shards, placement)
+        node = Node(len(self.nodes), name, factory, shards, placement, bool(notify))
         self.nodes.append(node)
         return node
 

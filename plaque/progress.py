@@ -171,28 +171,32 @@ class ProgressTracker:
         return sorted(self._nonzero, key=lambda t: (str(type(t)), t))
 
 
-def interested_workers(topology: Topology, placement) -> dict[tuple[int, int], frozenset]:
+def interested_workers(topology: Topology, placement, notify=None) -> dict:
     """For each operator shard, the workers whose completion tests can depend on it.
 
     A pointstamp at (node, shard) matters to the worker hosting that shard (its own input)
-    and to every worker hosting a shard it can reach. A worker keeps and receives only the
-    pointstamps that matter to it: if one matters, so does every pointstamp that can cause
-    it (whatever reaches a cause's effect reaches the cause's worker too), so the Naiad
-    argument still holds for what it keeps, and progress traffic follows real dependencies
-    (a chain of ONE_TO_ONE nodes on the same workers sends no progress between them at all).
+    and to every worker hosting a shard it can reach, counting only shards that are ever
+    tested for completion (``notify[node]``; all by default). A worker keeps and receives
+    only the pointstamps that matter to it: if one matters, so does every pointstamp that
+    can cause it (whatever reaches a cause's effect reaches the cause's worker too), so the
+    Naiad argument still holds for what it keeps, and progress traffic follows real
+    dependencies (a chain of ONE_TO_ONE nodes on the same workers sends none between them).
     """
     n = len(topology.shards)
+    notify = [True] * n if notify is None else list(notify)
     everywhere = [set() for _ in range(n)]  # workers reached from every shard of a node
     for src in range(n):
         for dst in range(n):
-            if topology.any_path[src][dst]:
+            if topology.any_path[src][dst] and notify[dst]:
                 everywhere[src].update(placement[dst])
     out = {}
     for src in range(n):
         aligned = [dst for dst in range(n) if topology.aligned_path[src][dst]
-                   and not topology.any_path[src][dst]]
+                   and not topology.any_path[src][dst] and notify[dst]]
         for s in range(topology.shards[src]):
-            workers = {placement[src][s], *everywhere[src]}
+            workers = set(everywhere[src])
+            if notify[src]:
+                workers.add(placement[src][s])
             workers.update(placement[dst][s] for dst in aligned)
             out[(src, s)] = frozenset(workers)
     return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections import deque
+from collections import OrderedDict, deque
 
 import cloudpickle
 
@@ -31,6 +31,7 @@ log = logging.getLogger("plaque.worker")
 
 COORDINATOR = -1
 MAX_TUPLES_PER_MESSAGE = 8192
+RETIRED_KEPT = 4096  # finished runs whose argument a worker keeps for late input
 
 
 class _LocalGraph:
@@ -47,7 +48,8 @@ class _LocalGraph:
         self.for_coordinator: dict[object, ChangeBatch] = {}  # t -> changes at t
         self.finished: list = []  # timestamps this worker is done with, to report
         self.peers = sorted({w for p in placement for w in p} - {worker_id})
-        self.interested = interested_workers(self.topology, placement)
+        self.interested = interested_workers(self.topology, placement,
+                                             [n.notify for n in graph.nodes])
         self.tracked = {loc for loc, ws in self.interested.items() if worker_id in ws}
         self.routes: dict[tuple[int, int], list] = {}
         for e in graph.edges:
@@ -70,6 +72,8 @@ class _LocalGraph:
         self.early: dict[object, list] = {}  # tuples that overtook their run's START
         self.open_shards: dict[object, int] = {}  # t -> local shards not yet complete
         self.failed: set = set()  # timestamps whose operators already raised here
+        self.eager = not all(n.notify for n in graph.nodes)  # has never-notified nodes
+        self.retired: OrderedDict = OrderedDict()  # finished timestamps still accepting input
         self.holds: dict[tuple, int] = {}  # (node, shard, t) -> capabilities held
         self.held_complete: set = set()  # (node, shard, t) completed but still held
         self.live: set = set()  # (node, shard, t) whose capability is not dropped yet
@@ -162,9 +166,12 @@ class WorkerCore:
             self._send(peer, CONTROL, Kind.PROGRESS, body)
         to_coordinator = {}
         for gid, g in self.graphs.items():
-            if g.finished:
+            # timestamps finished here, and late input consumed by non-notified shards after
+            # their timestamp finished (so changes made after the report are reported too)
+            due = [t for t in g.for_coordinator if t in g.retired] if g.eager else []
+            if g.finished or due:
                 changes = []
-                for t in g.finished:
+                for t in (*g.finished, *due):
                     batch = g.for_coordinator.pop(t, None)
                     if batch:
                         changes.extend(batch.drain())
@@ -236,9 +243,10 @@ class WorkerCore:
         g.args[t] = arg
         g.open_shards[t] = len(g.ops)
         for shard in g.ops:
-            g.pending.setdefault(shard, []).append(t)
             g.live.add((*shard, t))
-            g.unchecked.add(shard)
+            if g.graph.nodes[shard[0]].notify:
+                g.pending.setdefault(shard, []).append(t)
+                g.unchecked.add(shard)
         for (node, shard), (op, ctx) in g.ops.items():
             on_start = getattr(op, "on_start", None)
             if on_start is None:
@@ -250,6 +258,8 @@ class WorkerCore:
                 self._report(g, node, shard, t, exc)
         for node, shard, port, values in g.early.pop(t, ()):
             self._deliver(g, node, shard, port, t, values)
+        for node, shard in [k for k in g.ops if not g.graph.nodes[k[0]].notify]:
+            self._settle(g, node, shard, t)  # never notified: done unless it holds on
         if not g.ops:
             self._finish_timestamp(g, t)
 
@@ -463,6 +473,10 @@ class WorkerCore:
                 op.on_complete(ctx, t)
             except Exception as exc:
                 self._report(g, node, shard, t, exc)
+        self._settle(g, node, shard, t)
+
+    def _settle(self, g, node, shard, t) -> None:
+        """The shard is done with t unless it holds its capability; then at release."""
         if (node, shard, t) in g.holds:
             g.held_complete.add((node, shard, t))
         else:
@@ -478,8 +492,16 @@ class WorkerCore:
     def _finish_timestamp(self, g, t) -> None:
         g.finished.append(t)
         del g.open_shards[t]
-        g.args.pop(t, None)
         g.failed.discard(t)
+        if not g.eager:
+            g.args.pop(t, None)
+            return
+        # Shards that are never notified may still get input for t: keep its argument for
+        # a while (input with no argument would wait for a START that already came).
+        g.retired[t] = None
+        while len(g.retired) > RETIRED_KEPT:
+            old, _ = g.retired.popitem(last=False)
+            g.args.pop(old, None)
 
     # ---- time -----------------------------------------------------------------------------
     def tick(self, now: float) -> None:

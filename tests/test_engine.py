@@ -401,3 +401,33 @@ def test_wildcard_binds_are_announced_under_a_dialable_name(monkeypatch):
             expected_sparse(4)
     finally:
         cluster.close()
+
+
+class OutputEach(Operator):
+    def on_input(self, ctx, t, port, value):
+        ctx.output(value)
+
+
+@pytest.mark.parametrize("sink_notifies", [True, False])
+def test_operators_that_need_no_notifications(cluster, sink_notifies):
+    """Never-notified nodes drop their capability at once; runs still end exactly when all
+    their tuples have been handled, and notified shards downstream still complete correctly."""
+    g = Graph("eager")
+    s = g.node("src", Source, 2, placement=[0, 1], notify=True)
+    r = g.node("router", Route, 2, placement=[1, 0], notify=False)
+    if sink_notifies:
+        c = g.node("collect", Collect, 6, notify=True)
+    else:
+        c = g.node("collect", OutputEach, 6, notify=False)
+    g.edge(s, r, ONE_TO_ONE)
+    g.edge(r, c, KEYED)
+    ig = cluster.install(g)
+    futures = [ig.run(n) for n in (3, 7, 0, 5)]
+    for n, fut in zip((3, 7, 0, 5), futures):
+        res = fut.result(30)
+        want = expected_sparse(n, 2, 6)
+        if sink_notifies:
+            assert res.outputs["collect"] == want
+        else:
+            got = {d: sorted(v) for d, v in res.outputs.get("collect", {}).items()}
+            assert got == {d: w[0] for d, w in want.items() if w[0]}
