@@ -26,6 +26,7 @@ from .errors import RemoteError
 log = logging.getLogger("pathways.kernel")
 
 INPUT_TIMEOUT = 600.0  # a kernel waits this long for an input buffer before failing
+MIN_DELAY = 50e-6  # shorter modelled link times are below what the event loop can time
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ class KernelOp(plaque.Operator):
                                 (arg.client, arg.run_id))
 
         delay = _link_time(link, block.nbytes)
-        if delay > 0:
+        if delay > MIN_DELAY:
             host.loop.call_later(delay, place)  # the modelled link time of this piece
         else:
             place()

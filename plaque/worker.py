@@ -93,6 +93,7 @@ class WorkerCore:
         self.wakeup = None  # set by the adapter: thread-safe "run a turn soon"
         self.on_user = None  # callback(sender, payload) for USER messages (embedding runtime)
         self._posted: deque = deque()
+        self._wake_pending = False
         self.address = address
         self.info = info or {}
         self.coordinator_timeout = coordinator_timeout
@@ -298,7 +299,12 @@ class WorkerCore:
     def call_soon(self, fn) -> None:
         """Thread-safe: run ``fn()`` on the worker's loop at the next turn."""
         self._posted.append((None, fn))
-        if self.wakeup is not None:
+        self._wake()
+
+    def _wake(self) -> None:
+        # One wake-up per batch of posts: the flag is cleared before the loop drains them.
+        if not self._wake_pending and self.wakeup is not None:
+            self._wake_pending = True
             self.wakeup()
 
     def _on_stop(self, sender, reason):
@@ -367,10 +373,10 @@ class WorkerCore:
     def post(self, cap, fn) -> None:
         """Thread-safe: queue ``fn(cap)`` to run on the worker's loop at the next turn."""
         self._posted.append((cap, fn))
-        if self.wakeup is not None:
-            self.wakeup()
+        self._wake()
 
     def _run_posted(self) -> None:
+        self._wake_pending = False
         while self._posted:
             cap, fn = self._posted.popleft()
             if cap is None:
