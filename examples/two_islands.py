@@ -11,6 +11,11 @@ half of the batch split over its devices (``P("data")``). One training step is o
     theta0 = update0(theta0, g0, g1)     # g1 is moved to slice 0 ...
     theta1 = update1(theta1, g1, g0)     # ... and g0 to slice 1: over DCN between islands
 
+As across real islands, each device keeps only its quarter of its slice's mean gradient
+(``P("data")``: the pmean plus a slice is a reduce-scatter), so each quarter crosses DCN once,
+device to device, in parallel; the update averages the two quarters and all-gathers them over
+ICI. Both replicas add the same two numbers, so they stay equal bit for bit.
+
 ``--islands 2`` puts the slices on two islands (2 islands x 1 host x 4 devices); ``--islands 1``
 on one island (1 island x 2 hosts x 4 devices). Nothing else changes: the runtime decides
 which link each transfer takes. The result is checked against the same training computed in
@@ -93,8 +98,11 @@ def make_problem(cfg: Config):
 
     teacher, theta = random_mlp(2.0), random_mlp(0.1)
     w1, b1, w2, b2 = unpack(teacher, cfg.d_in, cfg.hidden)
-    xs = rng.normal(size=(cfg.steps, cfg.batch, cfg.d_in))
-    ys = np.tanh(xs @ w1 + b1) @ w2 + b2 + 0.01 * rng.normal(size=(cfg.steps, cfg.batch))
+    xs = np.empty((cfg.steps, cfg.batch, cfg.d_in))
+    ys = np.empty((cfg.steps, cfg.batch))
+    for s in range(cfg.steps):  # batch s is the same whatever the number of steps
+        xs[s] = rng.normal(size=(cfg.batch, cfg.d_in))
+        ys[s] = np.tanh(xs[s] @ w1 + b1) @ w2 + b2 + 0.01 * rng.normal(size=cfg.batch)
     return theta, xs, ys
 
 
@@ -117,19 +125,24 @@ class DataParallel:
     def __init__(self, client, cfg: Config, islands: tuple[int, int]):
         self.client, self.cfg = client, cfg
         self.meshes = [client.mesh((DEVICES_PER_SLICE,), ("data",), island=i) for i in islands]
-        d_in, hidden, lr = cfg.d_in, cfg.hidden, cfg.lr
+        d_in, hidden, lr, n = cfg.d_in, cfg.hidden, cfg.lr, DEVICES_PER_SLICE
+        pad = -cfg.params % n  # zeros that make the gradient split evenly into quarters
 
-        def grad(theta, x, y):  # on each device: its rows; then the slice's mean over ICI
+        def grad(theta, x, y):  # this device's rows; the slice's mean over ICI; my quarter
             loss, g = loss_and_grad(theta, x, y, d_in, hidden)
-            return pw.pmean(g, "data"), pw.pmean(loss, "data")
+            g = pw.pmean(np.concatenate([g, np.zeros(pad)]), "data")
+            i, k = pw.axis_index("data"), len(g) // n
+            return g[i * k:(i + 1) * k], pw.pmean(loss, "data")
 
-        def update(theta, mine, other):  # `other` was computed on the other slice
-            return theta - lr * ((mine + other) / 2.0)
+        def update(theta, mine, other):  # `other`: the same quarter from the other slice
+            mean = pw.all_gather((mine + other) / 2.0, "data", tiled=True)
+            return theta - lr * mean[:len(theta)]
 
-        grads = [pw.shard_map(grad, m, (P(), P("data"), P("data")), (P(), P()),
+        grads = [pw.shard_map(grad, m, (P(), P("data"), P("data")), (P("data"), P()),
                               cost=cfg.grad_cost, name=f"grad{k}")
                  for k, m in enumerate(self.meshes)]
-        updates = [pw.shard_map(update, m, P(), P(), cost=cfg.update_cost, name=f"update{k}")
+        updates = [pw.shard_map(update, m, (P(), P("data"), P("data")), P(),
+                                cost=cfg.update_cost, name=f"update{k}")
                    for k, m in enumerate(self.meshes)]
 
         @pw.program
@@ -200,6 +213,7 @@ def main(argv=None) -> int:
     print(f"difference from single-process numpy: parameters {d_theta:.2e}, losses"
           f" {d_loss:.2e}; replicas identical: {np.array_equal(got.theta0, got.theta1)}")
     ok = (np.allclose(got.theta0, want.theta0, rtol=1e-9, atol=1e-12)
+          and np.allclose(got.losses, want.losses, rtol=1e-9, atol=1e-12)
           and np.array_equal(got.theta0, got.theta1))
     print("equal to the numpy training" if ok else "MISMATCH with the numpy training")
     return 0 if ok else 1

@@ -51,6 +51,7 @@ class Host:
         self.started = time.monotonic()
         self.ici = None  # IciLink, set when serving
         self._uses: dict = {}  # buffer key -> users done with it so far
+        self.arrivals: dict = {}  # transferred buffer key -> modelled arrival (perf_counter)
         self._uses_lock = threading.Lock()
 
     # ---- devices and kernels (called from the loop or device threads) ---------------------

@@ -11,6 +11,7 @@ finished, so consumers and the coordinator learn completion through progress tra
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -26,7 +27,6 @@ from .errors import RemoteError
 log = logging.getLogger("pathways.kernel")
 
 INPUT_TIMEOUT = 600.0  # a kernel waits this long for an input buffer before failing
-MIN_DELAY = 50e-6  # shorter modelled link times are below what the event loop can time
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,11 @@ class KernelOp(plaque.Operator):
         state = self.assembling.get((t, port))
         if state is None:
             state = self.assembling[(t, port)] = [np.empty(inc.shape, inc.dtype),
-                                                  inc.expect[ctx.shard]]
+                                                  inc.expect[ctx.shard], 0.0]
+
+        # The modelled link time of this piece: the consuming kernel waits until the last
+        # piece would have arrived (event-loop timers are too coarse for microseconds).
+        state[2] = max(state[2], time.perf_counter() + _link_time(link, block.nbytes))
 
         def place():
             try:
@@ -101,6 +105,7 @@ class KernelOp(plaque.Operator):
                 state[1] -= 1
                 if not state[1]:
                     del self.assembling[(t, port)]
+                    host.arrivals[key] = state[2]
                     host.store.put(key, state[0], (arg.client, arg.run_id))
             except Exception as exc:  # never leave the consumer waiting for its input
                 self.assembling.pop((t, port), None)
@@ -108,11 +113,7 @@ class KernelOp(plaque.Operator):
                 host.store.fail(key, RemoteError(f"transfer into {key} failed: {exc!r}"),
                                 (arg.client, arg.run_id))
 
-        delay = _link_time(link, block.nbytes)
-        if delay > MIN_DELAY:
-            host.loop.call_later(delay, place)  # the modelled link time of this piece
-        else:
-            place()
+        place()
 
     def _enqueue(self, ctx, t):
         cap = self.caps.pop(t)
@@ -145,8 +146,14 @@ class Kernel:
                 for i, v in enumerate(self.spec.inputs)]
 
     def prepare(self, device) -> None:
-        """Wait for the inputs (not counted as the kernel's time on the device)."""
-        self._inputs = [self.host.wait_buffer(k, INPUT_TIMEOUT) for k in self.input_keys()]
+        """Wait for the inputs, and for the modelled arrival of transferred ones (neither is
+        the kernel's time on the device)."""
+        keys = self.input_keys()
+        self._inputs = [self.host.wait_buffer(k, INPUT_TIMEOUT) for k in keys]
+        arrival = max((self.host.arrivals.pop(k, 0.0) for k in keys), default=0.0)
+        remaining = arrival - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
 
     def execute(self, device) -> float:
         shards, self._inputs = self._inputs, None
@@ -174,7 +181,9 @@ class Kernel:
     def _release_inputs(self):
         store = self.host.store
         for i in self.spec.incoming:
-            store.delete(transfer_key(self.arg, self.spec.index, i, self.device_id))
+            key = transfer_key(self.arg, self.spec.index, i, self.device_id)
+            self.host.arrivals.pop(key, None)
+            store.delete(key)
         for v, uses in self.spec.releases:
             self.host.release(self.key(v), uses)
 
