@@ -48,7 +48,7 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable
 
 import pathways as pw  # noqa: E402
 from bench.multicontroller import MultiController, expected_value, trivial_body  # noqa: E402
-from bench.results import append_results  # noqa: E402
+from bench.results import publish  # noqa: E402
 from pathways import P  # noqa: E402
 
 TITLE = "Dispatch overhead: Pathways vs multi-controller (paper Figures 5 and 6)"
@@ -399,20 +399,7 @@ def main(argv=None) -> int:
     ]
     notes = "\n".join(lines)
 
-    print()
-    print(f"{TITLE} (nproc={os.cpu_count()})")
-    for r in rows:
-        print("  " + " | ".join(f"{k}: {v}" for k, v in r.items()))
-    print()
-    print(notes)
-    if profile_text:
-        print("\nProfile (py-spy, samples holding the GIL):")
-        print(profile_text)
-    if args.quick or args.no_append:
-        print("\n(nothing appended to RESULTS.md)")
-    else:
-        append_results(TITLE, rows, notes)
-        print("\nappended to bench/RESULTS.md")
+    publish(TITLE, rows, notes, profile_text, append=not (args.quick or args.no_append))
     return 0
 
 

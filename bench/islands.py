@@ -50,7 +50,7 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable
 
 import pathways as pw  # noqa: E402
 from bench.dispatch import _top_frames  # noqa: E402
-from bench.results import append_results  # noqa: E402
+from bench.results import publish  # noqa: E402
 from pathways import P  # noqa: E402
 from pathways import cost as cost_model  # noqa: E402
 
@@ -310,20 +310,7 @@ def main(argv=None) -> int:
         f"Total bench time {elapsed:.0f} s.",
     ])
 
-    print()
-    print(f"{TITLE} (nproc={os.cpu_count()})")
-    for r in rows:
-        print("  " + " | ".join(f"{k}: {v}" for k, v in r.items()))
-    print()
-    print(notes)
-    if prof:
-        print("\nProfile (py-spy, samples holding the GIL):")
-        print(prof)
-    if args.quick or args.no_append:
-        print("\n(nothing appended to RESULTS.md)")
-    else:
-        append_results(TITLE, rows, notes)
-        print("\nappended to bench/RESULTS.md")
+    publish(TITLE, rows, notes, prof, append=not (args.quick or args.no_append))
     return 0
 
 

@@ -65,3 +65,22 @@ def append_results(title: str, rows, notes: str = "") -> None:
         if new_file:
             f.write("# Benchmark results\n")
         f.write("\n".join(lines) + "\n")
+
+
+def publish(title: str, rows: list[dict], notes: str, profile: str = "",
+            append: bool = True) -> None:
+    """Print a benchmark's table, notes and profile; append them to RESULTS.md if asked."""
+    print()
+    print(f"{title} (nproc={os.cpu_count()})")
+    for r in rows:
+        print("  " + " | ".join(f"{k}: {v}" for k, v in r.items()))
+    print()
+    print(notes)
+    if profile:
+        print("\nProfile (py-spy, samples holding the GIL):")
+        print(profile)
+    if append:
+        append_results(title, rows, notes)
+        print("\nappended to bench/RESULTS.md")
+    else:
+        print("\n(nothing appended to RESULTS.md)")

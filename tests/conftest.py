@@ -20,6 +20,16 @@ def tcp_cluster3():
         yield c
 
 
+def wait_until(predicate, timeout=5.0):
+    """Poll a condition another thread will make true; fails the test instead of hanging."""
+    event = threading.Event()
+    for _ in range(int(timeout / 0.001)):
+        if predicate():
+            return
+        event.wait(0.001)
+    raise AssertionError("condition never became true")
+
+
 @pytest.fixture
 def threads():
     """Start helper threads (``threads(target, *args)``) that are always joined."""

@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -334,7 +335,7 @@ def test_full_hbm_makes_allocation_wait_until_freed(threads):
     hbm.allocate(60)
     done = threading.Event()
     threads(lambda: (hbm.allocate(60, timeout=WAIT), done.set()))
-    _wait_until(lambda: hbm.waiting == 1)
+    wait_until(lambda: hbm.waiting == 1)
     assert not done.is_set() and hbm.used == 60
     hbm.free(60)
     assert done.wait(WAIT)
@@ -350,9 +351,9 @@ def test_hbm_wait_times_out_and_close_cancels_waits(threads):
         hbm.allocate(1, timeout=0.01)
     errors = []
     threads(lambda: _catch(errors, hbm.allocate, 1))
-    _wait_until(lambda: hbm.waiting == 1)
+    wait_until(lambda: hbm.waiting == 1)
     hbm.close()
-    _wait_until(lambda: errors)
+    wait_until(lambda: errors)
     assert isinstance(errors[0], PathwaysError)
     hbm.free(100)
     with pytest.raises(AssertionError, match="double free"):
@@ -383,16 +384,6 @@ def test_cost_model():
     for bad in (-1.0, "1s", True, float("nan"), lambda shapes: -2):
         with pytest.raises(ValueError, match="seconds"):
             resolve_cost(bad, [(4,)], 0.25)
-
-
-def _wait_until(predicate, timeout=WAIT):
-    """Poll a condition another thread will make true; fails the test instead of hanging."""
-    event = threading.Event()
-    for _ in range(int(timeout / 0.001)):
-        if predicate():
-            return
-        event.wait(0.001)
-    raise AssertionError("condition never became true")
 
 
 def _catch(errors, fn, *args):

@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
 from pathways.cost import DeviceSpec
 from pathways.device import EmulatedDevice
@@ -223,7 +224,7 @@ def test_full_hbm_stalls_reserve_until_a_delete(store, devices, threads):
     store.put(("big", 0), array(HBM - 100), OWNER)
     done = threading.Event()
     threads(lambda: (store.reserve(("next", 0), 200, OWNER, timeout=WAIT), done.set()))
-    _wait_until(lambda: devices[0].hbm.waiting == 1)
+    wait_until(lambda: devices[0].hbm.waiting == 1)
     assert store.state(("next", 0)) is BufferState.PENDING and not done.is_set()
     store.delete(("big", 0))
     assert done.wait(WAIT)
@@ -284,15 +285,6 @@ def _churn(store, worker, rng):
         if len(live) > 3:  # 4 workers x 3 keys x 63 bytes fit in one device's HBM
             assert store.delete(live.pop(0))
     assert store.delete_owner(worker) == len(live)
-
-
-def _wait_until(predicate, timeout=WAIT):
-    event = threading.Event()
-    for _ in range(int(timeout / 0.001)):
-        if predicate():
-            return
-        event.wait(0.001)
-    raise AssertionError("condition never became true")
 
 
 def test_delete_before_the_producer_frees_the_buffer_when_it_comes():
