@@ -15,72 +15,23 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections import OrderedDict, deque
+from collections import deque
 
 import cloudpickle
 
 from . import wire
 from .counters import Counters
-from .graph import KEYED, ONE_TO_ONE, Topology
+from .graph import KEYED, ONE_TO_ONE
 from .heartbeat import HEARTBEAT_INTERVAL
-from .operator import Capability, Context
-from .progress import CAP, INPUT, SINK, ChangeBatch, ProgressTracker, interested_workers
+from .local_graph import LocalGraph
+from .operator import Capability
+from .progress import CAP, INPUT, SINK, ChangeBatch
 from .wire import CONTROL, DATA, Kind
 
 log = logging.getLogger("plaque.worker")
 
 COORDINATOR = -1
 MAX_TUPLES_PER_MESSAGE = 8192
-RETIRED_KEPT = 4096  # finished runs whose argument a worker keeps for late input
-
-
-class _LocalGraph:
-    """A graph installed on this worker: its shards here, routes and progress copy."""
-
-    def __init__(self, gid, graph, placement, worker_id, emit, output, hold, services):
-        self.gid = gid
-        self.graph = graph
-        self.placement = placement
-        self.topology = Topology.of([n.shards for n in graph.nodes], graph.edges)
-        self.tracker = ProgressTracker(self.topology, track_drops=True)
-        self.staged = ChangeBatch()  # this turn's changes, not yet in the tracker
-        self.outgoing = ChangeBatch()  # applied here, to be sent to every peer
-        self.for_coordinator: dict[object, ChangeBatch] = {}  # t -> changes at t
-        self.finished: list = []  # timestamps this worker is done with, to report
-        self.peers = sorted({w for p in placement for w in p} - {worker_id})
-        self.interested = interested_workers(self.topology, placement,
-                                             [n.notify for n in graph.nodes])
-        self.tracked = {loc for loc, ws in self.interested.items() if worker_id in ws}
-        self.routes: dict[tuple[int, int], list] = {}
-        for e in graph.edges:
-            self.routes.setdefault((e.src, e.src_port), []).append(e)
-        self.ops: dict[tuple[int, int], tuple[object, Context]] = {}
-        for node in graph.nodes:
-            for shard, w in enumerate(placement[node.index]):
-                if w == worker_id:
-                    ctx = Context(node.name, shard, node.shards, worker_id,
-                                  _bind(emit, gid, node.index, shard),
-                                  _bind(output, gid, node.index, shard),
-                                  _bind(hold, gid, node.index, shard), services)
-                    self.ops[(node.index, shard)] = (node.factory(), ctx)
-        self.pending: dict[tuple[int, int], list] = {}  # shard -> timestamps awaiting completion
-        # completion tests: a shard that is not complete waits on a witness (a positive
-        # pointstamp that can reach it) and is tested again only when that one goes
-        self.waiting_on: dict[tuple, set] = {}  # witness -> shards
-        self.unchecked: set = set()  # shards with a new timestamp to test
-        self.args: dict[object, object] = {}
-        self.early: dict[object, list] = {}  # tuples that overtook their run's START
-        self.open_shards: dict[object, int] = {}  # t -> local shards not yet complete
-        self.failed: set = set()  # timestamps whose operators already raised here
-        self.eager = not all(n.notify for n in graph.nodes)  # has never-notified nodes
-        self.retired: OrderedDict = OrderedDict()  # finished timestamps still accepting input
-        self.holds: dict[tuple, int] = {}  # (node, shard, t) -> capabilities held
-        self.held_complete: set = set()  # (node, shard, t) completed but still held
-        self.live: set = set()  # (node, shard, t) whose capability is not dropped yet
-
-
-def _bind(fn, gid, node, shard):
-    return lambda t, *a: fn(gid, node, shard, t, *a)
 
 
 class WorkerCore:
@@ -98,7 +49,7 @@ class WorkerCore:
         self.info = info or {}
         self.coordinator_timeout = coordinator_timeout
         self.counters = Counters()
-        self.graphs: dict[int, _LocalGraph] = {}
+        self.graphs: dict[int, LocalGraph] = {}
         self.peers: dict[int, str] = {}
         self._commands: list = [("connect", COORDINATOR, coordinator_address)]
         self.coordinator_control = coordinator_address.split("|")[0]
@@ -227,7 +178,7 @@ class WorkerCore:
         gid, blob = payload
         try:
             graph, placement = cloudpickle.loads(blob)
-            self.graphs[gid] = _LocalGraph(gid, graph, placement, self.id, self._emit,
+            self.graphs[gid] = LocalGraph(gid, graph, placement, self.id, self._emit,
                                            self._output, self._hold, self.services)
             error = None
         except Exception:
@@ -505,7 +456,7 @@ class WorkerCore:
         # Shards that are never notified may still get input for t: keep its argument for
         # a while (input with no argument would wait for a START that already came).
         g.retired[t] = None
-        while len(g.retired) > RETIRED_KEPT:
+        while len(g.retired) > LocalGraph.RETIRED_KEPT:
             old, _ = g.retired.popitem(last=False)
             g.args.pop(old, None)
 

@@ -1,0 +1,63 @@
+"""A graph as one worker holds it: its operator shards, routes, progress copy and per-run
+bookkeeping (timestamps pending completion, held capabilities, arguments of recent runs).
+Plain data owned by ``WorkerCore``; the worker's logic lives there.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from .graph import Topology
+from .operator import Context
+from .progress import ChangeBatch, ProgressTracker, interested_workers
+
+
+class LocalGraph:
+    """A graph installed on this worker: its shards here, routes and progress copy."""
+
+    RETIRED_KEPT = 4096  # finished runs whose argument a worker keeps for late input
+
+    def __init__(self, gid, graph, placement, worker_id, emit, output, hold, services):
+        self.gid = gid
+        self.graph = graph
+        self.placement = placement
+        self.topology = Topology.of([n.shards for n in graph.nodes], graph.edges)
+        self.tracker = ProgressTracker(self.topology, track_drops=True)
+        self.staged = ChangeBatch()  # this turn's changes, not yet in the tracker
+        self.outgoing = ChangeBatch()  # applied here, to be sent to every peer
+        self.for_coordinator: dict[object, ChangeBatch] = {}  # t -> changes at t
+        self.finished: list = []  # timestamps this worker is done with, to report
+        self.peers = sorted({w for p in placement for w in p} - {worker_id})
+        self.interested = interested_workers(self.topology, placement,
+                                             [n.notify for n in graph.nodes])
+        self.tracked = {loc for loc, ws in self.interested.items() if worker_id in ws}
+        self.routes: dict[tuple[int, int], list] = {}
+        for e in graph.edges:
+            self.routes.setdefault((e.src, e.src_port), []).append(e)
+        self.ops: dict[tuple[int, int], tuple[object, Context]] = {}
+        for node in graph.nodes:
+            for shard, w in enumerate(placement[node.index]):
+                if w == worker_id:
+                    ctx = Context(node.name, shard, node.shards, worker_id,
+                                  _bind(emit, gid, node.index, shard),
+                                  _bind(output, gid, node.index, shard),
+                                  _bind(hold, gid, node.index, shard), services)
+                    self.ops[(node.index, shard)] = (node.factory(), ctx)
+        self.pending: dict[tuple[int, int], list] = {}  # shard -> timestamps awaiting completion
+        # completion tests: a shard that is not complete waits on a witness (a positive
+        # pointstamp that can reach it) and is tested again only when that one goes
+        self.waiting_on: dict[tuple, set] = {}  # witness -> shards
+        self.unchecked: set = set()  # shards with a new timestamp to test
+        self.args: dict[object, object] = {}
+        self.early: dict[object, list] = {}  # tuples that overtook their run's START
+        self.open_shards: dict[object, int] = {}  # t -> local shards not yet complete
+        self.failed: set = set()  # timestamps whose operators already raised here
+        self.eager = not all(n.notify for n in graph.nodes)  # has never-notified nodes
+        self.retired: OrderedDict = OrderedDict()  # finished timestamps still accepting input
+        self.holds: dict[tuple, int] = {}  # (node, shard, t) -> capabilities held
+        self.held_complete: set = set()  # (node, shard, t) completed but still held
+        self.live: set = set()  # (node, shard, t) whose capability is not dropped yet
+
+
+def _bind(fn, gid, node, shard):
+    return lambda t, *a: fn(gid, node, shard, t, *a)
