@@ -1,0 +1,21 @@
+"""Every benchmark still runs (quick sizes, nothing appended to bench/RESULTS.md)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHES = ["plaque_bench.py", "dispatch.py", "pipeline.py", "islands.py", "gpipe.py"]
+
+
+@pytest.mark.parametrize("script", BENCHES)
+def test_benchmark_runs_quickly(script):
+    results = ROOT / "bench" / "RESULTS.md"
+    before = results.read_bytes() if results.exists() else b""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick"],
+                         capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "nothing appended" in out.stdout
+    assert (results.read_bytes() if results.exists() else b"") == before
