@@ -31,13 +31,9 @@ Run: ``python bench/dispatch.py [--quick] [--no-append] [--profile]``.
 
 from __future__ import annotations
 
-import argparse
 import os
-import subprocess
 import sys
-import tempfile
 import time
-from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,8 +43,9 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable
     sys.path.insert(0, _ROOT)
 
 import pathways as pw  # noqa: E402
+from bench import profiling  # noqa: E402
 from bench.multicontroller import MultiController, expected_value, trivial_body  # noqa: E402
-from bench.results import publish  # noqa: E402
+from bench.results import bench_parser, publish  # noqa: E402
 from pathways import P  # noqa: E402
 
 TITLE = "Dispatch overhead: Pathways vs multi-controller (paper Figures 5 and 6)"
@@ -185,71 +182,13 @@ def measure_config(rig: PathwaysRig, mc: MultiController, cost: float, budget: f
 
 def profile_cells(cluster, rig: PathwaysRig, cost: float, seconds: float) -> str:
     """py-spy (GIL-holding samples) of every cluster process while each mode runs."""
-    py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
     report = []
     for mode in MODES:
-        with tempfile.TemporaryDirectory(prefix=f"dispatch-{mode}-") as out:
-            report += _profile_mode(cluster, rig, mode, cost, seconds, py_spy, out)
+        units = MIN_UNITS[mode] if mode == "OpByOp" else 1
+        report += profiling.record(profiling.cluster_processes(cluster),
+                                   lambda m=mode, u=units: rig.run(m, cost, u, 120), seconds,
+                                   mode)
     return "\n".join(report)
-
-
-def _profile_mode(cluster, rig, mode, cost, seconds, py_spy, out) -> list[str]:
-    """Record every cluster process with py-spy while ``mode`` runs back to back."""
-    procs = [(p.pid, os.path.join(out, f"{p.pid}.txt")) for p in cluster.processes]
-    spies = [subprocess.Popen([py_spy, "record", "--pid", str(pid), "--gil", "--duration",
-                               str(int(seconds)), "--rate", "200", "--format", "raw", "-o",
-                               path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for pid, path in procs]
-    try:
-        time.sleep(1.0)  # let py-spy attach
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            rig.run(mode, cost, MIN_UNITS[mode] if mode == "OpByOp" else 1, 120)
-    finally:
-        for spy in spies:
-            try:
-                spy.wait(seconds + 30)
-            except subprocess.TimeoutExpired:
-                spy.kill()
-                spy.wait(5)
-    report = []
-    for i, (pid, path) in enumerate(procs):
-        role = "coordinator" if i == 0 else f"host {i - 1}"
-        report.append(f"-- {mode}: {role} (pid {pid}) --")
-        report.extend(_top_frames(path))
-    return report
-
-
-def _top_frames(path: str, n: int = 12) -> list[str]:
-    """The frames most often on the GIL-holding stack (inclusive), from py-spy's raw output."""
-    total, incl, own = 0, Counter(), Counter()
-    try:
-        with open(path) as f:
-            for line in f:
-                stack, _, count = line.rstrip().rpartition(" ")
-                frames, k = stack.split(";"), int(count)
-                total += k
-                own[frames[-1]] += k
-                for frame in set(frames):
-                    incl[frame] += k
-    except (OSError, ValueError):
-        return ["   (no samples)"]
-    if not total:
-        return ["   (no samples)"]
-    skip = ("_bootstrap", "Thread.run", "run (", "_run_module", "_run_code", "<module>",
-            "main (", "_host (", "Runner.run", "_serve", "run_forever", "_run_once")
-    lines = [f"   {total} samples holding the GIL; top inclusive:"]
-    shown = 0
-    for frame, k in incl.most_common():
-        if any(s in frame for s in skip):
-            continue
-        lines.append(f"   {k / total:6.1%}  {frame}")
-        shown += 1
-        if shown == n:
-            break
-    lines.append("   top self:")
-    lines += [f"   {k / total:6.1%}  {frame}" for frame, k in own.most_common(6)]
-    return lines
 
 
 # ---- reporting --------------------------------------------------------------------------------
@@ -339,12 +278,8 @@ def run_config(hosts: int, costs, budget: float, reps: int, profile: bool):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="1 and 2 hosts, two costs, short cells; no RESULTS.md entry")
-    ap.add_argument("--no-append", action="store_true", help="print only; no RESULTS.md entry")
-    ap.add_argument("--profile", action="store_true",
-                    help="py-spy the cluster during each mode on the largest config")
+    ap = bench_parser(__doc__, "1 and 2 hosts, two costs, short cells",
+                      "py-spy the cluster during each mode on the largest config")
     ap.add_argument("--budget", type=float, default=None, help="seconds per timed cell")
     ap.add_argument("--reps", type=int, default=None, help="timed rounds per cost (best kept)")
     args = ap.parse_args(argv)

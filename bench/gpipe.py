@@ -16,7 +16,6 @@ CPU work (a few ms per step on 2 cores) is small next to the modelled time.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -26,7 +25,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pathways as pw  # noqa: E402
-from bench.results import publish  # noqa: E402
+from bench.results import bench_parser, publish  # noqa: E402
 from pathways import P  # noqa: E402
 
 TITLE = "Pipeline vs SPMD: fraction of the GPipe bound M/(M+S-1)"
@@ -82,8 +81,7 @@ def spmd_step_time(client, stages, micro, cost, steps):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, nothing appended")
+    ap = bench_parser(__doc__, "small sizes")
     args = ap.parse_args()
     cost = 0.005 if args.quick else 0.04
     configs = [(4, 4)] if args.quick else [(4, 8), (8, 16)]
@@ -121,7 +119,7 @@ def main() -> int:
         f"{'met' if all(checks) else 'MISSED'}. Total bench time"
         f" {time.perf_counter() - begin:.0f} s.",
     ])
-    publish(TITLE, rows, notes, append=not args.quick)
+    publish(TITLE, rows, notes, append=not (args.quick or args.no_append))
     return 0
 
 

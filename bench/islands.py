@@ -32,13 +32,10 @@ Run: ``python bench/islands.py [--quick] [--no-append] [--profile]``.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, replace
 
@@ -49,8 +46,8 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable
     sys.path.insert(0, _ROOT)
 
 import pathways as pw  # noqa: E402
-from bench.dispatch import _top_frames  # noqa: E402
-from bench.results import publish  # noqa: E402
+from bench import profiling  # noqa: E402
+from bench.results import bench_parser, publish  # noqa: E402
 from pathways import P  # noqa: E402
 from pathways import cost as cost_model  # noqa: E402
 
@@ -199,33 +196,10 @@ def measure(rigs: list[Rig], steps: int, reps: int):
 
 def profile(rig: Rig, steps: int, seconds: float = 6.0) -> str:
     """py-spy (GIL-holding samples) of every process of ``rig`` while it trains."""
-    py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    cfg = replace(CFG, steps=steps)
-    problem = ex.make_problem(cfg)
-    report = []
-    with tempfile.TemporaryDirectory(prefix="islands-") as out:
-        paths = [os.path.join(out, f"{pid}.txt") for pid in rig.pids]
-        spies = [subprocess.Popen([py_spy, "record", "--pid", str(pid), "--gil", "--duration",
-                                   str(int(seconds)), "--rate", "200", "--format", "raw", "-o",
-                                   path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                 for pid, path in zip(rig.pids, paths)]
-        try:
-            time.sleep(1.0)  # let py-spy attach
-            deadline = time.monotonic() + seconds
-            while time.monotonic() < deadline:
-                rig.trainer.train(*problem)
-        finally:
-            for spy in spies:
-                try:
-                    spy.wait(seconds + 30)
-                except subprocess.TimeoutExpired:
-                    spy.kill()
-                    spy.wait(5)
-        roles = ["coordinator", *[f"host {i}" for i in range(len(rig.pids) - 2)], "client"]
-        for role, pid, path in zip(roles, rig.pids, paths):
-            report.append(f"-- {rig.name}: {role} (pid {pid}) --")
-            report.extend(_top_frames(path))
-    return "\n".join(report)
+    problem = ex.make_problem(replace(CFG, steps=steps))
+    roles = ["coordinator", *[f"host {i}" for i in range(len(rig.pids) - 2)], "client"]
+    return "\n".join(profiling.record(list(zip(roles, rig.pids)),
+                                       lambda: rig.trainer.train(*problem), seconds, rig.name))
 
 
 # ---- reporting --------------------------------------------------------------------------------
@@ -258,11 +232,8 @@ def rows_of(rigs: list[Rig], cells: dict[str, list[Cell]]) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="short cells, one round; no RESULTS.md")
-    ap.add_argument("--no-append", action="store_true", help="print only; no RESULTS.md entry")
-    ap.add_argument("--profile", action="store_true",
-                    help="py-spy the two-island cluster and client while it trains")
+    ap = bench_parser(__doc__, "short cells, one round",
+                      "py-spy the two-island cluster and client while it trains")
     ap.add_argument("--steps", type=int, default=None, help="training steps per timed cell")
     ap.add_argument("--reps", type=int, default=None, help="timed rounds (best kept)")
     args = ap.parse_args(argv)

@@ -37,11 +37,8 @@ Run: ``python bench/pipeline.py [--quick] [--no-append] [--profile]``.
 
 from __future__ import annotations
 
-import argparse
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -52,8 +49,8 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable
     sys.path.insert(0, _ROOT)
 
 import pathways as pw  # noqa: E402
-from bench.dispatch import _top_frames  # noqa: E402
-from bench.results import publish  # noqa: E402
+from bench import profiling  # noqa: E402
+from bench.results import bench_parser, publish  # noqa: E402
 from pathways import P  # noqa: E402
 
 TITLE = "Parallel vs sequential dispatch: a chain of S computations across hosts (paper Figure 7)"
@@ -270,31 +267,11 @@ def measure(rigs: dict[str, ChainRig], stage_counts, budget: float, reps: int
 def profile(cluster, rigs: dict[str, ChainRig], stages: int, seconds: float) -> str:
     """py-spy (samples holding the GIL) of every cluster process while each mode runs the
     longest chain back to back."""
-    py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
     report = []
     for mode, rig in rigs.items():
-        with tempfile.TemporaryDirectory(prefix=f"pipeline-{mode}-") as out:
-            procs = [(p.pid, os.path.join(out, f"{p.pid}.txt")) for p in cluster.processes]
-            spies = [subprocess.Popen(
-                [py_spy, "record", "--pid", str(pid), "--gil", "--duration", str(int(seconds)),
-                 "--rate", "200", "--format", "raw", "-o", path],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for pid, path in procs]
-            try:
-                time.sleep(1.0)  # let py-spy attach
-                deadline = time.monotonic() + seconds - 1.5
-                while time.monotonic() < deadline:
-                    rig.run(stages, 10, _timeout(stages, 10))
-            finally:
-                for spy in spies:
-                    try:
-                        spy.wait(seconds + 30)
-                    except subprocess.TimeoutExpired:
-                        spy.kill()
-                        spy.wait(5)
-            for i, (pid, path) in enumerate(procs):
-                role = "coordinator" if i == 0 else f"host {i - 1}"
-                report.append(f"-- {mode}, S={stages}: {role} (pid {pid}) --")
-                report.extend(_top_frames(path))
+        report += profiling.record(profiling.cluster_processes(cluster),
+                                   lambda r=rig: r.run(stages, 10, _timeout(stages, 10)), seconds,
+                                   f"{mode}, S={stages}")
     return "\n".join(report)
 
 
@@ -329,12 +306,8 @@ def rows_of(best, stage_counts, layouts) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="short cells, one round; no RESULTS.md entry")
-    ap.add_argument("--no-append", action="store_true", help="print only; no RESULTS.md entry")
-    ap.add_argument("--profile", action="store_true",
-                    help="py-spy the cluster while each mode runs the longest chain")
+    ap = bench_parser(__doc__, "short cells, one round",
+                      "py-spy the cluster while each mode runs the longest chain")
     ap.add_argument("--budget", type=float, default=None, help="seconds per timed cell")
     ap.add_argument("--reps", type=int, default=None, help="interleaved rounds (best kept)")
     args = ap.parse_args(argv)

@@ -27,7 +27,6 @@ Run: ``python bench/plaque_bench.py [--quick] [--no-append]``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -41,7 +40,7 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable
 
 import plaque  # noqa: E402
 from bench import raw_zmq  # noqa: E402
-from bench.results import append_results  # noqa: E402
+from bench.results import bench_parser, publish  # noqa: E402
 
 TITLE = "Plaque engine vs raw pyzmq"
 REPS = 3
@@ -240,9 +239,7 @@ def _best(samples, key, lowest=False):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="tiny sizes, no RESULTS.md entry")
-    ap.add_argument("--no-append", action="store_true", help="print only; no RESULTS.md entry")
+    ap = bench_parser(__doc__, "tiny sizes")
     args = ap.parse_args(argv)
     sz = _sizes(args.quick)
     started = time.perf_counter()
@@ -344,18 +341,7 @@ empty-run latency <= {TARGET_LATENCY:.0f}x raw round trip ({verdict(r_lat <= TAR
 1 MiB arrays >= {TARGET_ARRAYS:.0%} of raw zero-copy throughput ({verdict(r_arr >= TARGET_ARRAYS)}).
 Total bench time {time.perf_counter() - started:.0f} s."""
 
-    print()
-    print(f"{TITLE} (tcp, nproc={os.cpu_count()})")
-    for r in rows:
-        print(f"  {r['Test']:<62} {r['Engine']:>22} {r['Raw']:>22} {r['Engine/raw']:>8}"
-              f"  {r['Target']}")
-    print()
-    print(notes)
-    if args.quick or args.no_append:
-        print("\n(nothing appended to RESULTS.md)")
-    else:
-        append_results(TITLE, rows, notes)
-        print("\nappended to bench/RESULTS.md")
+    publish(TITLE, rows, notes, append=not (args.quick or args.no_append))
     return 0
 
 

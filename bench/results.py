@@ -4,6 +4,7 @@ so every figure we quote can be traced back to how and where it was made."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
@@ -84,3 +85,13 @@ def publish(title: str, rows: list[dict], notes: str, profile: str = "",
         print("\nappended to bench/RESULTS.md")
     else:
         print("\n(nothing appended to RESULTS.md)")
+
+
+def bench_parser(doc: str, quick: str, profile: str | None = None) -> argparse.ArgumentParser:
+    """The options every benchmark takes: --quick, --no-append and, if it can, --profile."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help=f"{quick}; no RESULTS.md entry")
+    ap.add_argument("--no-append", action="store_true", help="print only; no RESULTS.md entry")
+    if profile:
+        ap.add_argument("--profile", action="store_true", help=profile)
+    return ap
