@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
@@ -21,8 +20,7 @@ import time
 import zmq
 
 import plaque
-from plaque.endpoint import Endpoint
-from plaque.heartbeat import HeartbeatThread
+from plaque.endpoint import serve_worker_core
 from plaque.worker import WorkerCore
 from plaque.zmq_transport import ZmqTransport, bind_socket
 
@@ -232,19 +230,10 @@ async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
                       coordinator_timeout=coordinator_timeout, services={"host": host})
     core.on_user = host.on_user
     host.core = core
-    done = loop.create_future()
-    endpoint = Endpoint(core, transport, loop,
-                        on_exit=lambda reason: done.done() or done.set_result(reason))
-    endpoint.start()
-    beats = HeartbeatThread(core, ctx)
-    beats.start()
     data.start(loop)
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, endpoint.stop, f"signal {sig.name}")
     try:
-        return await done
+        return await serve_worker_core(core, transport)
     finally:
-        beats.stop()
         host.close()
         data.sock.close(0)
         ctx.term()

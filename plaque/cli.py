@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import signal
@@ -12,8 +11,7 @@ import sys
 
 import uvloop
 
-from .endpoint import Endpoint
-from .heartbeat import HeartbeatThread
+from .endpoint import serve_worker_core
 from .worker import WorkerCore
 from .zmq_transport import ZmqTransport
 
@@ -30,23 +28,11 @@ def _die_with_parent() -> None:
 
 
 async def serve_worker(join: str, bind: str, coordinator_timeout: float) -> str:
-    loop = asyncio.get_running_loop()
     transport = ZmqTransport(bind)
     core = WorkerCore(transport.address, join,
                       info={"pid": os.getpid(), "host": socket.gethostname()},
                       coordinator_timeout=coordinator_timeout)
-    done = loop.create_future()
-    endpoint = Endpoint(core, transport, loop,
-                        on_exit=lambda reason: done.done() or done.set_result(reason))
-    endpoint.start()
-    beats = HeartbeatThread(core, transport.ctx)
-    beats.start()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, endpoint.stop, f"signal {sig.name}")
-    try:
-        return await done
-    finally:
-        beats.stop()
+    return await serve_worker_core(core, transport)
 
 
 def main(argv=None) -> int:

@@ -7,7 +7,9 @@ burst of messages leaves together. A periodic tick gives the core the time.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 import time
 
 log = logging.getLogger("plaque.endpoint")
@@ -92,3 +94,26 @@ class Endpoint:
         self.transport.close()
         if self.on_exit is not None:
             self.on_exit(reason)
+
+
+async def serve_worker_core(core, transport) -> str:
+    """Run a worker core on the running loop until it exits; returns why it exited.
+
+    Adds what a worker process needs around the endpoint: a heartbeat thread for while the
+    loop is busy in an operator, and SIGINT/SIGTERM as a clean stop.
+    """
+    from .heartbeat import HeartbeatThread
+
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    endpoint = Endpoint(core, transport, loop,
+                        on_exit=lambda reason: done.done() or done.set_result(reason))
+    endpoint.start()
+    beats = HeartbeatThread(core, transport.ctx)
+    beats.start()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, endpoint.stop, f"signal {sig.name}")
+    try:
+        return await done
+    finally:
+        beats.stop()
