@@ -260,10 +260,8 @@ def test_lost_worker_fails_its_runs_quickly_and_others_go_on(tcp_cluster3):
     fut = doomed.run(w1)
     time.sleep(0.3)
     os.kill(cluster._core.workers[w1].info["pid"], signal.SIGKILL)
-    t0 = time.monotonic()
-    with pytest.raises(plaque.WorkerLost, match="worker"):
-        fut.result(timeout=15)
-    assert time.monotonic() - t0 < 15
+    with pytest.raises(plaque.WorkerLost, match=f"worker {w1} lost"):
+        fut.result(timeout=15)  # bounded: heartbeats, not a hang
     assert safe.run(None).result(30).values("stall") == [w2]
     with pytest.raises(plaque.WorkerLost):
         doomed.run(None).result(5)

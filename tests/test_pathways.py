@@ -66,16 +66,16 @@ def test_programs_print_one_equation_per_call_whatever_the_shards(client):
 
 def test_bad_specs_and_shapes_fail_at_call_time(client):
     mesh = client.mesh((2, 4), ("data", "model"))
-    with pytest.raises(pw.ShardingError, match="unknown mesh axis|not.*axis|axis"):
+    with pytest.raises(pw.ShardingError, match="names mesh axis 'batch'"):
         pw.shard_map(lambda v: v, mesh, P("batch"), P("batch"))(
             client.put(np.zeros((4, 4)), mesh, P("data")))
     y = client.put(np.zeros((3, 4)), mesh, P())
-    with pytest.raises(pw.ShardingError, match="divisible|divide"):
+    with pytest.raises(pw.ShardingError, match="size 3, which is not divisible by 2"):
         pw.shard_map(lambda v: v, mesh, P("data"), P("data"))(y)
-    with pytest.raises((pw.ShardingError, pw.ProgramError), match="experts|axis"):
+    with pytest.raises(pw.ShardingError, match="unknown mesh axis 'experts'"):
         pw.shard_map(lambda v: pw.psum(v, "experts"), mesh, P("data"), P("data"))(
             client.put(np.zeros((4, 4)), mesh, P("data")))
-    with pytest.raises(pw.ResourceError):
+    with pytest.raises(pw.ResourceError, match="16"):
         client.mesh((4, 4), ("a", "b"))  # 16 devices on an 8-device cluster
 
 

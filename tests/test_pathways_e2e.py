@@ -32,7 +32,7 @@ def test_the_issue_example(client):
     np.testing.assert_allclose(z.result(timeout=60), pw.reference(chain)(x0))
 
 
-def test_op_by_op_calls_pipeline_without_waiting(client):
+def test_op_by_op_calls_chain_through_futures(client):
     mesh = client.mesh((2, 4), ("data", "model"))
     step = pw.shard_map(body, mesh, P("data"), P("data"))
     x0 = np.ones((4, 8))
