@@ -50,13 +50,12 @@ class LocalGraph:
         self.unchecked: set = set()  # shards with a new timestamp to test
         self.args: dict[object, object] = {}
         self.early: dict[object, list] = {}  # tuples that overtook their run's START
-        self.open_shards: dict[object, int] = {}  # t -> local shards not yet complete
         self.failed: set = set()  # timestamps whose operators already raised here
         self.eager = not all(n.notify for n in graph.nodes)  # has never-notified nodes
         self.retired: OrderedDict = OrderedDict()  # finished timestamps still accepting input
         self.holds: dict[tuple, int] = {}  # (node, shard, t) -> capabilities held
         self.held_complete: set = set()  # (node, shard, t) completed but still held
-        self.live: set = set()  # (node, shard, t) whose capability is not dropped yet
+        self.live: dict[object, set] = {}  # t -> local shards whose capability is not dropped
 
 
 def _bind(fn, gid, node, shard):

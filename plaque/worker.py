@@ -193,9 +193,8 @@ class WorkerCore:
         g = self.graphs[gid]
         g.tracker.update(((CAP, n, s, t), 1) for n, s in g.tracked)
         g.args[t] = arg
-        g.open_shards[t] = len(g.ops)
+        g.live[t] = set(g.ops)
         for shard in g.ops:
-            g.live.add((*shard, t))
             if g.graph.nodes[shard[0]].notify:
                 g.pending.setdefault(shard, []).append(t)
                 g.unchecked.add(shard)
@@ -306,7 +305,7 @@ class WorkerCore:
     def _hold(self, gid, node, shard, t):
         g = self.graphs[gid]
         key = (node, shard, t)
-        if key not in g.live:
+        if (node, shard) not in g.live.get(t, ()):
             raise RuntimeError(f"shard {shard} of {g.graph.nodes[node].name!r} has no"
                                f" capability for t={t} (not started, or already complete)")
         g.holds[key] = g.holds.get(key, 0) + 1
@@ -440,15 +439,15 @@ class WorkerCore:
             self._drop_capability(g, node, shard, t)
 
     def _drop_capability(self, g, node, shard, t) -> None:
-        g.live.discard((node, shard, t))
+        live = g.live[t]
+        live.discard((node, shard))
         self._change(g, (CAP, node, shard, t), -1)
-        g.open_shards[t] -= 1
-        if not g.open_shards[t]:
+        if not live:
             self._finish_timestamp(g, t)
 
     def _finish_timestamp(self, g, t) -> None:
         g.finished.append(t)
-        del g.open_shards[t]
+        del g.live[t]
         g.failed.discard(t)
         if not g.eager:
             g.args.pop(t, None)
