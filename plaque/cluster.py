@@ -60,7 +60,8 @@ class Cluster:
         self.address = self._transport.address
         self._core = CoordinatorCore(self.address, heartbeat_timeout=heartbeat_timeout)
         self._loop = uvloop.new_event_loop()
-        self._pending: dict[tuple, cf.Future] = {}
+        self._pending: dict[tuple, object] = {}  # install/run key -> callback(value, error)
+        self._counter_requests: dict[int, tuple] = {}  # request -> (future, workers, replies)
         self._members: list[int] = []
         self._member_cv = threading.Condition()
         self._inproc_workers: list[Endpoint] = []
@@ -106,24 +107,17 @@ class Cluster:
                 self._settle(("run", ev[1], ev[2]), ev[3], None)
             elif kind == "counters":
                 _, req, worker, snapshot = ev
-                fut, want, got = self._pending.get(("counters", req), (None, None, None))
+                fut, want, got = self._counter_requests.get(req, (None, None, None))
                 if fut is not None:
                     got[worker] = snapshot
                     if set(got) >= set(want):
-                        del self._pending[("counters", req)]
+                        del self._counter_requests[req]
                         fut.set_result(got)
 
     def _settle(self, key, error, value):
-        fut = self._pending.pop(key, None)
-        if callable(fut):  # a loop-thread callback from install_async / start_async
-            fut(value, error)
-            return
-        if fut is None or fut.done():
-            return
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(value)
+        callback = self._pending.pop(key, None)
+        if callback is not None:
+            callback(value, error)
 
     def _call(self, fn, timeout=30.0):
         """Run ``fn`` on the loop thread, then a turn; return its result here."""
@@ -204,7 +198,7 @@ class Cluster:
 
         def job():
             gid = self._core.install(graph)
-            self._pending[("install", gid)] = fut
+            self._pending[("install", gid)] = _resolver(fut)
             return gid
 
         self._call(job)
@@ -223,7 +217,7 @@ class Cluster:
             except BaseException as exc:
                 fut.set_exception(exc)
                 return
-            self._pending[("run", gid, t)] = fut
+            self._pending[("run", gid, t)] = _resolver(fut)
             self._endpoint.turn()
 
         self._loop.call_soon_threadsafe(job)
@@ -238,7 +232,7 @@ class Cluster:
             if not want:
                 fut.set_result({})
             else:
-                self._pending[("counters", req)] = (fut, want, {})
+                self._counter_requests[req] = (fut, want, {})
             return self._core.counters.snapshot()
 
         own = self._call(job)
@@ -296,14 +290,12 @@ class Cluster:
                 ep.stop("cluster closed")
             self._endpoint.stop("cluster closed")
             closed = ClusterClosed("the cluster closed before this finished")
-            for fut in list(self._pending.values()):
-                if callable(fut):
-                    fut(None, closed)
-                    continue
-                f = fut[0] if isinstance(fut, tuple) else fut
-                if not f.done():
-                    f.set_exception(closed)
+            for callback in list(self._pending.values()):
+                callback(None, closed)
+            for fut, _, _ in self._counter_requests.values():
+                fut.set_exception(closed)
             self._pending.clear()
+            self._counter_requests.clear()
             self._loop.stop()
 
         self._loop.call_soon_threadsafe(shutdown)
@@ -316,6 +308,18 @@ class Cluster:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _resolver(fut: cf.Future):
+    """A callback(value, error) that settles ``fut`` (once)."""
+    def settle(value, error):
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(value)
+    return settle
 
 
 @contextlib.contextmanager
