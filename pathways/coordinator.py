@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 import zmq
 
 import plaque
-from plaque.zmq_transport import bind_socket
 
-from . import protocol
 from .lowering import rebuild
 from .resource_manager import ResourceManager
 from .scheduler import Gang, IslandScheduler
+from .service import RouterService
 
 log = logging.getLogger("pathways.coordinator")
 
@@ -47,26 +46,20 @@ class Coordinator:
         self.clients: dict[int, bytes] = {}  # client id -> socket identity
         self._client_ids = itertools.count()
         self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.address = bind_socket(self.sock, bind if bind.startswith("tcp://")
-                                   else "tcp://127.0.0.1")
+        self.service = RouterService(self.ctx, bind if bind.startswith("tcp://")
+                                     else "tcp://127.0.0.1", self._handle, sender=-1,
+                                     after_batch=self.cluster.soon)
+        self.address = self.service.address
         self.cluster.listeners.append(self._on_cluster_event)
-        self.cluster.call_soon(self._start_serving)
-
-    def _start_serving(self):
-        loop = self.cluster.loop
-        loop.add_reader(self.sock.getsockopt(zmq.FD), self._drain)
-        loop.call_soon(self._drain)
+        self.cluster.call_soon(lambda: self.service.start(self.cluster.loop))
 
     def close(self):
         try:
-            self.cluster.call_soon(lambda: self.cluster.loop.remove_reader(
-                self.sock.getsockopt(zmq.FD)))
+            self.cluster.call_soon(self.service.close)
         except Exception:
             pass
         self.cluster.close()
-        self.sock.close(0)
+        self.service.close()
         self.ctx.term()
 
     # ---- hosts ----------------------------------------------------------------------------
@@ -101,32 +94,20 @@ class Coordinator:
         return out
 
     # ---- clients --------------------------------------------------------------------------
-    def _drain(self):
-        for _ in range(256):
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            ident = frames[0].bytes
-            try:
-                req = protocol.unpack(frames[1:])
-                handler = getattr(self, "_req_" + str(req[0]))
-            except Exception as exc:
-                log.warning("dropped a bad client message: %r", exc)
-                continue
-            try:
-                handler(ident, *req[1:])
-            except Exception as exc:
-                log.info("request %s failed: %r", req[0], exc)
-                if len(req) > 1 and isinstance(req[1], int):
-                    self._reply(ident, ("error", req[1], exc))
-        else:
-            self.cluster.loop.call_soon(self._drain)
-        self.cluster.soon()
+    def _handle(self, ident, req):
+        handler = getattr(self, "_req_" + str(req[0]), None)
+        if handler is None:
+            log.warning("dropped a client request of unknown kind %r", req[0])
+            return
+        try:
+            handler(ident, *req[1:])
+        except Exception as exc:
+            log.info("request %s failed: %r", req[0], exc)
+            if len(req) > 1 and isinstance(req[1], int):
+                self._reply(ident, ("error", req[1], exc))
 
     def _reply(self, ident, payload):
-        self.sock.send_multipart([ident, *protocol.pack(payload, -1)], copy=False)
-        self.cluster.loop.call_soon(self._drain)  # the send may have eaten the readable edge
+        self.service.reply(ident, payload)
 
     def _req_info(self, ident, req):
         self._reply(ident, ("info", req, {"plaque": self.cluster.address,

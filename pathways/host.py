@@ -22,7 +22,7 @@ import zmq
 import plaque
 from plaque.endpoint import serve_worker_core
 from plaque.worker import WorkerCore
-from plaque.zmq_transport import ZmqTransport, bind_socket
+from plaque.zmq_transport import ZmqTransport
 
 from . import protocol
 from .collectives import Rendezvous
@@ -30,6 +30,7 @@ from .cost import DeviceSpec
 from .device import EmulatedDevice
 from .ici import IciLink
 from .object_store import ObjectStore
+from .service import RouterService
 
 log = logging.getLogger("pathways.host")
 
@@ -134,33 +135,23 @@ class DataService:
 
     def __init__(self, host: Host, bind: str, ctx: zmq.Context):
         self.host = host
-        self.sock = ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.address = bind_socket(self.sock, bind)
+        self.service = RouterService(ctx, bind, self._handle)
+        self.address = self.service.address
 
     def start(self, loop) -> None:
         self.loop = loop
-        loop.add_reader(self.sock.getsockopt(zmq.FD), self._drain)
-        loop.call_soon(self._drain)
-
-    def _drain(self) -> None:
-        for _ in range(256):
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            ident, body = frames[0].bytes, frames[1:]
-            try:
-                self._handle(ident, protocol.unpack(body))
-            except Exception as exc:
-                log.warning("data service dropped a request: %r", exc)
-        self.loop.call_soon(self._drain)
+        self.service.start(loop)
 
     def _reply(self, ident, payload) -> None:
-        self.sock.send_multipart([ident, *protocol.pack(payload)], copy=False)
-        self.loop.call_soon(self._drain)  # the send may have eaten the FD's readable edge
+        self.service.reply(ident, payload)
 
     def _handle(self, ident, req) -> None:
+        try:
+            self._serve(ident, req)
+        except Exception as exc:
+            log.warning("data service dropped a request: %r", exc)
+
+    def _serve(self, ident, req) -> None:
         kind, store = req[0], self.host.store
         if kind == "put":
             _, array_id, device, value, owner = req
@@ -235,5 +226,5 @@ async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
         return await serve_worker_core(core, transport)
     finally:
         host.close()
-        data.sock.close(0)
+        data.service.close()
         ctx.term()

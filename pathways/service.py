@@ -1,0 +1,75 @@
+"""A request/reply socket served on an asyncio loop: the coordinator's client port and each
+host's data port.
+
+Requests arrive on a ROUTER socket and are handed to ``handle(ident, request)``; replies go
+back with ``reply``. ZeroMQ's file descriptor is edge-triggered and shared by both directions,
+so a send can swallow the edge that announced a request: after replies the socket is drained
+again, at most once per loop iteration however many replies were sent.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from plaque.zmq_transport import bind_socket
+
+from . import protocol
+
+log = logging.getLogger("pathways.service")
+
+BATCH = 256  # requests handled before yielding to the loop
+
+
+class RouterService:
+    def __init__(self, ctx: zmq.Context, bind: str, handle, sender: int = protocol.CLIENT,
+                 after_batch=None):
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.address = bind_socket(self.sock, bind)
+        self.handle, self.sender, self.after_batch = handle, sender, after_batch
+        self.loop = None
+        self._scheduled = False
+
+    def start(self, loop) -> None:
+        """Loop thread: begin serving requests."""
+        self.loop = loop
+        loop.add_reader(self.sock.getsockopt(zmq.FD), self._drain_soon)
+        self._drain_soon()
+
+    def _drain_soon(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        for _ in range(BATCH):
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            try:
+                request = protocol.unpack(frames[1:])
+            except Exception as exc:
+                log.warning("dropped a malformed request: %r", exc)
+                continue
+            self.handle(frames[0].bytes, request)
+        else:
+            self._drain_soon()  # more may be waiting: let the loop breathe first
+        if self.after_batch is not None:
+            self.after_batch()
+
+    def reply(self, ident: bytes, payload) -> None:
+        """Loop thread: send ``payload`` to the requester ``ident``."""
+        self.sock.send_multipart([ident, *protocol.pack(payload, self.sender)], copy=False)
+        self._drain_soon()  # the send may have swallowed the readable edge
+
+    def close(self) -> None:
+        if self.loop is not None and not self.loop.is_closed():
+            try:
+                self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
+            except Exception:
+                pass
+        self.sock.close(0)
