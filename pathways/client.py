@@ -20,7 +20,7 @@ import numpy as np
 import uvloop
 import zmq
 
-from plaque.coordinator import ship
+from plaque.shipping import ship
 
 from . import protocol, sharding
 from .array import Array

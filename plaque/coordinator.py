@@ -12,20 +12,16 @@ Like the worker it does no I/O: ``take_commands`` gives the messages to send and
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
-import sys
-import types
 from dataclasses import dataclass, field
-
-import cloudpickle
 
 from . import wire
 from .counters import Counters
 from .errors import GraphError, OperatorError, WorkerLost
 from .graph import Graph, Topology
 from .progress import INPUT, SINK, ProgressTracker
+from .shipping import ship
 from .wire import CONTROL, Kind
 
 log = logging.getLogger("plaque.coordinator")
@@ -71,59 +67,6 @@ class _Graph:
 class _Run:
     result: RunResult
     failed: bool = False
-
-
-def ship(obj, functions) -> bytes:
-    """cloudpickle ``obj``; code from modules workers may not import (scripts, tests) by value.
-
-    Looks through ``functools.partial``, closures and the globals a function uses, so helpers
-    reached from a lambda travel too; the standard library, installed packages and Plaque
-    itself always go by reference.
-    """
-    for module in _user_modules(functions):
-        cloudpickle.register_pickle_by_value(module)
-    return cloudpickle.dumps(obj)
-
-
-def _user_modules(functions, depth: int = 4) -> set:
-    found, seen = set(), set()
-    todo = [(fn, 0) for fn in functions]
-    while todo:
-        fn, level = todo.pop()
-        if id(fn) in seen or level > depth:
-            continue
-        seen.add(id(fn))
-        if isinstance(fn, functools.partial):
-            todo += [(x, level + 1) for x in (fn.func, *fn.args, *fn.keywords.values())]
-            continue
-        if isinstance(fn, types.ModuleType):  # a module used as a global: `helper.f(...)`
-            if _is_user_module(fn):
-                found.add(fn)
-            continue
-        module = sys.modules.get(getattr(fn, "__module__", None) or "")
-        if module is not None and _is_user_module(module):
-            found.add(module)
-        code = getattr(fn, "__code__", None)
-        if code is None:
-            continue
-        for cell in getattr(fn, "__closure__", None) or ():
-            try:
-                todo.append((cell.cell_contents, level + 1))
-            except ValueError:
-                pass  # an empty cell
-        names = getattr(fn, "__globals__", {})
-        todo += [(names[n], level + 1) for n in code.co_names
-                 if n in names and (callable(names[n]) or isinstance(names[n], types.ModuleType))]
-    return found
-
-
-def _is_user_module(module) -> bool:
-    name = module.__name__
-    top = name.split(".")[0]
-    if name == "__main__" or top in ("plaque", "pathways") or top in sys.stdlib_module_names:
-        return False
-    file = getattr(module, "__file__", None) or ""
-    return bool(file) and "site-packages" not in file and "dist-packages" not in file
 
 
 class CoordinatorCore:
