@@ -56,7 +56,8 @@ class WorkerCore:
         self._local: deque = deque()
         self._data_out: dict[int, dict[tuple, list]] = {}
         self._outputs: list = []
-        self._last_heard = None
+        self._last_heard = None  # time of the tick after we last heard the coordinator
+        self._heard = True  # something came from the coordinator since the last tick
         self._last_beat = None
         self.last_tick = None
         self.exited = False
@@ -150,7 +151,7 @@ class WorkerCore:
         if kind is Kind.PROGRESS:
             c.progress_received += 1
         if sender == COORDINATOR:
-            self._last_heard = None  # reset on next tick
+            self._heard = True  # the core has no clock: the next tick stamps it
         try:
             handler(self, sender, payload)
         except Exception as exc:
@@ -463,8 +464,8 @@ class WorkerCore:
     def tick(self, now: float) -> None:
         """Send heartbeats; give up if the coordinator has been silent too long."""
         self.last_tick = now  # read by the heartbeat thread: the loop is alive
-        if self._last_heard is None:
-            self._last_heard = now
+        if self._heard:
+            self._heard, self._last_heard = False, now
         if self.id is not None and (self._last_beat is None
                                     or now - self._last_beat >= HEARTBEAT_INTERVAL):
             self._last_beat = now
