@@ -27,14 +27,17 @@ from .errors import (
 )
 from .mesh import Mesh
 from .pipeline import Pipeline, Stage
+from .routing import RoutedFunction, expert_map
 from .sharding import P
 from .tracer import program, reference
 
 __all__ = [
     "Array", "Client", "ClientClosed", "CollectiveTimeout", "CompiledFunction",
     "DeviceOutOfMemory", "DeviceSpec", "HostLost", "Mesh", "P", "PathwaysError",
-    "Pipeline", "ProgramError", "RemoteError", "ResourceError", "ShardingError", "Stage",
+    "Pipeline", "ProgramError", "RemoteError", "ResourceError", "RoutedFunction",
+    "ShardingError", "Stage",
     "all_gather",
-    "all_to_all", "axis_index", "connect", "local_cluster", "pmean", "ppermute", "program",
+    "all_to_all", "axis_index", "connect", "expert_map", "local_cluster", "pmean", "ppermute",
+    "program",
     "psum", "reference", "shard_map",
 ]

@@ -249,9 +249,10 @@ class Client:
         lowered = lower(program, list(placements), worker_of, island_of, self.dispatch)
         out_places = {}
         for eqn in program.eqns:
-            for v, spec in zip(eqn.outputs, eqn.fn.out_specs):
-                p = placement_of(eqn.fn, spec, len(v.aval.shape))
-                out_places[v.id] = (eqn.fn.mesh, sharding.P(*p.spec))
+            for k, (v, spec) in enumerate(zip(eqn.outputs, eqn.fn.out_specs)):
+                mesh = eqn.fn.out_mesh(k)
+                p = placement_of(mesh, spec, len(v.aval.shape))
+                out_places[v.id] = (mesh, sharding.P(*p.spec))
         pid = (self.id, next(self._program_ids))
         blob = ship([n.factory for n in lowered.graph.nodes], [e.fn.body for e in program.eqns])
         nodes, edges = skeleton(lowered.graph)

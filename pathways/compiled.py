@@ -70,6 +70,14 @@ class CompiledFunction:
                                " arguments")
         return self.in_specs
 
+    def in_mesh(self, i: int) -> Mesh:
+        """The mesh argument ``i`` must live on (one mesh for all, except routed calls)."""
+        return self.mesh
+
+    def out_mesh(self, k: int) -> Mesh:
+        """The mesh result ``k`` lives on."""
+        return self.mesh
+
     def shard_avals(self, in_avals) -> list[Aval]:
         m = self.mesh
         out = []

@@ -69,7 +69,7 @@ class KernelOp(plaque.Operator):
     def __init__(self, spec: KernelSpec):
         self.spec = spec
         self.caps: dict = {}
-        self.assembling: dict = {}  # (t, input index) -> [buffer, pieces still expected]
+        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.mesh.devices)
 
     def on_start(self, ctx, t):
         self.caps[t] = ctx.hold()
@@ -81,11 +81,32 @@ class KernelOp(plaque.Operator):
             self._enqueue(ctx, t)
 
     def on_input(self, ctx, t, port, piece):
-        """A piece of an input that arrives by transfer; put the input once it is whole."""
-        inc = self.spec.incoming[port]
-        host, arg = ctx.services["host"], ctx.arg
+        self.assembler.on_piece(ctx, t, port, piece)
+
+    def _enqueue(self, ctx, t):
+        cap = self.caps.pop(t)
+        host = ctx.services["host"]
+        arg = ctx.arg
         device = self.spec.fn.mesh.devices[ctx.shard]
-        key = transfer_key(arg, self.spec.index, port, device)
+        seq = arg.seqs[self.spec.index][device]
+        kernel = Kernel(self.spec, ctx.shard, device, arg, host, cap)
+        host.enqueue(device, seq, kernel)
+
+
+class Assembler:
+    """Where the pieces of inputs that arrive by transfer are put together, per run, into the
+    buffer the consuming kernel waits on (its transfer key in the object store)."""
+
+    def __init__(self, index: int, incoming: dict, devices):
+        self.index, self.incoming, self.devices = index, incoming, devices
+        self.assembling: dict = {}  # (t, input index) -> [buffer, pieces expected, arrival]
+
+    def on_piece(self, ctx, t, port, piece):
+        """A piece of an input that arrives by transfer; put the input once it is whole."""
+        inc = self.incoming[port]
+        host, arg = ctx.services["host"], ctx.arg
+        device = self.devices[ctx.shard]
+        key = transfer_key(arg, self.index, port, device)
         if piece[0] == "fail":
             host.store.fail(key, RemoteError(piece[1]), (arg.client, arg.run_id))
             return
@@ -114,15 +135,6 @@ class KernelOp(plaque.Operator):
                                 (arg.client, arg.run_id))
 
         place()
-
-    def _enqueue(self, ctx, t):
-        cap = self.caps.pop(t)
-        host = ctx.services["host"]
-        arg = ctx.arg
-        device = self.spec.fn.mesh.devices[ctx.shard]
-        seq = arg.seqs[self.spec.index][device]
-        kernel = Kernel(self.spec, ctx.shard, device, arg, host, cap)
-        host.enqueue(device, seq, kernel)
 
 
 class Kernel:

@@ -24,6 +24,7 @@ from . import resharding
 from .errors import ProgramError
 from .ir import Program
 from .kernel import Incoming, KernelOp, KernelSpec, SendOp, SendSpec
+from .routing import ROUTED_PORT, ExpertOp, GatherOp, RouteOp, RouteSpec
 from .sharding import normalize_spec, shard_shape
 
 
@@ -97,8 +98,8 @@ class LoweredProgram:
     islands: list[int]  # island of each gang
 
 
-def placement_of(fn, spec, ndim) -> Placement:
-    m = fn.mesh
+def placement_of(m, spec, ndim) -> Placement:
+    """Where a value of ``ndim`` dimensions with ``spec`` lives on mesh ``m``."""
     return Placement(m.devices, tuple(normalize_spec(spec, ndim, m.axis_names)), m.shape,
                      m.axis_names)
 
@@ -117,12 +118,12 @@ def lower(program: Program, input_placements: list[Placement], worker_of: dict[i
     for e, eqn in enumerate(program.eqns):
         specs = eqn.fn.arg_specs(len(eqn.inputs))
         for i, (v, spec) in enumerate(zip(eqn.inputs, specs)):
-            need = placement_of(eqn.fn, spec, len(v.aval.shape))
+            need = placement_of(eqn.fn.in_mesh(i), spec, len(v.aval.shape))
             if where[v.id] != need:
                 transfers[(e, i)] = need
             uses[v.id] = uses.get(v.id, 0) + 1
-        for v, spec in zip(eqn.outputs, eqn.fn.out_specs):
-            where[v.id] = placement_of(eqn.fn, spec, len(v.aval.shape))
+        for k, (v, spec) in enumerate(zip(eqn.outputs, eqn.fn.out_specs)):
+            where[v.id] = placement_of(eqn.fn.out_mesh(k), spec, len(v.aval.shape))
     keep = {v.id for v in program.outputs} | {v.id for v in program.inputs}
     builder = _Builder(program, worker_of, island_of, where, uses, keep, transfers)
     builder.notify = dispatch == "sequential"
@@ -134,8 +135,7 @@ class _Builder:
         self.program, self.worker_of, self.island_of = program, worker_of, island_of
         self.where, self.uses, self.keep, self.transfers = where, uses, keep, transfers
         self.graph = plaque.Graph(program.name)
-        self.kernel_nodes: list = []
-        self.producer: dict[int, int] = {}
+        self.producer: dict[int, plaque.graph.Node] = {}  # var id -> node that makes it
 
     def hosts(self, devices, what):
         try:
@@ -155,6 +155,8 @@ class _Builder:
 
     def _kernel(self, e, eqn):
         g, fn = self.graph, eqn.fn
+        if getattr(fn, "routed", False):
+            return self._routed(e, eqn)
         incoming, releases = {}, []
         for i, v in enumerate(eqn.inputs):
             if (e, i) in self.transfers:
@@ -165,14 +167,55 @@ class _Builder:
                           tuple(v.aval for v in eqn.inputs), tuple(releases), incoming)
         node = g.node(f"{e}:{fn.name}", functools.partial(KernelOp, spec), fn.mesh.size,
                       placement=self.hosts(fn.mesh.devices, fn.name), notify=self.notify)
-        for i, v in enumerate(eqn.inputs):
+        self._connect(e, eqn, range(len(eqn.inputs)), node)
+        for v in eqn.outputs:
+            self.producer[v.id] = node
+
+    def _connect(self, e, eqn, inputs, node):
+        """Edges into ``node`` from the producers of these inputs, or transfers."""
+        for i in inputs:
+            v = eqn.inputs[i]
             if (e, i) in self.transfers:
                 self._send(e, i, v, node)
             elif v.id in self.producer:
-                self._edge(self.kernel_nodes[self.producer[v.id]], node)
-        for v in eqn.outputs:
-            self.producer[v.id] = e
-        self.kernel_nodes.append(node)
+                self._edge(self.producer[v.id], node)
+
+    def _routed(self, e, eqn):
+        """A routed call: route (token devices) -> experts -> gather (token devices)."""
+        fn, g = eqn.fn, self.graph
+        tm, em = fn.token_mesh, fn.mesh
+        releases, incoming = [], {}
+        for i, v in enumerate(eqn.inputs):
+            if (e, i) in self.transfers:
+                incoming[i] = self._incoming(e, i, v)
+                releases.append(None)
+            else:
+                releases.append(0 if v.id in self.keep else self.uses[v.id])
+        links = tuple(tuple(self._link(a, b) for b in em.devices) for a in tm.devices)
+        spec = RouteSpec(e, fn, tuple(v.id for v in eqn.inputs),
+                         tuple(v.id for v in eqn.outputs), tuple(releases), incoming, links,
+                         tuple(v.aval for v in eqn.outputs), tuple(v.aval for v in eqn.inputs))
+        token_hosts, expert_hosts = self.hosts(tm.devices, fn.name), self.hosts(em.devices,
+                                                                                fn.name)
+        route = g.node(f"{e}:{fn.name}:route", functools.partial(RouteOp, spec), tm.size,
+                       placement=token_hosts, notify=self.notify)
+        # How many rows reach an expert is data-dependent: these two always wait for
+        # progress tracking to say their input is complete (sequential for this node only).
+        experts = g.node(f"{e}:{fn.name}", functools.partial(ExpertOp, spec), em.size,
+                         placement=expert_hosts, notify=True)
+        gather = g.node(f"{e}:{fn.name}:gather", functools.partial(GatherOp, spec), tm.size,
+                        placement=token_hosts, notify=True)
+        g.edge(route, experts, plaque.KEYED, ROUTED_PORT, len(eqn.inputs))
+        g.edge(experts, gather, plaque.KEYED, ROUTED_PORT, 0)
+        split = 1 + fn.token_args
+        self._connect(e, eqn, range(split), route)
+        self._connect(e, eqn, range(split, len(eqn.inputs)), experts)
+        for k, v in enumerate(eqn.outputs):
+            self.producer[v.id] = gather if k < fn.row_outputs else experts
+
+    def _link(self, a, b) -> str:
+        return ("local" if self.worker_of[a] == self.worker_of[b] else
+                "ici" if self.island_of[a] == self.island_of[b] else "dcn")
 
     def _edge(self, src, dst, routing=None):
         g = self.graph
@@ -184,7 +227,7 @@ class _Builder:
 
     def _incoming(self, e, i, v) -> Incoming:
         need = self.transfers[(e, i)]
-        m = self.program.eqns[e].fn.mesh
+        m = self.program.eqns[e].fn.in_mesh(i)
         have = self.where[v.id]
         pieces = resharding.plan(v.aval.shape, have.mesh, have.spec, need.mesh, need.spec)
         expect = [0] * m.size
@@ -195,12 +238,10 @@ class _Builder:
 
     def _send(self, e, i, v, consumer):
         have, need = self.where[v.id], self.transfers[(e, i)]
-        m = self.program.eqns[e].fn.mesh
+        m = self.program.eqns[e].fn.in_mesh(i)
         per_src: list[list] = [[] for _ in have.devices]
         for p in resharding.plan(v.aval.shape, have.mesh, have.spec, need.mesh, need.spec):
-            a, b = have.devices[p.src], m.devices[p.dst]
-            link = ("local" if self.worker_of[a] == self.worker_of[b] else
-                    "ici" if self.island_of[a] == self.island_of[b] else "dcn")
+            link = self._link(have.devices[p.src], m.devices[p.dst])
             per_src[p.src].append((p.dst, p.src_slices, p.dst_slices, link))
         spec = SendSpec(v.id, e, i, have.devices, tuple(map(tuple, per_src)),
                         0 if v.id in self.keep else self.uses[v.id])
@@ -208,5 +249,5 @@ class _Builder:
                                len(have.devices), placement=self.hosts(have.devices, "a send"),
                                notify=self.notify)
         if v.id in self.producer:
-            self._edge(self.kernel_nodes[self.producer[v.id]], node)
+            self._edge(self.producer[v.id], node)
         self.graph.edge(node, consumer, plaque.KEYED, dst_port=i)

@@ -1,0 +1,531 @@
+"""Data-dependent sparse routing: ``pw.expert_map``, the primitive behind Mixture of Experts.
+
+A routed call ``expert_map(body, ...)(route, *token_args, *params)`` sends each token slot
+``(t, j)`` (token t's j-th choice) to the device hosting expert ``route[t, j]`` and nowhere
+else, runs ``body`` there once per expert on the rows it received, and returns the rows the
+experts produced to the slots' home shards, as ``[T, k, ...]`` arrays (zeros where
+``route == -1``: a dropped slot). ``body(*rows, *expert_params)`` may also return per-expert
+values (e.g. weight gradients), which stay on the experts' devices as ``[E, ...]`` arrays.
+
+Lowered, one call is three Plaque nodes (DESIGN.md, mechanism 8)::
+
+    route (token devices) ──KEYED rows──► experts (expert devices) ──KEYED rows──► gather
+                                                                                (token devices)
+
+The route node emits to an expert device only the rows routed there; an expert device that
+gets none learns from progress tracking that its input is complete and runs its experts on
+empty batches. How many rows arrive is only known at run time, so the expert and gather nodes
+are dispatched sequentially (on Plaque's "complete" notification) even in a program whose
+other nodes are dispatched in parallel; the expert kernel still runs at the position the
+island scheduler gave it on each device.
+
+Experts ``e`` of ``E`` live ``E / D`` per device, in order: expert e on device ``e // (E/D)``
+of the expert mesh. Token slots are processed on an expert in global slot order (token-major),
+so results are the same however the tokens are sharded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+
+import plaque
+
+from . import cost as cost_model
+from .compiled import Aval, CompiledFunction
+from .errors import ProgramError, RemoteError, ShardingError
+from .mesh import Mesh
+from .sharding import P
+
+log = logging.getLogger("pathways.routing")
+
+ROUTED_PORT = 1  # output port of routed rows, kept apart from port 0 (completion edges)
+
+
+class RoutedFunction(CompiledFunction):
+    """A compiled expert body with token-to-expert routing. Create with ``expert_map``."""
+
+    routed = True
+
+    def __init__(self, body, tokens: Mesh, experts: Mesh, num_experts: int, token_args: int,
+                 slot_args=(), row_outputs: int = 1, cost=None, name=None):
+        for what, m in (("tokens", tokens), ("experts", experts)):
+            if not isinstance(m, Mesh):
+                raise ProgramError(f"expert_map: {what} must be a Mesh, got {m!r}")
+            if len(m.shape) != 1:
+                raise ShardingError(f"expert_map: the {what} mesh must be 1-D, got shape"
+                                    f" {m.shape}")
+        if num_experts < 1 or num_experts % experts.size:
+            raise ShardingError(f"expert_map: {num_experts} experts cannot be spread evenly"
+                                f" over {experts.size} expert devices")
+        if token_args < 1:
+            raise ProgramError("expert_map: at least one token argument is needed")
+        if any(not 0 <= i < token_args for i in slot_args):
+            raise ProgramError(f"expert_map: slot_args {tuple(slot_args)} must index the"
+                               f" {token_args} token arguments")
+        if row_outputs < 1:
+            raise ProgramError("expert_map: at least one row output is needed")
+        super().__init__(body, experts, None, None, cost=cost, name=name)
+        self.token_mesh, self.num_experts = tokens, num_experts
+        self.token_args, self.slot_args = token_args, frozenset(slot_args)
+        self.row_outputs = row_outputs
+        self.per_device = num_experts // experts.size
+        self._out_count = None
+
+    # ---- placement of arguments and results -----------------------------------------------
+    def arg_specs(self, nargs: int) -> tuple:
+        if nargs < 1 + self.token_args:
+            raise ProgramError(f"{self.name}: call with (route, {self.token_args} token"
+                               f" arrays, expert params...), got {nargs} arguments")
+        t, e = P(self.token_mesh.axis_names[0]), P(self.mesh.axis_names[0])
+        return (t,) * (1 + self.token_args) + (e,) * (nargs - 1 - self.token_args)
+
+    def in_mesh(self, i: int) -> Mesh:
+        return self.token_mesh if i <= self.token_args else self.mesh
+
+    def out_mesh(self, k: int) -> Mesh:
+        return self.token_mesh if k < self.row_outputs else self.mesh
+
+    @property
+    def out_specs(self):
+        t, e = P(self.token_mesh.axis_names[0]), P(self.mesh.axis_names[0])
+        n = self._out_count or self.row_outputs
+        return (t,) * self.row_outputs + (e,) * (n - self.row_outputs)
+
+    @out_specs.setter
+    def out_specs(self, value):  # CompiledFunction.__init__ assigns it; we derive it
+        pass
+
+    @property
+    def single_output(self):
+        return (self._out_count or self.row_outputs) == 1
+
+    @single_output.setter
+    def single_output(self, value):
+        pass
+
+    # ---- shapes ---------------------------------------------------------------------------
+    def split_avals(self, in_avals):
+        """Check the arguments; (T, k, row avals per slot, per-expert param avals)."""
+        if len(in_avals) < 1 + self.token_args:
+            self.arg_specs(len(in_avals))
+        route, tokens = in_avals[0], in_avals[1:1 + self.token_args]
+        params = in_avals[1 + self.token_args:]
+        if len(route.shape) != 2 or route.dtype.kind not in "iu":
+            raise ProgramError(f"{self.name}: route must be an int array [tokens, k] of expert"
+                               f" indices (-1 = dropped), got {route}")
+        T, k = route.shape
+        if T % self.token_mesh.size:
+            raise ShardingError(f"{self.name}: {T} tokens cannot be split evenly over"
+                                f" {self.token_mesh.size} token devices")
+        rows = []
+        for i, a in enumerate(tokens):
+            lead = (T, k) if i in self.slot_args else (T,)
+            if tuple(a.shape[:len(lead)]) != lead:
+                what = "[tokens, k, ...] (a slot argument)" if i in self.slot_args else \
+                    "[tokens, ...]"
+                raise ShardingError(f"{self.name}: token argument {i} {a} must be {what}"
+                                    f" with tokens={T}, k={k}")
+            rows.append(Aval(tuple(a.shape[len(lead):]), a.dtype))
+        per_expert = []
+        for i, a in enumerate(params):
+            if not a.shape or a.shape[0] != self.num_experts:
+                raise ShardingError(f"{self.name}: expert parameter {i} {a} must have a"
+                                    f" leading dimension of {self.num_experts} experts")
+            per_expert.append(Aval(tuple(a.shape[1:]), a.dtype))
+        return T, k, rows, per_expert
+
+    def abstract_eval(self, in_avals) -> tuple[Aval, ...]:
+        key = tuple(in_avals)
+        if key not in self._avals:
+            self._avals[key] = self._abstract_eval(key)
+        return self._avals[key]
+
+    def _abstract_eval(self, in_avals):
+        T, k, rows, per_expert = self.split_avals(in_avals)
+        row_outs, expert_outs = self.call_expert(
+            [np.zeros((1, *a.shape), a.dtype) for a in rows],
+            [np.zeros(a.shape, a.dtype) for a in per_expert])
+        if self._out_count is None:
+            self._out_count = len(row_outs) + len(expert_outs)
+        avals = [Aval((T, k, *o.shape[1:]), o.dtype) for o in row_outs]
+        avals += [Aval((self.num_experts, *o.shape), o.dtype) for o in expert_outs]
+        return tuple(avals)
+
+    def call_expert(self, rows, params):
+        """Run the body on one expert's rows; (row outputs, per-expert outputs)."""
+        n = rows[0].shape[0]
+        try:
+            outs = self.body(*rows, *params)
+        except Exception as exc:
+            raise ProgramError(f"{self.name} fails on {n} rows of "
+                               f"{[str(Aval.of(r)) for r in rows]}: {exc!r}") from exc
+        outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
+        outs = tuple(np.asarray(o) for o in outs)
+        if len(outs) < self.row_outputs:
+            raise ProgramError(f"{self.name} must return at least {self.row_outputs} row"
+                               f" output(s), got {len(outs)}")
+        if self._out_count is not None and len(outs) != self._out_count:
+            raise ProgramError(f"{self.name} returned {len(outs)} outputs, not"
+                               f" {self._out_count}")
+        row_outs, expert_outs = outs[:self.row_outputs], outs[self.row_outputs:]
+        for i, o in enumerate(row_outs):
+            if o.ndim < 1 or o.shape[0] != n:
+                raise ProgramError(f"{self.name}: row output {i} has shape {o.shape}; it must"
+                                   f" have one row per input row ({n})")
+        return row_outs, expert_outs
+
+    def cost_of(self, rows, params, outs, spec) -> float:
+        default = cost_model.estimate_kernel(list(rows) + list(params), list(outs), spec)
+        return cost_model.resolve_cost(self.cost, [a.shape for a in (*rows, *params)],
+                                       default)
+
+    # ---- the reference: the same routing, in one process ----------------------------------
+    def evaluate(self, args) -> list:
+        route = np.asarray(args[0])
+        tokens = [np.asarray(a) for a in args[1:1 + self.token_args]]
+        params = [np.asarray(a) for a in args[1 + self.token_args:]]
+        avals = self.abstract_eval([Aval.of(a) for a in (route, *tokens, *params)])
+        T, k = route.shape
+        check_route(route, self.num_experts, self.name)
+        outs = [np.zeros(a.shape, a.dtype) for a in avals]
+        flat = route.reshape(-1)
+        for e in range(self.num_experts):
+            slots = np.flatnonzero(flat == e)
+            rows = [_rows(a, slots, k, i in self.slot_args) for i, a in enumerate(tokens)]
+            row_outs, expert_outs = self.call_expert(rows, [p[e] for p in params])
+            for o, r in zip(outs, row_outs):
+                o.reshape(T * k, *o.shape[2:])[slots] = r
+            for o, r in zip(outs[self.row_outputs:], expert_outs):
+                o[e] = r
+        return outs
+
+
+def _rows(a, slots, k, per_slot):
+    """The rows of token argument ``a`` for flat slot indices ``slots`` (t * k + j)."""
+    if per_slot:
+        return a.reshape(-1, *a.shape[2:])[slots]
+    return a[slots // k]
+
+
+def check_route(route, num_experts, name) -> None:
+    bad = (route < -1) | (route >= num_experts)
+    if bad.any():
+        raise ProgramError(f"{name}: route has expert indices outside [-1, {num_experts}):"
+                           f" {sorted(set(route[bad].tolist()))[:5]}")
+
+
+def expert_map(body, tokens: Mesh, experts: Mesh, num_experts: int, token_args: int = 1,
+               slot_args=(), row_outputs: int = 1, cost=None, name=None) -> RoutedFunction:
+    """Route token rows to the experts a router chose, run ``body`` per expert, bring rows back.
+
+    Call the result as ``f(route, *token_args, *params)``: ``route`` is ``int32[T, k]`` (expert
+    of each token's k choices, -1 = dropped), sharded over ``tokens``; token arguments are
+    ``[T, ...]`` (or ``[T, k, ...]`` for the indices in ``slot_args``); ``params`` are
+    ``[num_experts, ...]``, sharded over ``experts``. ``body(*rows, *one_expert_params)``
+    returns ``row_outputs`` arrays with one row per input row, then any per-expert arrays.
+
+    >>> ffn = pw.expert_map(lambda x, w: np.maximum(x @ w, 0), tokens=tm, experts=em,
+    ...                     num_experts=8)
+    >>> rows = ffn(route, x, w)            # [T, k, d]; zeros where route == -1
+    """
+    return RoutedFunction(body, tokens, experts, num_experts, token_args, slot_args,
+                          row_outputs, cost=cost, name=name)
+
+
+# ---- lowered: the three operators ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RouteSpec:
+    index: int  # equation index
+    fn: RoutedFunction
+    inputs: tuple[int, ...]  # var ids: route, token args, params
+    outputs: tuple[int, ...]
+    releases: tuple  # per input: uses of the value where it lives (0: kept), None if moved
+    incoming: dict  # input index -> kernel.Incoming, for inputs that arrive by transfer
+    links: tuple  # links[token shard][expert shard]: "local" | "ici" | "dcn"
+    out_avals: tuple[Aval, ...]
+    in_avals: tuple[Aval, ...]
+
+
+def _input_key(spec, arg, i, device):
+    from .kernel import transfer_key
+
+    if i in spec.incoming:
+        return transfer_key(arg, spec.index, i, device)
+    return (arg.array_id(spec.inputs[i]), device)
+
+
+def _release_input(spec, arg, host, i, device):
+    key = _input_key(spec, arg, i, device)
+    if i in spec.incoming:
+        host.arrivals.pop(key, None)
+        host.store.delete(key)
+    elif spec.releases[i]:
+        host.release(key, spec.releases[i])
+
+
+class RouteOp(plaque.Operator):
+    """On each token device: once the route and token buffers are ready, send every expert
+    device exactly the rows routed to it (none at all to the others)."""
+
+    def __init__(self, spec: RouteSpec):
+        from .kernel import Assembler
+
+        self.spec = spec
+        self.caps: dict = {}
+        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.token_mesh.devices)
+
+    def on_start(self, ctx, t):
+        self.caps[t] = ctx.hold()
+        if ctx.arg.mode != "sequential":
+            self._when_ready(ctx, t)
+
+    def on_complete(self, ctx, t):
+        if ctx.arg.mode == "sequential":
+            self._when_ready(ctx, t)
+
+    def on_input(self, ctx, t, port, piece):
+        self.assembler.on_piece(ctx, t, port, piece)
+
+    def _when_ready(self, ctx, t):
+        cap = self.caps.pop(t)
+        host, arg, shard = ctx.services["host"], ctx.arg, ctx.shard
+        device = self.spec.fn.token_mesh.devices[shard]
+        keys = [_input_key(self.spec, arg, i, device) for i in range(1 + self.spec.fn.token_args)]
+        left = [len(keys)]
+
+        def ready(_key):
+            left[0] -= 1
+            if not left[0]:
+                cap.post(lambda c: self._send(c, host, arg, shard, device, keys))
+
+        for key in keys:
+            host.store.add_done_callback(key, ready)
+
+    def _send(self, cap, host, arg, shard, device, keys):
+        fn, spec = self.spec.fn, self.spec
+        try:
+            route, *tokens = [host.store.get(k, 0) for k in keys]
+            check_route(route, fn.num_experts, fn.name)
+        except Exception as exc:  # the experts must fail, not compute on partial input
+            for dst in range(fn.mesh.size):
+                cap.emit(("fail", f"{fn.name}: routing on device {device} failed: {exc!r}"),
+                         ROUTED_PORT, shard=dst)
+        else:
+            k = route.shape[1]
+            flat = route.reshape(-1)
+            order = np.flatnonzero(flat >= 0)  # slot order is token-major
+            experts = flat[order]
+            where = experts // fn.per_device
+            for dst in np.unique(where).tolist():
+                sel = order[where == dst]
+                rows = [_rows(a, sel, k, i in fn.slot_args) for i, a in enumerate(tokens)]
+                rows = [np.ascontiguousarray(r) for r in rows]
+                local = (experts[where == dst] % fn.per_device).astype(np.int32)
+                cap.emit(("rows", shard, sel.astype(np.int32), local, rows,
+                          spec.links[shard][dst]), ROUTED_PORT, shard=dst)
+        for i in range(1 + fn.token_args):
+            _release_input(spec, arg, host, i, device)
+        cap.release()
+
+
+class ExpertOp(plaque.Operator):
+    """On each expert device: collect the rows routed here until progress tracking says no
+    more can come, then run this device's experts at its place in the device's order."""
+
+    def __init__(self, spec: RouteSpec):
+        from .kernel import Assembler
+
+        self.spec = spec
+        self.caps: dict = {}
+        self.rows: dict = {}  # t -> [pieces], or an error message
+        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.mesh.devices)
+
+    def on_start(self, ctx, t):
+        self.caps[t] = ctx.hold()
+
+    def on_input(self, ctx, t, port, piece):
+        if port != len(self.spec.inputs):
+            self.assembler.on_piece(ctx, t, port, piece)
+            return
+        got = self.rows.setdefault(t, [])
+        if piece[0] == "fail":
+            self.rows[t] = piece[1] if isinstance(got, list) else got
+        elif isinstance(got, list):
+            _, src, slots, local, rows, link = piece
+            nbytes = sum(r.nbytes for r in rows)  # modelled arrival: now + link time
+            got.append((src, slots, local, rows, time.perf_counter() + _link_time(link, nbytes)))
+
+    def on_complete(self, ctx, t):
+        cap = self.caps.pop(t)
+        host, arg = ctx.services["host"], ctx.arg
+        device = self.spec.fn.mesh.devices[ctx.shard]
+        seq = arg.seqs[self.spec.index][device]
+        received = self.rows.pop(t, [])
+        host.enqueue(device, seq, ExpertKernel(self.spec, ctx.shard, device, arg, host, cap,
+                                               received))
+
+
+class ExpertKernel:
+    """One expert device's share of a routed call, as the device executes it."""
+
+    def __init__(self, spec: RouteSpec, shard, device, arg, host, cap, received):
+        self.spec, self.shard, self.device_id, self.arg = spec, shard, device, arg
+        self.host, self.cap, self.received = host, cap, received
+        self.name = spec.fn.name
+        self.labels = {"client": arg.client, "run": arg.run_id, "eqn": spec.index}
+        self._params = None
+        self._results = None
+
+    def _param_indices(self):
+        return range(1 + self.spec.fn.token_args, len(self.spec.inputs))
+
+    def prepare(self, device) -> None:
+        from .kernel import INPUT_TIMEOUT
+
+        if isinstance(self.received, str):
+            raise RemoteError(self.received)
+        keys = [_input_key(self.spec, self.arg, i, self.device_id)
+                for i in self._param_indices()]
+        self._params = [self.host.wait_buffer(k, INPUT_TIMEOUT) for k in keys]
+        arrival = max([self.host.arrivals.pop(k, 0.0) for k in keys]
+                      + [p[4] for p in self.received], default=0.0)
+        remaining = arrival - time.perf_counter()
+        if remaining > 0:
+            time.sleep(remaining)
+
+    def execute(self, device) -> float:
+        fn = self.spec.fn
+        _, k, row_avals, _ = fn.split_avals(self.spec.in_avals)
+        pieces = sorted(self.received, key=lambda p: p[0])  # source order = global slot order
+        if pieces:
+            local = np.concatenate([p[2] for p in pieces])
+            rows = [np.concatenate([p[3][i] for p in pieces]) for i in range(len(row_avals))]
+            sources = np.concatenate([np.full(len(p[1]), p[0], np.int32) for p in pieces])
+            slots = np.concatenate([p[1] for p in pieces])
+        else:
+            local = np.zeros(0, np.int32)
+            rows = [np.zeros((0, *a.shape), a.dtype) for a in row_avals]
+            sources = slots = np.zeros(0, np.int32)
+        params, self._params = self._params, None
+        row_outs = [np.zeros((len(local), *a.shape[2:]), a.dtype)
+                    for a in self.spec.out_avals[:fn.row_outputs]]
+        expert_outs = [np.zeros((fn.per_device, *a.shape[1:]), a.dtype)
+                       for a in self.spec.out_avals[fn.row_outputs:]]
+        seconds = 0.0
+        for e in range(fn.per_device):
+            mine = np.flatnonzero(local == e)
+            these = [r[mine] for r in rows]
+            one = [p[e] for p in params]
+            outs, extra = fn.call_expert(these, one)
+            for o, r in zip(row_outs, outs):
+                o[mine] = r
+            for o, r in zip(expert_outs, extra):
+                o[e] = r
+            seconds += fn.cost_of(these, one, (*outs, *extra), device.spec)
+        self._results = (sources, slots, row_outs, expert_outs)
+        return seconds
+
+    def on_done(self):
+        sources, slots, row_outs, expert_outs = self._results
+        self._results = None
+        owner = (self.arg.client, self.arg.run_id)
+        fn, spec = self.spec.fn, self.spec
+        for v, o in zip(spec.outputs[fn.row_outputs:], expert_outs):
+            self.host.store.put((self.arg.array_id(v), self.device_id), o, owner)
+        self._release_params()
+        replies = []
+        for src in np.unique(sources).tolist():
+            sel = sources == src
+            link = spec.links[src][self.shard]
+            replies.append((src, ("rows", slots[sel], [np.ascontiguousarray(o[sel])
+                                                       for o in row_outs], link)))
+
+        def send(cap):
+            for src, msg in replies:
+                cap.emit(msg, ROUTED_PORT, shard=src)
+            cap.release()
+
+        self.cap.post(send)
+
+    def _release_params(self):
+        for i in self._param_indices():
+            _release_input(self.spec, self.arg, self.host, i, self.device_id)
+
+    def on_error(self, exc):
+        err = exc if isinstance(exc, RemoteError) else RemoteError(
+            f"{self.name} failed on device {self.device_id}: {exc!r}\n"
+            + "".join(traceback.format_exception(exc)))
+        fn = self.spec.fn
+        for v in self.spec.outputs[fn.row_outputs:]:
+            try:
+                self.host.store.fail((self.arg.array_id(v), self.device_id), err)
+            except Exception:
+                log.exception("could not poison output %s", v)
+        self._release_params()
+
+        def fail(cap):
+            for src in range(fn.token_mesh.size):  # every home shard must fail, not wait
+                cap.emit(("fail", str(err)), ROUTED_PORT, shard=src)
+            raise err
+
+        self.cap.post(fail)
+
+
+class GatherOp(plaque.Operator):
+    """On each token device: put the rows the experts sent back into place; once no more can
+    come, publish the ``[T/D, k, ...]`` row outputs (zeros for dropped slots)."""
+
+    def __init__(self, spec: RouteSpec):
+        self.spec = spec
+        self.caps: dict = {}
+        self.rows: dict = {}
+
+    def on_start(self, ctx, t):
+        self.caps[t] = ctx.hold()
+
+    def on_input(self, ctx, t, port, piece):
+        got = self.rows.setdefault(t, [])
+        if piece[0] == "fail":
+            self.rows[t] = piece[1] if isinstance(got, list) else got
+        elif isinstance(got, list):
+            _, slots, rows, link = piece
+            nbytes = sum(r.nbytes for r in rows)
+            got.append((slots, rows, time.perf_counter() + _link_time(link, nbytes)))
+
+    def on_complete(self, ctx, t):
+        cap = self.caps.pop(t)
+        host, arg = ctx.services["host"], ctx.arg
+        fn, spec = self.spec.fn, self.spec
+        device = fn.token_mesh.devices[ctx.shard]
+        owner = (arg.client, arg.run_id)
+        got = self.rows.pop(t, [])
+        keys = [(arg.array_id(v), device) for v in spec.outputs[:fn.row_outputs]]
+        if isinstance(got, str):
+            for key in keys:
+                host.store.fail(key, RemoteError(got), owner)
+        else:
+            n = fn.token_mesh.size
+            outs = [np.zeros((a.shape[0] // n, *a.shape[1:]), a.dtype)
+                    for a in spec.out_avals[:fn.row_outputs]]
+            arrival = 0.0
+            for slots, rows, at in got:
+                arrival = max(arrival, at)
+                for o, r in zip(outs, rows):
+                    o.reshape(-1, *o.shape[2:])[slots] = r
+            for key, o in zip(keys, outs):
+                if arrival:
+                    host.arrivals[key] = arrival
+                host.store.put(key, o, owner)
+        cap.release()
+
+
+def _link_time(link: str, nbytes: int) -> float:
+    from .kernel import _link_time as link_time
+
+    return link_time(link, nbytes)
