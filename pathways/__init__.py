@@ -8,6 +8,7 @@
 ...         print(y.result())
 """
 
+from . import moe
 from .array import Array
 from .client import Client, connect
 from .cluster import local_cluster
@@ -35,9 +36,7 @@ __all__ = [
     "Array", "Client", "ClientClosed", "CollectiveTimeout", "CompiledFunction",
     "DeviceOutOfMemory", "DeviceSpec", "HostLost", "Mesh", "P", "PathwaysError",
     "Pipeline", "ProgramError", "RemoteError", "ResourceError", "RoutedFunction",
-    "ShardingError", "Stage",
-    "all_gather",
-    "all_to_all", "axis_index", "connect", "expert_map", "local_cluster", "pmean", "ppermute",
-    "program",
-    "psum", "reference", "shard_map",
+    "ShardingError", "Stage", "all_gather", "all_to_all", "axis_index", "connect",
+    "expert_map", "local_cluster", "moe", "pmean", "ppermute", "program", "psum", "reference",
+    "shard_map",
 ]
