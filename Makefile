@@ -20,9 +20,7 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	touch $@ $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python examples/pathways_quickstart.py
-	@echo
-	$(BIN)/python examples/plaque_sparse_exchange.py
+	$(BIN)/python examples/moe_routing.py
 
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest

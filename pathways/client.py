@@ -148,6 +148,14 @@ class Client:
         return [Device(d["id"], d["island"], d["host"], d["kind"])
                 for d in self._device_info.values()]
 
+    def host_status(self, timeout: float = 10.0) -> dict:
+        """Each host's status by host id: its devices (busy time, HBM), object store, and the
+        messages and bytes it sent to other hosts (``["wire"]``: Plaque and ICI)."""
+        self._refresh_devices()
+        data = {info["host"]: info["data"] for info in self._device_info.values()}
+        futures = {h: self._request(a, ("status", None)) for h, a in data.items()}
+        return {h: f.result(timeout) for h, f in sorted(futures.items())}
+
     def mesh(self, shape, axis_names, island=None) -> Mesh:
         """A virtual slice of ``shape`` devices from the resource manager, as a mesh."""
         shape = tuple(int(n) for n in shape)

@@ -121,7 +121,18 @@ class Host:
                             "hbm_capacity": dev.hbm.capacity, "next_seq": dev.next_seq}
                         for d, dev in sorted(self.devices.items())},
             "store": self.store.stats(),
+            "wire": self.wire_counters(),
         }
+
+    def wire_counters(self) -> dict:
+        """What this host sent to other hosts: Plaque messages (routed rows, transfers,
+        progress) and ICI messages (collectives), in messages and bytes."""
+        from plaque.counters import total
+
+        peers = self.core.counters.snapshot() if self.core is not None else {}
+        plaque_total = total({p: c for p, c in peers.items() if p >= 0})
+        ici = dict(self.ici.sent) if self.ici is not None else {"messages": 0, "bytes": 0}
+        return {"plaque": plaque_total, "ici": ici}
 
     def close(self) -> None:
         for dev in self.devices.values():

@@ -14,6 +14,7 @@ import threading
 
 import zmq
 
+from plaque import wire
 from plaque.zmq_transport import bind_socket
 
 from . import protocol
@@ -31,6 +32,7 @@ class IciLink:
         self._local = threading.local()
         self._sockets: list[zmq.Socket] = []
         self._sockets_lock = threading.Lock()
+        self.sent = {"messages": 0, "bytes": 0}  # what left for other hosts (under the lock)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._receive, name="ici-receiver",
                                         daemon=True)
@@ -66,7 +68,11 @@ class IciLink:
             return
         self._local.out = {}
         for worker, items in out.items():
-            self._socket(worker).send_multipart(protocol.pack(("ici", items)), copy=False)
+            frames = protocol.pack(("ici", items))
+            self._socket(worker).send_multipart(frames, copy=False)
+            with self._sockets_lock:
+                self.sent["messages"] += 1
+                self.sent["bytes"] += wire.frame_bytes(frames)
 
     def _socket(self, worker: int) -> zmq.Socket:
         socks = getattr(self._local, "socks", None)

@@ -165,13 +165,15 @@ class MoELayer:
 
         aux_scale = aux_weight / groups
 
-        def router_bwd(x, wr, dgates, dy, dx_rows):
+        def router_bwd(x, wr, dgates, dy, dx_rows, lr=None):
             from .collectives import psum
 
             dlogits = router_grad(x, wr, k, dgates, aux_scale)
             dx = dy + dx_rows.sum(axis=1) + (dlogits @ wr.astype(dlogits.dtype).T)
-            return dx.astype(x.dtype), psum(x.astype(dlogits.dtype).T @ dlogits,
-                                            ax).astype(wr.dtype)
+            dwr = psum(x.astype(dlogits.dtype).T @ dlogits, ax)
+            return dx.astype(x.dtype), (dwr if lr is None else wr - lr * dwr).astype(wr.dtype)
+
+        self._router_bwd_body = router_bwd
 
         def expert_bwd(x, g, w1, w2):
             dx, dw1, dw2 = ffn_grad(x, g, w1, w2)
@@ -194,25 +196,31 @@ class MoELayer:
         return self.combine(x, gates, rows), (x, route, gates, rows), aux, load
 
     def backward(self, dy, saved, wr, w1, w2, lr: float | None = None):
-        """(dx, dwr, dw1, dw2); with ``lr``, the experts return their updated weights instead
-        of their gradients (one plain SGD step, without another pass over the experts)."""
+        """(dx, dwr, dw1, dw2); with ``lr``, (dx, wr, w1, w2) after one plain SGD step: the
+        router and the experts update their weights where they compute their gradients."""
         x, route, gates, rows = saved
         dgates, g = self.combine_bwd(dy, gates, rows)
-        ffn_bwd = self.ffn_bwd if lr is None else self._expert_sgd(lr)
+        ffn_bwd, router_bwd = (self.ffn_bwd, self.router_bwd) if lr is None else self._sgd_fns(lr)
         dx_rows, dw1, dw2 = ffn_bwd(route, x, g, w1, w2)
-        dx, dwr = self.router_bwd(x, wr, dgates, dy, dx_rows)
+        dx, dwr = router_bwd(x, wr, dgates, dy, dx_rows)
         return dx, dwr, dw1, dw2
 
-    def _expert_sgd(self, lr):
+    def _sgd_fns(self, lr):
         if lr not in self._sgd:
             def expert_step(x, g, w1, w2):
                 dx, dw1, dw2 = ffn_grad(x, g, w1, w2)
                 return dx.astype(x.dtype), (w1 - lr * dw1).astype(w1.dtype), \
                     (w2 - lr * dw2).astype(w2.dtype)
 
-            self._sgd[lr] = expert_map(expert_step, self.tokens, self.experts, self.num_experts,
-                                       token_args=2, slot_args=(1,),
-                                       name=f"{self.name}_experts_step")
+            def router_step(x, wr, dgates, dy, dx_rows):
+                return self._router_bwd_body(x, wr, dgates, dy, dx_rows, lr)
+
+            t, r = P(self.tokens.axis_names[0]), P()
+            self._sgd[lr] = (
+                expert_map(expert_step, self.tokens, self.experts, self.num_experts,
+                           token_args=2, slot_args=(1,), name=f"{self.name}_experts_step"),
+                shard_map(router_step, self.tokens, (t, r, t, t, t), (t, r),
+                          name=f"{self.name}_router_step"))
         return self._sgd[lr]
 
 

@@ -45,6 +45,8 @@ class RouterService:
 
     def _drain(self) -> None:
         self._scheduled = False
+        if self.sock.closed:  # a drain scheduled just before close()
+            return
         for _ in range(BATCH):
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -63,6 +65,8 @@ class RouterService:
 
     def reply(self, ident: bytes, payload) -> None:
         """Loop thread: send ``payload`` to the requester ``ident``."""
+        if self.sock.closed:
+            return
         self.sock.send_multipart([ident, *protocol.pack(payload, self.sender)], copy=False)
         self._drain_soon()  # the send may have swallowed the readable edge
 

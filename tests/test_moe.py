@@ -238,13 +238,13 @@ def test_a_training_step_updates_experts_and_router(client):
     @pw.program
     def train(x, wr, w1, w2, c):
         y, saved, aux, load = layer.forward(x, wr, w1, w2)
-        dx, dwr, new_w1, new_w2 = layer.backward(c, saved, wr, w1, w2, lr=lr)
-        return new_w1, new_w2, dwr
+        dx, new_wr, new_w1, new_w2 = layer.backward(c, saved, wr, w1, w2, lr=lr)
+        return new_w1, new_w2, new_wr
 
     arrays = problem(5)
-    new_w1, new_w2, dwr = [o.result(timeout=60) for o in
-                           train(*put_problem(client, tm, em, arrays))]
+    new_w1, new_w2, new_wr = [o.result(timeout=60) for o in
+                              train(*put_problem(client, tm, em, arrays))]
     _, _, _, _, want_dwr, dw1, dw2 = pw.reference(layer_step(layer))(*arrays)
     np.testing.assert_allclose(new_w1, arrays[2] - lr * dw1, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(new_w2, arrays[3] - lr * dw2, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(dwr, want_dwr, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(new_wr, arrays[1] - lr * want_dwr, rtol=1e-12, atol=1e-12)
