@@ -14,9 +14,12 @@ number on every shared device.
 Which gangs go next, and when, is a ``Policy``. Policies deal in programs, the list of gangs
 submitted together, and release a program whole; the scheduler numbers its gangs back to back
 in list order, so on every device they get consecutive numbers with nothing from another
-program in between. ``FifoPolicy`` releases every program at once in submission order; a policy
-that shares devices between clients may hold programs back and release them later, when the
-runtime calls ``release_ready``.
+program in between. ``FifoPolicy`` releases every program at once in submission order. The
+windowed policies release gang by gang, choosing between clients each time, and keep at most
+``window`` programs admitted and unfinished per island (the runtime reports each finished
+program with ``finished``): ``ProportionalSharePolicy`` gives clients device time in
+proportion to their weights, ``PriorityPolicy`` serves the highest priority first. A policy
+may return single gangs as "programs": they are numbered in the order returned.
 
 Example: submit [A on (0, 1)], then [B on (1, 2), C on (2,)]:
 A gets {0: 0, 1: 0}; B gets {1: 1, 2: 0}; C gets {2: 1}.
@@ -60,6 +63,9 @@ class Policy(ABC):
     def drop_client(self, client: object) -> list[Gang]:
         """Forget the held gangs of a client (it closed or was lost) and return them."""
 
+    def done(self, program: Program) -> None:  # noqa: B027 (most policies need not know)
+        """A released program has finished on this island (its devices are free of it)."""
+
 
 class FifoPolicy(Policy):
     """Release every program immediately, in submission order."""
@@ -81,6 +87,125 @@ class FifoPolicy(Policy):
         kept = (tuple(g for g in p if g.client != client) for p in self._held)
         self._held = deque(p for p in kept if p)
         return dropped
+
+
+class WindowedPolicy(Policy):
+    """Releases gang by gang, choosing between clients, with at most ``window`` programs
+    admitted (some gang released) and not yet finished; the rest wait.
+
+    Each client's gangs wait in submission order. A pick takes the next gang of the client
+    ``_choose`` prefers, among clients whose next gang may go (its program is admitted, or
+    the window has room). Gangs of different clients therefore interleave one gang at a time
+    on the devices, while each client's own gangs keep their order.
+    """
+
+    def __init__(self, window: int = 8) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        self.window = window
+        self._queues: dict[object, deque[tuple[Gang, Program, int]]] = {}
+        self._admitted: set[Program] = set()
+        self._arrivals = 0
+
+    def add(self, program: Program) -> None:
+        client = program[0].client
+        queue = self._queues.setdefault(client, deque())
+        if not queue:
+            self._activate(client)
+        for gang in program:
+            queue.append((gang, program, self._arrivals))
+            self._arrivals += 1
+
+    def pop_ready(self) -> list[Program]:
+        out = []
+        while True:
+            ready = [c for c, q in self._queues.items()
+                     if q and (q[0][1] in self._admitted or len(self._admitted) < self.window)]
+            if not ready:
+                return out
+            client = self._choose(ready)
+            gang, program, _ = self._queues[client].popleft()
+            self._admitted.add(program)
+            self._charge(client, gang)
+            out.append((gang,))
+
+    def done(self, program: Program) -> None:
+        self._admitted.discard(program)
+
+    def drop_client(self, client: object) -> list[Gang]:
+        queue = self._queues.pop(client, deque())
+        return [g for g, _, _ in queue]
+
+    @property
+    def in_flight(self) -> int:
+        """Programs admitted and not finished."""
+        return len(self._admitted)
+
+    def _head(self, client) -> int:
+        return self._queues[client][0][2]
+
+    def _activate(self, client) -> None:
+        """A client with nothing waiting submits again."""
+
+    def _charge(self, client, gang: Gang) -> None:
+        """A gang of ``client`` was released."""
+
+    @abstractmethod
+    def _choose(self, ready: list) -> object:
+        """The client whose next gang goes now."""
+
+
+class ProportionalSharePolicy(WindowedPolicy):
+    """Device time shared between clients in proportion to their weights.
+
+    Start-time fair queueing over clients: each client has a virtual time that grows by
+    ``cost(gang) / weight`` per gang released (default cost: the gang's device count); the
+    next gang of the client with the smallest virtual time goes next. A client that was idle
+    restarts at the current virtual time, so it saves up no credit while idle. With kernels
+    of similar length the shares of device time follow the weights.
+
+    >>> policy = ProportionalSharePolicy(weight_of={"a": 1, "b": 2}.get, window=4)
+    """
+
+    def __init__(self, weight_of, window: int = 8, cost=None) -> None:
+        super().__init__(window)
+        self.weight_of = weight_of
+        self.cost = cost or (lambda gang: float(len(gang.devices)))
+        self._vtime: dict[object, float] = {}
+        self._now = 0.0
+
+    def _activate(self, client) -> None:
+        self._vtime[client] = max(self._vtime.get(client, 0.0), self._now)
+
+    def _choose(self, ready):
+        return min(ready, key=lambda c: (self._vtime[c], self._head(c)))
+
+    def _charge(self, client, gang) -> None:
+        weight = self.weight_of(client)
+        weight = 1.0 if weight is None else weight
+        if weight <= 0:
+            raise ValueError(f"client {client!r} has weight {weight}; weights must be > 0")
+        self._now = self._vtime[client]
+        self._vtime[client] += self.cost(gang) / weight
+
+    def drop_client(self, client: object) -> list[Gang]:
+        self._vtime.pop(client, None)
+        return super().drop_client(client)
+
+
+class PriorityPolicy(WindowedPolicy):
+    """Strict priority: the next gang of the highest-priority client goes first; submission
+    order among equal priorities. Lower priorities wait while higher ones keep submitting.
+
+    >>> policy = PriorityPolicy(priority_of={"batch": 0, "serving": 10}.get, window=4)
+    """
+
+    def __init__(self, priority_of, window: int = 8) -> None:
+        super().__init__(window)
+        self.priority_of = priority_of
+
+    def _choose(self, ready):
+        return min(ready, key=lambda c: (-(self.priority_of(c) or 0), self._head(c)))
 
 
 class IslandScheduler:
@@ -111,6 +236,11 @@ class IslandScheduler:
             for program in self.policy.pop_ready()
             for gang in program
         ]
+
+    def finished(self, gangs: Iterable[Gang]) -> list[Release]:
+        """A released program (its gangs, as submitted) is over here; release what may go."""
+        self.policy.done(tuple(gangs))
+        return self.release_ready()
 
     def drop_client(self, client: object) -> list[object]:
         """Forget a client's held (unreleased) gangs; returns their ids.

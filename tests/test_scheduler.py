@@ -184,3 +184,169 @@ def test_next_seq_counts_gangs_released_on_each_device(submissions):
             for d in ds:
                 count[d] += 1
     assert all(s.next_seq(d) == count[d] for d in range(DEVICES))
+
+
+# -- windowed policies: proportional share and priority ---------------------------------
+
+from pathways.scheduler import PriorityPolicy, ProportionalSharePolicy  # noqa: E402
+
+
+def one_gang_programs(client, n, devices=(0, 1, 2, 3)):
+    return [(Gang((client, i), client, devices),) for i in range(n)]
+
+
+def drive(policy, submitted, finish_each=True):
+    """Release everything through a scheduler, finishing each program as soon as it is
+    released (a device that keeps up); returns the clients of the gangs in release order."""
+    s = IslandScheduler(0, policy)
+    order = []
+    programs = {}
+    for program in submitted:
+        for g in program:
+            programs[g.gang_id] = program
+    releases = []
+    for program in submitted:
+        releases += s.submit(program)
+    while releases:
+        gid, _ = releases.pop(0)
+        order.append(programs[gid][0].client)
+        if finish_each:
+            releases += s.finished(programs[gid])
+    return order
+
+
+@pytest.mark.parametrize("window", [1, 4])
+def test_proportional_share_follows_the_weights_while_everyone_is_backlogged(window):
+    weights = {"a": 1, "b": 2, "c": 4}
+    submitted = [p for c in "abc" for p in one_gang_programs(c, 70)]
+    order = drive(ProportionalSharePolicy(weights.get, window=window), submitted)
+    first = order[window:window + 70]  # after a's head start, while all three wait
+    shares = {c: first.count(c) / len(first) for c in "abc"}
+    for c, w in weights.items():
+        assert shares[c] == pytest.approx(w / 7, abs=0.03)
+
+
+def test_proportional_share_counts_device_time_not_programs():
+    # b's gangs use 1 device, a's use 4: with equal weights b gets 4 gangs per gang of a
+    submitted = one_gang_programs("a", 20) + one_gang_programs("b", 80, devices=(4,))
+    order = drive(ProportionalSharePolicy(lambda c: 1.0, window=2), submitted)[2:52]
+    assert order.count("b") == pytest.approx(4 * order.count("a"), abs=4)
+
+
+def test_an_idle_client_saves_up_no_credit():
+    policy = ProportionalSharePolicy(lambda c: 1.0, window=1)
+    s = IslandScheduler(0, policy)
+    a = one_gang_programs("a", 30)
+    released = []
+    for p in a[:20]:  # a runs alone for a while
+        released += s.submit(p)
+        while released:
+            released.pop(0)
+            released += s.finished(p)
+    order = []
+    for p in a[20:] + one_gang_programs("b", 10):
+        released += s.submit(p)
+    programs = {g.gang_id: p for p in a + one_gang_programs("b", 10) for g in p}
+    while released:
+        gid, _ = released.pop(0)
+        order.append(programs[gid][0].client)
+        released += s.finished(programs[gid])
+    # b arrives late: it alternates with a instead of taking 20 turns in a row
+    assert order[:6].count("b") == 3
+
+
+def test_window_bounds_admitted_programs_and_finishing_admits_more():
+    policy = ProportionalSharePolicy(lambda c: 1.0, window=2)
+    s = IslandScheduler(0, policy)
+    progs = one_gang_programs("a", 5)
+    released = []
+    for p in progs:
+        released += s.submit(p)
+    assert [gid for gid, _ in released] == [("a", 0), ("a", 1)]
+    assert policy.in_flight == 2
+    assert [gid for gid, _ in s.finished(progs[0])] == [("a", 2)]
+
+
+def test_gangs_of_two_clients_interleave_one_gang_at_a_time():
+    a = tuple(Gang(("a", i), "a", (0, 1)) for i in range(3))
+    b = tuple(Gang(("b", i), "b", (0, 1)) for i in range(3))
+    s = IslandScheduler(0, ProportionalSharePolicy(lambda c: 1.0, window=4))
+    # submitted one after the other, a (alone at first) is out before b arrives
+    released = s.submit(a) + s.submit(b)
+    assert [gid[0] for gid, _ in released] == ["a"] * 3 + ["b"] * 3
+    a2 = tuple(Gang(("a2", i), "a", (0, 1)) for i in range(3))
+    b2 = tuple(Gang(("b2", i), "b", (0, 1)) for i in range(3))
+    s2 = IslandScheduler(0, ProportionalSharePolicy(lambda c: 1.0, window=1))
+    out = s2.submit(a2) + s2.submit(b2)
+    assert [gid for gid, _ in out] == [("a2", 0), ("a2", 1), ("a2", 2)]  # window of one
+    out = s2.finished(a2)
+    assert [gid for gid, _ in out] == [("b2", 0), ("b2", 1), ("b2", 2)]
+    s3 = IslandScheduler(0, ProportionalSharePolicy(lambda c: 1.0, window=4))
+    s3.policy.add(a2)
+    s3.policy.add(b2)
+    out = s3.release_ready()
+    assert [gid[0] for gid, _ in out] == ["a2", "b2", "a2", "b2", "a2", "b2"]
+    check_order(out, {g.gang_id: g for g in a2 + b2})
+
+
+def test_priority_serves_the_highest_first_and_fifo_within_a_priority():
+    prio = {"low": 0, "high": 10, "high2": 10}
+    submitted = (one_gang_programs("low", 3) + one_gang_programs("high", 2)
+                 + one_gang_programs("high2", 2))
+    policy = PriorityPolicy(prio.get, window=1)
+    s = IslandScheduler(0, policy)
+    programs = {g.gang_id: p for p in submitted for g in p}
+    released = []
+    for p in submitted:
+        released += s.submit(p)
+    order = []
+    while released:
+        gid, _ = released.pop(0)
+        order.append(gid)
+        released += s.finished(programs[gid])
+    # the first low program went while it was alone; then highs in arrival order, then lows
+    assert order == [("low", 0), ("high", 0), ("high", 1), ("high2", 0), ("high2", 1),
+                     ("low", 1), ("low", 2)]
+
+
+@pytest.mark.parametrize("make", [lambda: ProportionalSharePolicy(lambda c: 1.0, window=1),
+                                  lambda: PriorityPolicy(lambda c: 0, window=1)])
+def test_dropping_a_client_returns_its_waiting_gangs_only(make):
+    policy = make()
+    s = IslandScheduler(0, policy)
+    for p in one_gang_programs("a", 3) + one_gang_programs("b", 2):
+        s.submit(p)
+    assert sorted(s.drop_client("a")) == [("a", 1), ("a", 2)]  # ("a", 0) was released
+    assert [gid for gid, _ in s.finished(one_gang_programs("a", 1)[0])] == [("b", 0)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(submissions=programs(), window=st.integers(1, 4), share=st.booleans(),
+       data=st.data())
+def test_windowed_policies_give_one_consistent_order(submissions, window, share, data):
+    policy = (ProportionalSharePolicy(lambda c: 1.0 + c, window=window) if share
+              else PriorityPolicy(lambda c: c % 2, window=window))
+    s = IslandScheduler(0, policy)
+    gangs, released, programs = {}, [], {}
+    for p, (client, device_lists) in enumerate(submissions):
+        program = tuple(Gang((p, i), client, tuple(ds)) for i, ds in enumerate(device_lists))
+        gangs.update((g.gang_id, g) for g in program)
+        programs.update((g.gang_id, program) for g in program)
+        released += s.submit(program)
+    finished, i = set(), 0
+    while i < len(released):  # finish programs, in a random order, once all their gangs are out
+        out = {gid for gid, _ in released}
+        candidates = [p for p in set(programs.values())
+                      if p not in finished and all(g.gang_id in out for g in p)]
+        if candidates:
+            p = candidates[data.draw(st.integers(0, len(candidates) - 1), label="finish")]
+            finished.add(p)
+            released += s.finished(p)
+        i += 1
+        if i == len(released) and len(finished) < len(set(programs.values())):
+            i = 0 if len(out) < len(gangs) else len(released)
+    check_order(released, gangs)
+    per_client = defaultdict(list)  # a client's own gangs keep their submission order
+    for gid, _ in released:
+        per_client[gangs[gid].client].append(gid)
+    assert all(ids == sorted(ids) for ids in per_client.values())
