@@ -15,7 +15,8 @@ import uvloop
 def _coordinator(args) -> int:
     from .coordinator import Coordinator
 
-    coord = Coordinator(args.bind, heartbeat_timeout=args.heartbeat_timeout)
+    coord = Coordinator(args.bind, heartbeat_timeout=args.heartbeat_timeout,
+                        policy=args.policy, window=args.window)
     print(f"pathways coordinator at {coord.address}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -42,7 +43,7 @@ def _up(args) -> int:
     from .cluster import LocalCluster
 
     cluster = LocalCluster(args.islands, args.hosts_per_island, args.devices_per_host,
-                           verbose=args.verbose)
+                           verbose=args.verbose, policy=args.policy, window=args.window)
     try:
         cluster.wait_ready(args.islands * args.hosts_per_island * args.devices_per_host)
         print(f"pathways cluster up at {cluster.address}  (Ctrl-C to stop)", flush=True)
@@ -87,9 +88,17 @@ def main(argv=None) -> int:
     up.add_argument("--islands", type=int, default=1)
     up.add_argument("--hosts-per-island", type=int, default=2)
     up.add_argument("--devices-per-host", type=int, default=4)
+    up.add_argument("--policy", choices=("fifo", "share", "priority"), default="fifo")
+    up.add_argument("--window", type=int, default=8)
     co = sub.add_parser("coordinator", help="run a coordinator")
     co.add_argument("--bind", default="tcp://127.0.0.1")
     co.add_argument("--heartbeat-timeout", type=float, default=3.0)
+    co.add_argument("--policy", choices=("fifo", "share", "priority"), default="fifo",
+                    help="how each island's scheduler orders clients' gangs: fifo, share"
+                         " (device time by the weights clients give to pw.connect) or"
+                         " priority (strict, by pw.connect(priority=...))")
+    co.add_argument("--window", type=int, default=8,
+                    help="share/priority: programs admitted at once per island")
     ho = sub.add_parser("host", help="run a host that joins a coordinator")
     ho.add_argument("--coordinator", required=True)
     ho.add_argument("--island", type=int, default=0)

@@ -37,9 +37,12 @@ Device = namedtuple("Device", "id island host kind")
 
 
 class Client:
-    def __init__(self, address: str, dispatch: str = "parallel", timeout: float = 30.0):
+    def __init__(self, address: str, dispatch: str = "parallel", timeout: float = 30.0,
+                 weight: float = 1.0, priority: int = 0):
         if dispatch not in ("parallel", "sequential"):
             raise ValueError(f"dispatch must be 'parallel' or 'sequential', got {dispatch!r}")
+        if not weight > 0:
+            raise ValueError(f"weight must be > 0, got {weight!r}")
         self.address, self.dispatch, self.timeout = address, dispatch, timeout
         self.ctx = zmq.Context()
         self._loop = uvloop.new_event_loop()
@@ -57,7 +60,9 @@ class Client:
         self._thread = threading.Thread(target=self._serve, name="pathways-client",
                                         daemon=True)
         self._thread.start()
-        self.id = self._request(self.address, ("hello", None, {})).result(timeout)
+        self.weight, self.priority = float(weight), int(priority)
+        self.id = self._request(self.address, ("hello", None, {
+            "weight": self.weight, "priority": self.priority})).result(timeout)
         self._refresh_devices()
 
     # ---- loop thread ----------------------------------------------------------------------
@@ -155,6 +160,17 @@ class Client:
         data = {info["host"]: info["data"] for info in self._device_info.values()}
         futures = {h: self._request(a, ("status", None)) for h, a in data.items()}
         return {h: f.result(timeout) for h, f in sorted(futures.items())}
+
+    def timeline(self, timeout: float = 10.0) -> dict:
+        """Every device's recent kernels by device id: ``(seq, name, labels, start, end,
+        failed)`` with labels client/run/eqn, times in seconds of the device host's clock."""
+        self._refresh_devices()
+        data = {info["host"]: info["data"] for info in self._device_info.values()}
+        futures = [self._request(a, ("timeline", None, None)) for a in data.values()]
+        out = {}
+        for f in futures:
+            out.update(f.result(timeout)["devices"])
+        return dict(sorted(out.items()))
 
     def mesh(self, shape, axis_names, island=None) -> Mesh:
         """A virtual slice of ``shape`` devices from the resource manager, as a mesh."""
@@ -311,6 +327,12 @@ def _as_remote(err) -> Exception:
     return RemoteError(str(err))
 
 
-def connect(address: str, dispatch: str = "parallel", timeout: float = 30.0) -> Client:
-    """Connect to a Pathways coordinator at ``address`` (printed by ``pathways up``)."""
-    return Client(address, dispatch=dispatch, timeout=timeout)
+def connect(address: str, dispatch: str = "parallel", timeout: float = 30.0,
+            weight: float = 1.0, priority: int = 0) -> Client:
+    """Connect to a Pathways coordinator at ``address`` (printed by ``pathways up``).
+
+    ``weight`` is this client's share of device time when the coordinator runs the "share"
+    policy; ``priority`` its rank under the "priority" policy (higher goes first).
+    """
+    return Client(address, dispatch=dispatch, timeout=timeout, weight=weight,
+                  priority=priority)

@@ -15,7 +15,7 @@ class LocalCluster:
     """Processes of a local cluster; ``address`` is what clients connect to."""
 
     def __init__(self, islands=1, hosts_per_island=2, devices_per_host=4,
-                 heartbeat_timeout=3.0, verbose=0):
+                 heartbeat_timeout=3.0, verbose=0, policy="fifo", window=8):
         self.processes: list[subprocess.Popen] = []
         self.islands, self.hosts_per_island = islands, hosts_per_island
         self.devices_per_host = devices_per_host
@@ -23,7 +23,8 @@ class LocalCluster:
         v = ["-v"] * verbose
         coord = subprocess.Popen(
             [sys.executable, "-m", "pathways", *v, "coordinator",
-             "--heartbeat-timeout", str(heartbeat_timeout)],
+             "--heartbeat-timeout", str(heartbeat_timeout), "--policy", policy,
+             "--window", str(window)],
             stdout=subprocess.PIPE, text=True, env=env)
         self.processes.append(coord)
         self.address = self._read_address(coord)
@@ -80,15 +81,19 @@ class LocalCluster:
 
 @contextlib.contextmanager
 def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_timeout=3.0,
-                  verbose=0, timeout=60.0):
+                  verbose=0, timeout=60.0, policy="fifo", window=8):
     """Start a coordinator and ``islands * hosts_per_island`` host processes on this machine.
+
+    ``policy`` orders the gangs of several clients on each island: "fifo", "share" (device
+    time in proportion to ``pw.connect(..., weight=w)``) or "priority" (strict, by
+    ``pw.connect(..., priority=p)``); ``window`` bounds the programs admitted at once.
 
     >>> with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4) as cluster:
     ...     with pw.connect(cluster.address) as client:
     ...         print(client.devices())
     """
     cluster = LocalCluster(islands, hosts_per_island, devices_per_host, heartbeat_timeout,
-                           verbose)
+                           verbose, policy, window)
     try:
         cluster.wait_ready(islands * hosts_per_island * devices_per_host, timeout)
         yield cluster

@@ -20,7 +20,13 @@ import plaque
 
 from .lowering import rebuild
 from .resource_manager import ResourceManager
-from .scheduler import Gang, IslandScheduler
+from .scheduler import (
+    FifoPolicy,
+    Gang,
+    IslandScheduler,
+    PriorityPolicy,
+    ProportionalSharePolicy,
+)
 from .service import RouterService
 
 log = logging.getLogger("pathways.coordinator")
@@ -36,11 +42,32 @@ class _Program:
     waiting: list = field(default_factory=list)  # runs that arrived before the install ended
 
 
+@dataclass
+class _Run:
+    ident: bytes
+    pid: tuple
+    run_id: int
+    arg: object
+    prog: _Program
+    programs: dict  # island -> the gangs submitted to that island's scheduler
+    seqs: dict = field(default_factory=dict)  # eqn index -> {device: seq}
+    started: bool = False
+
+
+POLICIES = ("fifo", "share", "priority")
+
+
 class Coordinator:
-    def __init__(self, bind: str = "tcp://127.0.0.1", heartbeat_timeout: float = 3.0):
+    def __init__(self, bind: str = "tcp://127.0.0.1", heartbeat_timeout: float = 3.0,
+                 policy: str = "fifo", window: int = 8):
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        self.policy, self.window = policy, window
         self.cluster = plaque.Cluster(bind, heartbeat_timeout=heartbeat_timeout)
         self.rm = ResourceManager()
         self.schedulers: dict[int, IslandScheduler] = {}
+        self.runs: dict[tuple, _Run] = {}  # (pid, run_id) -> a run waiting or running
+        self.client_info: dict[int, dict] = {}  # weight, priority
         self.hosts: dict[int, dict] = {}  # worker id -> info
         self.programs: dict[tuple, _Program] = {}
         self.clients: dict[int, bytes] = {}  # client id -> socket identity
@@ -116,6 +143,7 @@ class Coordinator:
     def _req_hello(self, ident, req, info):
         cid = next(self._client_ids)
         self.clients[cid] = ident
+        self.client_info[cid] = dict(info or {})
         self._reply(ident, ("welcome", req, cid))
 
     def _req_devices(self, ident, req):
@@ -159,21 +187,54 @@ class Coordinator:
         if prog.error is not None:
             self._reply(ident, ("run_failed", run_id, prog.error))
             return
-        # each island's scheduler orders that island's gangs of the run, back to back
+        # each island's scheduler orders that island's gangs of the run
         per_island: dict[int, list] = {}
         for e, (devs, island) in enumerate(zip(prog.gangs, prog.islands)):
             per_island.setdefault(island, []).append(Gang((pid, run_id, e), prog.client, devs))
-        seqs = {}
-        for island, gangs in per_island.items():
-            sched = self.schedulers.setdefault(island, IslandScheduler(island))
-            seqs.update({gang_id[2]: dict(s) for gang_id, s in sched.submit(gangs)})
-        arg = dataclasses.replace(arg, seqs=seqs)
+        run = _Run(ident, pid, run_id, arg, prog, {i: tuple(g) for i, g in per_island.items()})
+        self.runs[(pid, run_id)] = run
+        for island, gangs in run.programs.items():
+            self._released(self._scheduler(island).submit(gangs))
+
+    def _scheduler(self, island: int) -> IslandScheduler:
+        sched = self.schedulers.get(island)
+        if sched is None:
+            info = self.client_info
+            if self.policy == "share":
+                policy = ProportionalSharePolicy(
+                    lambda c: info.get(c, {}).get("weight", 1.0), self.window)
+            elif self.policy == "priority":
+                policy = PriorityPolicy(lambda c: info.get(c, {}).get("priority", 0),
+                                        self.window)
+            else:
+                policy = FifoPolicy()
+            sched = self.schedulers[island] = IslandScheduler(island, policy)
+        return sched
+
+    def _released(self, releases) -> None:
+        """Gangs the schedulers numbered: start each run whose gangs all have their numbers."""
+        ready = []
+        for (pid, run_id, e), seqs in releases:
+            run = self.runs.get((pid, run_id))
+            if run is None:
+                continue
+            run.seqs[e] = dict(seqs)
+            if len(run.seqs) == len(run.prog.gangs) and not run.started:
+                run.started = True
+                ready.append(run)
+        for run in ready:
+            self._start(run)
+
+    def _start(self, run: _Run) -> None:
+        prog, run_id = run.prog, run.run_id
+        arg = dataclasses.replace(run.arg, seqs=run.seqs)
 
         def done(result, error):
+            self._finished(run)
             if error is None:
-                self._reply(ident, ("run_done", run_id))
+                self._reply(run.ident, ("run_done", run_id))
                 return
-            self._reply(ident, ("run_failed", run_id, error))
+            self._reply(run.ident, ("run_failed", run_id, error))
             # Kernels of this run still queued or waiting in collectives on surviving hosts
             # must not hold their devices until a timeout: fail their gangs now.
             gangs = [(prog.client, run_id, e) for e in range(len(prog.gangs))]
@@ -184,8 +245,16 @@ class Coordinator:
         try:
             self.cluster.start_async(prog.gid, arg, done)
         except Exception as exc:
-            self._skip(seqs)
-            self._reply(ident, ("run_failed", run_id, exc))
+            self._finished(run)
+            self._skip(run.seqs)
+            self._reply(run.ident, ("run_failed", run_id, exc))
+
+    def _finished(self, run: _Run) -> None:
+        """The run is over: its programs leave the schedulers' windows."""
+        if self.runs.pop((run.pid, run.run_id), None) is None:
+            return
+        for island, gangs in run.programs.items():
+            self._released(self._scheduler(island).finished(gangs))
 
     def _skip(self, seqs):
         """Tell hosts to skip sequence numbers of gangs that will never run."""
@@ -199,5 +268,19 @@ class Coordinator:
             self.cluster.core.send_user(w, ("skip", skips))
 
     def _req_bye(self, ident, client):
+        self._forget_client(client)
+
+    def _forget_client(self, client) -> None:
+        """A client left: its slices, its runs still waiting for the scheduler."""
         self.rm.release_client(client)
         self.clients.pop(client, None)
+        dropped = set()
+        for sched in self.schedulers.values():
+            dropped.update((pid, run_id) for pid, run_id, _ in sched.drop_client(client))
+        for key in dropped:
+            run = self.runs.get(key)
+            if run is None:
+                continue
+            self._skip(run.seqs)  # gangs numbered on another island will never run
+            self._finished(run)
+        self.client_info.pop(client, None)

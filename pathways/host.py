@@ -124,6 +124,15 @@ class Host:
             "wire": self.wire_counters(),
         }
 
+    def timeline(self, since: float | None = None) -> dict:
+        """Each device's kernels (seq, name, labels, start, end, failed) that ended after
+        ``since``, in this host's monotonic clock (``time.perf_counter``), with ``now``."""
+        out = {}
+        for d, dev in sorted(self.devices.items()):
+            out[d] = [(r.seq, r.name, r.labels, r.start, r.end, r.error) for r in dev.timeline
+                      if since is None or r.end > since]
+        return {"now": time.perf_counter(), "devices": out}
+
     def wire_counters(self) -> dict:
         """What this host sent to other hosts: Plaque messages (routed rows, transfers,
         progress) and ICI messages (collectives), in messages and bytes."""
@@ -177,6 +186,8 @@ class DataService:
             store.delete_owner(req[1])
         elif kind == "status":
             self._reply(ident, ("status", req[1], self.host.status()))
+        elif kind == "timeline":
+            self._reply(ident, ("timeline", req[1], self.host.timeline(req[2])))
         else:
             raise ValueError(f"unknown request {kind!r}")
 

@@ -1,0 +1,135 @@
+"""Several clients sharing one island: scheduling policies checked from the devices' own
+busy-time records, and every client's results correct."""
+
+import numpy as np
+import pytest
+
+import pathways as pw
+from pathways import P
+
+KERNEL = 0.002  # modelled seconds per kernel: device time, not Python, decides the shares
+WINDOW = 4
+
+
+@pytest.fixture(scope="module")
+def policy_cluster(request):
+    """A cluster of one host with 4 devices whose scheduler runs ``request.param``."""
+    with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=4,
+                          policy=request.param, window=WINDOW) as c:
+        yield request.param, c
+
+
+def connect_all(address, **per_client):
+    """One client per value of the keyword lists, e.g. weight=[1, 2, 4]."""
+    (key, values), = per_client.items()
+    return [pw.connect(address, **{key: v}) for v in values]
+
+
+def busy_by_client(timeline, clients, since=None, until=None):
+    """Device seconds of each client's kernels, clipped to [since, until]."""
+    busy = dict.fromkeys(clients, 0.0)
+    for records in timeline.values():
+        for _, _, labels, start, end, _ in records:
+            c = labels.get("client")
+            if c in busy:
+                lo = start if since is None else max(start, since)
+                hi = end if until is None else min(end, until)
+                busy[c] += max(0.0, hi - lo)
+    return busy
+
+
+def spans(timeline, clients):
+    """(first start, last end) of each client's kernels."""
+    out = {}
+    for records in timeline.values():
+        for _, _, labels, start, end, _ in records:
+            c = labels.get("client")
+            if c in clients:
+                lo, hi = out.get(c, (start, end))
+                out[c] = (min(lo, start), max(hi, end))
+    return out
+
+
+def streams(clients, n):
+    """Each client submits ``n`` one-gang programs on the same 4 devices, interleaved."""
+    meshes = [c.mesh((4,), ("d",)) for c in clients]
+    assert len({m.devices for m in meshes}) == 1  # one island of 4: everyone shares it
+    steps = [pw.shard_map(lambda x: x + 1.0, m, P("d"), P("d"), cost=KERNEL) for m in meshes]
+    xs = [c.put(np.zeros(4), m, P("d")) for c, m in zip(clients, meshes)]
+    outs = [[] for _ in clients]
+    for _ in range(n):
+        for j, (step, x) in enumerate(zip(steps, xs)):
+            outs[j].append(step(x))
+    return outs
+
+
+def close_all(clients):
+    for c in clients:
+        c.close()
+
+
+@pytest.mark.parametrize("policy_cluster", ["share"], indirect=True)
+def test_proportional_share_gives_device_time_by_weight(policy_cluster):
+    _, cluster = policy_cluster
+    weights = [1, 2, 4]
+    clients = connect_all(cluster.address, weight=weights)
+    try:
+        outs = streams(clients, 60)
+        for out in outs:
+            for o in out:
+                np.testing.assert_array_equal(o.result(timeout=60), np.ones(4))
+        ids = [c.id for c in clients]
+        timeline = clients[0].timeline()
+        span = spans(timeline, ids)
+        since = max(lo for lo, _ in span.values())  # everyone is submitting from here...
+        until = min(hi for _, hi in span.values())  # ...until the first one is done
+        busy = busy_by_client(timeline, ids, since, until)
+        total = sum(busy.values())
+        for cid, w in zip(ids, weights):
+            assert busy[cid] / total == pytest.approx(w / sum(weights), rel=0.10), busy
+    finally:
+        close_all(clients)
+
+
+@pytest.mark.parametrize("policy_cluster", ["priority"], indirect=True)
+def test_priority_serves_the_high_priority_client_first(policy_cluster):
+    _, cluster = policy_cluster
+    low, high = connect_all(cluster.address, priority=[0, 5])
+    try:
+        (low_out,) = streams([low], 40)
+        (high_out,) = streams([high], 10)
+        for o in low_out + high_out:
+            np.testing.assert_array_equal(o.result(timeout=60), np.ones(4))
+        timeline = low.timeline()
+        lo, hi = spans(timeline, [high.id])[high.id]
+        device = next(iter(timeline))
+        low_starts = [r[3] for r in timeline[device] if r[2].get("client") == low.id]
+        overtaking = [s for s in low_starts if lo < s < hi]
+        assert len(overtaking) <= WINDOW  # only what was admitted before high arrived
+        assert max(low_starts) > hi  # low still had work queued: high really went first
+    finally:
+        close_all([low, high])
+
+
+@pytest.mark.parametrize("policy_cluster", ["share", "priority", "fifo"], indirect=True)
+def test_clients_sharing_an_island_all_get_correct_results(policy_cluster):
+    _, cluster = policy_cluster
+    clients = connect_all(cluster.address, weight=[1, 1, 3])
+    try:
+        meshes = [c.mesh((2, 2), ("a", "b")) for c in clients]
+        results = []
+        for k, (c, m) in enumerate(zip(clients, meshes)):
+            step = pw.shard_map(lambda x: pw.psum(x, "a") * 0.5 + 1.0, m, P("a"), P("a"))
+
+            @pw.program
+            def chain(x, step=step):
+                for _ in range(4):
+                    x = step(x)
+                return x
+
+            x0 = np.full((4, 2), float(k))
+            results.append((chain(c.put(x0, m, P("a"))), pw.reference(chain)(x0)))
+        for got, want in results:
+            np.testing.assert_allclose(got.result(timeout=60), want)
+    finally:
+        close_all(clients)
