@@ -17,6 +17,7 @@ from .compiled import CompiledFunction, shard_map
 from .cost import DeviceSpec
 from .errors import (
     ClientClosed,
+    ClientGone,
     CollectiveTimeout,
     DeviceOutOfMemory,
     HostLost,
@@ -33,7 +34,7 @@ from .sharding import P
 from .tracer import program, reference
 
 __all__ = [
-    "Array", "Client", "ClientClosed", "CollectiveTimeout", "CompiledFunction",
+    "Array", "Client", "ClientClosed", "ClientGone", "CollectiveTimeout", "CompiledFunction",
     "DeviceOutOfMemory", "DeviceSpec", "HostLost", "Mesh", "P", "PathwaysError",
     "Pipeline", "ProgramError", "RemoteError", "ResourceError", "RoutedFunction",
     "ShardingError", "Stage", "all_gather", "all_to_all", "axis_index", "connect",

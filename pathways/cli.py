@@ -16,7 +16,8 @@ def _coordinator(args) -> int:
     from .coordinator import Coordinator
 
     coord = Coordinator(args.bind, heartbeat_timeout=args.heartbeat_timeout,
-                        policy=args.policy, window=args.window)
+                        policy=args.policy, window=args.window,
+                        client_timeout=args.client_timeout)
     print(f"pathways coordinator at {coord.address}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -99,6 +100,8 @@ def main(argv=None) -> int:
                          " priority (strict, by pw.connect(priority=...))")
     co.add_argument("--window", type=int, default=8,
                     help="share/priority: programs admitted at once per island")
+    co.add_argument("--client-timeout", type=float, default=5.0,
+                    help="a client silent this long is gone: its buffers and runs are freed")
     ho = sub.add_parser("host", help="run a host that joins a coordinator")
     ho.add_argument("--coordinator", required=True)
     ho.add_argument("--island", type=int, default=0)

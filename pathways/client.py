@@ -34,6 +34,7 @@ from .tracer import single_call_program
 log = logging.getLogger("pathways.client")
 
 Device = namedtuple("Device", "id island host kind")
+PING_INTERVAL = 1.0  # seconds between the client's "alive" messages to the coordinator
 
 
 class Client:
@@ -63,6 +64,7 @@ class Client:
         self.weight, self.priority = float(weight), int(priority)
         self.id = self._request(self.address, ("hello", None, {
             "weight": self.weight, "priority": self.priority})).result(timeout)
+        self._loop.call_soon_threadsafe(self._ping)
         self._refresh_devices()
 
     # ---- loop thread ----------------------------------------------------------------------
@@ -118,6 +120,14 @@ class Client:
                                   else PathwaysError(str(msg[2])))
             else:
                 fut.set_result(msg[2])
+
+    def _ping(self):
+        """Loop thread: tell the coordinator this client is alive (it frees everything of a
+        client silent for its ``--client-timeout``)."""
+        if self.closed:
+            return
+        self._send_now(self.address, ("ping", self.id))
+        self._loop.call_later(PING_INTERVAL, self._ping)
 
     def _call(self, fn, *args):
         if self.closed:

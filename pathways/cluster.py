@@ -15,7 +15,8 @@ class LocalCluster:
     """Processes of a local cluster; ``address`` is what clients connect to."""
 
     def __init__(self, islands=1, hosts_per_island=2, devices_per_host=4,
-                 heartbeat_timeout=3.0, verbose=0, policy="fifo", window=8):
+                 heartbeat_timeout=3.0, verbose=0, policy="fifo", window=8,
+                 client_timeout=5.0):
         self.processes: list[subprocess.Popen] = []
         self.islands, self.hosts_per_island = islands, hosts_per_island
         self.devices_per_host = devices_per_host
@@ -24,7 +25,7 @@ class LocalCluster:
         coord = subprocess.Popen(
             [sys.executable, "-m", "pathways", *v, "coordinator",
              "--heartbeat-timeout", str(heartbeat_timeout), "--policy", policy,
-             "--window", str(window)],
+             "--window", str(window), "--client-timeout", str(client_timeout)],
             stdout=subprocess.PIPE, text=True, env=env)
         self.processes.append(coord)
         self.address = self._read_address(coord)
@@ -81,7 +82,7 @@ class LocalCluster:
 
 @contextlib.contextmanager
 def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_timeout=3.0,
-                  verbose=0, timeout=60.0, policy="fifo", window=8):
+                  verbose=0, timeout=60.0, policy="fifo", window=8, client_timeout=5.0):
     """Start a coordinator and ``islands * hosts_per_island`` host processes on this machine.
 
     ``policy`` orders the gangs of several clients on each island: "fifo", "share" (device
@@ -93,7 +94,7 @@ def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_t
     ...         print(client.devices())
     """
     cluster = LocalCluster(islands, hosts_per_island, devices_per_host, heartbeat_timeout,
-                           verbose, policy, window)
+                           verbose, policy, window, client_timeout)
     try:
         cluster.wait_ready(islands * hosts_per_island * devices_per_host, timeout)
         yield cluster

@@ -12,12 +12,14 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import time
 from dataclasses import dataclass, field
 
 import zmq
 
 import plaque
 
+from .errors import ClientGone
 from .lowering import rebuild
 from .resource_manager import ResourceManager
 from .scheduler import (
@@ -59,7 +61,7 @@ POLICIES = ("fifo", "share", "priority")
 
 class Coordinator:
     def __init__(self, bind: str = "tcp://127.0.0.1", heartbeat_timeout: float = 3.0,
-                 policy: str = "fifo", window: int = 8):
+                 policy: str = "fifo", window: int = 8, client_timeout: float = 5.0):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         self.policy, self.window = policy, window
@@ -68,6 +70,9 @@ class Coordinator:
         self.schedulers: dict[int, IslandScheduler] = {}
         self.runs: dict[tuple, _Run] = {}  # (pid, run_id) -> a run waiting or running
         self.client_info: dict[int, dict] = {}  # weight, priority
+        self.client_timeout = client_timeout
+        self._last_seen: dict[int, float] = {}  # client -> monotonic time of its last word
+        self._client_of: dict[bytes, int] = {}  # socket identity -> client id
         self.hosts: dict[int, dict] = {}  # worker id -> info
         self.programs: dict[tuple, _Program] = {}
         self.clients: dict[int, bytes] = {}  # client id -> socket identity
@@ -79,6 +84,7 @@ class Coordinator:
         self.address = self.service.address
         self.cluster.listeners.append(self._on_cluster_event)
         self.cluster.call_soon(lambda: self.service.start(self.cluster.loop))
+        self.cluster.call_soon(self._check_clients)
 
     def close(self):
         try:
@@ -121,7 +127,23 @@ class Coordinator:
         return out
 
     # ---- clients --------------------------------------------------------------------------
+    def _check_clients(self) -> None:
+        """Loop thread, every second: a client silent for ``client_timeout`` is gone."""
+        now = time.monotonic()
+        for client, seen in list(self._last_seen.items()):
+            if now - seen > self.client_timeout:
+                log.warning("client %s lost: silent for %.1f s", client, now - seen)
+                self._forget_client(client, f"client {client} stopped answering for"
+                                            f" {now - seen:.1f} s")
+        self.cluster.loop.call_later(min(1.0, self.client_timeout / 4), self._check_clients)
+
+    def _req_ping(self, ident, client):
+        pass  # _handle noted that the client is alive
+
     def _handle(self, ident, req):
+        cid = self._client_of.get(ident)
+        if cid is not None:
+            self._last_seen[cid] = time.monotonic()
         handler = getattr(self, "_req_" + str(req[0]), None)
         if handler is None:
             log.warning("dropped a client request of unknown kind %r", req[0])
@@ -144,6 +166,8 @@ class Coordinator:
         cid = next(self._client_ids)
         self.clients[cid] = ident
         self.client_info[cid] = dict(info or {})
+        self._last_seen[cid] = time.monotonic()
+        self._client_of[ident] = cid
         self._reply(ident, ("welcome", req, cid))
 
     def _req_devices(self, ident, req):
@@ -186,6 +210,10 @@ class Coordinator:
             return
         if prog.error is not None:
             self._reply(ident, ("run_failed", run_id, prog.error))
+            return
+        if prog.client not in self.clients:
+            self._reply(ident, ("run_failed", run_id, ClientGone(
+                f"client {prog.client} was disconnected (closed or silent too long)")))
             return
         # each island's scheduler orders that island's gangs of the run
         per_island: dict[int, list] = {}
@@ -268,12 +296,26 @@ class Coordinator:
             self.cluster.core.send_user(w, ("skip", skips))
 
     def _req_bye(self, ident, client):
-        self._forget_client(client)
+        self._forget_client(client, f"client {client} closed")
 
-    def _forget_client(self, client) -> None:
-        """A client left: its slices, its runs still waiting for the scheduler."""
+    def _forget_client(self, client, reason: str) -> None:
+        """A client left or was lost: its slices, its runs still waiting for the scheduler,
+        its running gangs (aborted), and every buffer it owns on every host."""
+        ident = self.clients.pop(client, None)
+        if ident is None:
+            return
+        self._last_seen.pop(client, None)
+        self._client_of.pop(ident, None)
         self.rm.release_client(client)
-        self.clients.pop(client, None)
+        for w in self.hosts:
+            self.cluster.core.send_user(w, ("client_gone", client, reason))
+        running = [run for run in self.runs.values() if run.prog.client == client
+                   and run.started]
+        gangs = [(client, run.run_id, e) for run in running for e in range(len(run.prog.gangs))]
+        if gangs:
+            for w in self.hosts:
+                self.cluster.core.send_user(w, ("abort_gangs", gangs, reason))
+        self.cluster.soon()
         dropped = set()
         for sched in self.schedulers.values():
             dropped.update((pid, run_id) for pid, run_id, _ in sched.drop_client(client))

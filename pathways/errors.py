@@ -37,3 +37,7 @@ class HostLost(PathwaysError):
 
 class ClientClosed(PathwaysError):
     """The client was closed while a call was using it."""
+
+
+class ClientGone(PathwaysError):
+    """The client that owned a buffer or a run closed or stopped answering."""

@@ -28,6 +28,7 @@ from . import protocol
 from .collectives import Rendezvous
 from .cost import DeviceSpec
 from .device import EmulatedDevice
+from .errors import ClientGone
 from .ici import IciLink
 from .object_store import ObjectStore
 from .service import RouterService
@@ -105,6 +106,10 @@ class Host:
         elif kind == "topology":
             self.worker_of = dict(payload[1])
             self.ici.peers = dict(payload[2])
+        elif kind == "client_gone":
+            _, client, reason = payload
+            n = self.store.retire_client(client, ClientGone(reason))
+            log.info("client %s gone (%s): freed %d buffers", client, reason, n)
         elif kind == "skip":
             for d, seqs in payload[1].items():
                 for s in seqs:

@@ -205,7 +205,7 @@ class Kernel:
             + "".join(traceback.format_exception(exc)))
         for v in self.spec.outputs:
             try:
-                self.host.store.fail(self.key(v), err)
+                self.host.store.fail(self.key(v), err, self.owner)
             except Exception:
                 log.exception("could not poison output %s", self.key(v))
         self._release_inputs()

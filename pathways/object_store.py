@@ -86,6 +86,7 @@ class ObjectStore:
         # keys deleted before their producer created them (a client may drop an output of a
         # failed run while other shards are still being written): freed as soon as they come
         self._deleted_early: OrderedDict[Key, None] = OrderedDict()
+        self._retired: set = set()  # clients gone: whatever they still produce is dropped
 
     # -- producing -------------------------------------------------------------------------
 
@@ -156,10 +157,10 @@ class ObjectStore:
                 self._drop_placeholder_locked(key, entry)
                 raise TimeoutError(f"object {key!r} still "
                                    f"{'awaited' if entry.awaited else 'pending'} after {timeout}s")
+            if entry.state is BufferState.FAILED:
+                raise entry.error  # also when deleted since: the reason beats "deleted"
             if entry.deleted:
                 raise KeyError(f"object {key!r} was deleted")
-            if entry.state is BufferState.FAILED:
-                raise entry.error
             return entry.value
 
     def add_done_callback(self, key: Key, fn: Callable[[Key], object]) -> None:
@@ -218,6 +219,23 @@ class ObjectStore:
                 self._release_if_done_locked(key, entry)
             return len(doomed)
 
+    def retire_client(self, client_id: Hashable, error: BaseException) -> int:
+        """A client is gone: delete what it owns, drop whatever is still produced for it, and
+        fail readers waiting for its buffers that nobody has produced yet (a kernel of its
+        last runs must not hold a device waiting for input that will never come)."""
+        with self._lock:
+            self._retired.add(client_id)
+            orphans = [(k, e) for k, e in self._entries.items()
+                       if e.awaited and _client_of(k) == client_id]
+        for key, entry in orphans:
+            with self._lock:
+                if self._entries.get(key) is not entry or not entry.awaited:
+                    continue
+                entry.awaited, entry.owner, entry.nbytes = False, (client_id, None), 0
+                entry.deleted = True
+            self._resolve(key, entry, BufferState.FAILED, error=error, check=False)
+        return self.delete_owner(client_id)
+
     def used_bytes(self, device_id: int) -> int:
         """HBM bytes the store holds on ``device_id``, tombstones awaiting their producer too."""
         with self._lock:
@@ -263,6 +281,8 @@ class ObjectStore:
         entry.awaited, entry.owner, entry.nbytes = False, owner, nbytes
         if self._deleted_early.pop(key, 0) is None:
             entry.deleted = True  # deleted before it existed: a tombstone from the start
+        if owner is not None and owner[0] in self._retired:
+            entry.deleted = True  # produced for a client that is gone: freed once written
         return entry
 
     def _watch_locked(self, key: Key) -> _Entry:
@@ -270,6 +290,8 @@ class ObjectStore:
         entry = self._entries.get(key)
         if entry is None:
             self._device(key)
+            if _client_of(key) in self._retired:
+                raise KeyError(f"object {key!r} belongs to a client that is gone")
             entry = self._entries[key] = _Entry(awaited=True)
         elif entry.deleted:
             raise KeyError(f"object {key!r} was deleted")
@@ -332,6 +354,14 @@ class ObjectStore:
             raise KeyError(f"object {key!r}: no device {key[1]!r} on this host "
                            f"(devices: {sorted(self._devices)})")
         return device
+
+
+def _client_of(key: Key):
+    """The client an array id belongs to: ``(client, ...)`` or ``("xfer", client, ...)``."""
+    aid = key[0]
+    if isinstance(aid, tuple) and aid:
+        return aid[1] if aid[0] == "xfer" and len(aid) > 1 else aid[0]
+    return None
 
 
 def _check_owner(key: Key, owner) -> None:

@@ -464,7 +464,8 @@ class ExpertKernel:
         fn = self.spec.fn
         for v in self.spec.outputs[fn.row_outputs:]:
             try:
-                self.host.store.fail((self.arg.array_id(v), self.device_id), err)
+                self.host.store.fail((self.arg.array_id(v), self.device_id), err,
+                                     (self.arg.client, self.arg.run_id))
             except Exception:
                 log.exception("could not poison output %s", v)
         self._release_params()

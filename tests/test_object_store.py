@@ -304,3 +304,29 @@ def test_delete_before_the_producer_frees_the_buffer_when_it_comes():
         assert store.used_bytes(0) == 0 and len(store) == 0
     finally:
         dev.close()
+
+
+def test_retiring_a_client_frees_it_fails_its_awaited_reads_and_drops_later_puts(store, threads):
+    from pathways.errors import ClientGone
+
+    store.put(((7, 0), 0), array(128), (7, None))
+    store.put(((8, 0), 0), array(128), (8, None))
+    errors = []
+
+    def read():
+        try:
+            store.get(((7, "tmp", 1, 3), 0), timeout=30)
+        except Exception as exc:
+            errors.append(exc)
+
+    threads(read)
+    wait_until(lambda: store.stats()["entries"]["awaited"] == 1)
+    assert store.retire_client(7, ClientGone("client 7 closed")) == 1
+    wait_until(lambda: len(errors) == 1)
+    assert isinstance(errors[0], ClientGone)
+    store.put(((7, "tmp", 2, 0), 0), array(64), (7, 2))  # a late output of its last run
+    with pytest.raises(KeyError, match="gone"):
+        store.get((("xfer", 7, 2, 0, 0), 0), timeout=30)
+    assert store.used_bytes(0) == 128  # only client 8's buffer
+    assert store.get(((8, 0), 0), 0).sum() == 128
+    store.delete(((8, 0), 0))
