@@ -207,6 +207,46 @@ class Client:
         done.set_result(None)
         return Array(self, array_id, Aval.of(value), mesh, spec, done, value=value)
 
+    def generate(self, fn, shape, dtype, mesh: Mesh, spec=None) -> Array:
+        """An array whose shards the hosts compute themselves with ``fn`` (input processing on
+        the hosts: the data never passes through the client).
+
+        ``fn(index)`` gets the tuple of slices of the global array a device holds and returns
+        that part, of ``dtype``; it runs on each device's host, on a CPU thread.
+
+        >>> x = client.generate(lambda idx: np.random.default_rng(idx[0].start)
+        ...                     .normal(size=(idx[0].stop - idx[0].start, 8)),
+        ...                     (1024, 8), np.float64, mesh, P("data"))
+        """
+        if not callable(fn):
+            raise ProgramError(f"generate needs a function of the slices, got {fn!r}")
+        shape, dtype = tuple(int(n) for n in shape), np.dtype(dtype)
+        spec = sharding.normalize_spec(spec, len(shape), mesh.axis_names)
+        block = sharding.shard_shape(shape, mesh.shape, mesh.axis_names, spec)
+        blob = ship(fn, [fn])
+        array_id = (self.id, next(self._array_ids))
+        futures = []
+        for i, d in enumerate(mesh.devices):
+            slices = sharding.device_slices(shape, mesh.shape, mesh.axis_names, spec, i)
+            futures.append(self._request(self._data_address(d), (
+                "generate", None, array_id, d, blob, slices, block, dtype.str, (self.id, None))))
+        status: cf.Future = cf.Future()
+        left = [len(futures)]
+
+        def one_done(f):
+            if status.done():
+                return
+            if f.exception() is not None:
+                status.set_exception(f.exception())
+                return
+            left[0] -= 1
+            if not left[0]:
+                status.set_result(None)
+
+        for f in futures:
+            f.add_done_callback(one_done)
+        return Array(self, array_id, Aval(shape, dtype), mesh, spec, status)
+
     def _data_address(self, device):
         try:
             return self._device_info[device]["data"]

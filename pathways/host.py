@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import zmq
 
 import plaque
@@ -28,7 +29,7 @@ from . import protocol
 from .collectives import Rendezvous
 from .cost import DeviceSpec
 from .device import EmulatedDevice
-from .errors import ClientGone
+from .errors import ClientGone, ProgramError, RemoteError
 from .ici import IciLink
 from .object_store import ObjectStore
 from .service import RouterService
@@ -191,10 +192,47 @@ class DataService:
             store.delete_owner(req[1])
         elif kind == "status":
             self._reply(ident, ("status", req[1], self.host.status()))
+        elif kind == "generate":
+            self._generate(ident, *req[1:])
         elif kind == "timeline":
             self._reply(ident, ("timeline", req[1], self.host.timeline(req[2])))
         else:
             raise ValueError(f"unknown request {kind!r}")
+
+    def _generate(self, ident, req_id, array_id, device, blob, slices, shape, dtype,
+                  owner) -> None:
+        """Input processing on the host (the paper's Appendix C): run the client's function
+        for this device's part of the array on a worker thread and store the result."""
+        import cloudpickle
+
+        key = (array_id, device)
+        store = self.host.store
+
+        def make():
+            fn = cloudpickle.loads(blob)
+            value = np.asarray(fn(slices))
+            if value.shape != tuple(shape) or value.dtype != np.dtype(dtype):
+                raise ProgramError(f"the input function returned {value.dtype}{list(value.shape)}"
+                                   f" for the part {slices} of device {device}; expected"
+                                   f" {np.dtype(dtype)}{list(shape)}")
+            store.put(key, value, owner)
+
+        def finish(fut):
+            exc = fut.exception()
+            if exc is not None:
+                err = exc if isinstance(exc, ProgramError) else RemoteError(
+                    f"the input function failed on host {self.host.core.id} for device"
+                    f" {device}: {exc!r}")
+                try:
+                    store.fail(key, err, owner)
+                except Exception:
+                    pass
+                self._reply(ident, ("error", req_id, err))
+            else:
+                self._reply(ident, ("generated", req_id, None))
+
+        fut = self.loop.run_in_executor(None, make)
+        fut.add_done_callback(finish)
 
     def _get(self, ident, req_id, key) -> None:
         def ready(_key):
