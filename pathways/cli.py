@@ -34,8 +34,11 @@ def _host(args) -> int:
         from plaque.cli import _die_with_parent
 
         _die_with_parent()
+    from .cost import DeviceSpec
+
+    spec = DeviceSpec(hbm_bytes=int(args.hbm_gib * 2**30))
     reason = uvloop.run(serve_host(args.coordinator, args.island, args.devices, args.bind,
-                                   coordinator_timeout=args.coordinator_timeout))
+                                   spec=spec, coordinator_timeout=args.coordinator_timeout))
     logging.getLogger("pathways.host").info("exited: %s", reason)
     return 0
 
@@ -106,6 +109,7 @@ def main(argv=None) -> int:
     ho.add_argument("--coordinator", required=True)
     ho.add_argument("--island", type=int, default=0)
     ho.add_argument("--devices", type=int, default=4)
+    ho.add_argument("--hbm-gib", type=float, default=16.0, help="HBM per emulated device")
     ho.add_argument("--bind", default="tcp://127.0.0.1")
     ho.add_argument("--coordinator-timeout", type=float, default=10.0)
     st = sub.add_parser("status", help="show islands, hosts, devices and clients")

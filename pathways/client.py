@@ -25,7 +25,7 @@ from plaque.shipping import ship
 from . import protocol, sharding
 from .array import Array
 from .compiled import Aval, CompiledFunction
-from .errors import ClientClosed, PathwaysError, ProgramError, RemoteError
+from .errors import ClientClosed, DeviceOutOfMemory, PathwaysError, ProgramError, RemoteError
 from .lowering import Placement, lower, placement_of, skeleton
 from .mesh import Mesh
 from .protocol import RunArg
@@ -200,6 +200,7 @@ class Client:
         value = np.array(value, copy=True)
         spec = sharding.normalize_spec(spec, value.ndim, mesh.axis_names)
         shards = sharding.split(value, mesh.shape, mesh.axis_names, spec)
+        self._check_fits(shards[0].nbytes, mesh, "put")
         array_id = (self.id, next(self._array_ids))
         for d, shard in zip(mesh.devices, shards):
             self._send(self._data_address(d), ("put", array_id, d, shard, (self.id, None)))
@@ -223,6 +224,7 @@ class Client:
         shape, dtype = tuple(int(n) for n in shape), np.dtype(dtype)
         spec = sharding.normalize_spec(spec, len(shape), mesh.axis_names)
         block = sharding.shard_shape(shape, mesh.shape, mesh.axis_names, spec)
+        self._check_fits(int(np.prod(block)) * dtype.itemsize, mesh, "generate")
         blob = ship(fn, [fn])
         array_id = (self.id, next(self._array_ids))
         futures = []
@@ -246,6 +248,14 @@ class Client:
         for f in futures:
             f.add_done_callback(one_done)
         return Array(self, array_id, Aval(shape, dtype), mesh, spec, status)
+
+    def _check_fits(self, nbytes, mesh, what):
+        """A shard larger than a device's whole HBM can never be stored: say so at once."""
+        for d in mesh.devices:
+            hbm = self._device_info.get(d, {}).get("hbm")
+            if hbm is not None and nbytes > hbm:
+                raise DeviceOutOfMemory(f"{what}: a shard of {nbytes} bytes is larger than the"
+                                        f" whole HBM of device {d} ({hbm} bytes)")
 
     def _data_address(self, device):
         try:

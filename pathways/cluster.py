@@ -16,7 +16,7 @@ class LocalCluster:
 
     def __init__(self, islands=1, hosts_per_island=2, devices_per_host=4,
                  heartbeat_timeout=3.0, verbose=0, policy="fifo", window=8,
-                 client_timeout=5.0):
+                 client_timeout=5.0, hbm_gib=16.0):
         self.processes: list[subprocess.Popen] = []
         self.islands, self.hosts_per_island = islands, hosts_per_island
         self.devices_per_host = devices_per_host
@@ -29,7 +29,7 @@ class LocalCluster:
             stdout=subprocess.PIPE, text=True, env=env)
         self.processes.append(coord)
         self.address = self._read_address(coord)
-        self._env, self._v = env, v
+        self._env, self._v, self.hbm_gib = env, v, hbm_gib
         for island in range(islands):
             for _ in range(hosts_per_island):
                 self.add_host(island, devices_per_host)
@@ -49,7 +49,8 @@ class LocalCluster:
         """Start one more host process in ``island``."""
         p = subprocess.Popen(
             [sys.executable, "-m", "pathways", *self._v, "host", "--coordinator", self.address,
-             "--island", str(island), "--devices", str(devices)], env=self._env)
+             "--island", str(island), "--devices", str(devices),
+             "--hbm-gib", str(self.hbm_gib)], env=self._env)
         self.processes.append(p)
         return p
 
@@ -82,7 +83,8 @@ class LocalCluster:
 
 @contextlib.contextmanager
 def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_timeout=3.0,
-                  verbose=0, timeout=60.0, policy="fifo", window=8, client_timeout=5.0):
+                  verbose=0, timeout=60.0, policy="fifo", window=8, client_timeout=5.0,
+                  hbm_gib=16.0):
     """Start a coordinator and ``islands * hosts_per_island`` host processes on this machine.
 
     ``policy`` orders the gangs of several clients on each island: "fifo", "share" (device
@@ -94,7 +96,7 @@ def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_t
     ...         print(client.devices())
     """
     cluster = LocalCluster(islands, hosts_per_island, devices_per_host, heartbeat_timeout,
-                           verbose, policy, window, client_timeout)
+                           verbose, policy, window, client_timeout, hbm_gib)
     try:
         cluster.wait_ready(islands * hosts_per_island * devices_per_host, timeout)
         yield cluster

@@ -122,8 +122,10 @@ class Coordinator:
         out = []
         for d in self.rm.devices():
             h = self.hosts[d.host]
+            spec = h.get("spec")
             out.append({"id": d.id, "island": d.island, "host": d.host, "index": d.index,
-                        "kind": d.kind, "data": h["data"]})
+                        "kind": d.kind, "data": h["data"],
+                        "hbm": getattr(spec, "hbm_bytes", None)})
         return out
 
     # ---- clients --------------------------------------------------------------------------
