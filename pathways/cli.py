@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import uvloop
 
@@ -66,21 +67,71 @@ def _status(args) -> int:
     from .client import Client
 
     with Client(args.address) as c:
-        st = c._request(c.address, ("status", None)).result(10)
-        print(f"clients connected: {len(st['clients'])}")
-        by_host: dict = {}
-        for d in st["devices"]:
-            by_host.setdefault((d["island"], d["host"]), []).append(d)
-        for (island, host), devs in sorted(by_host.items()):
-            hs = c._request(devs[0]["data"], ("status", None)).result(10)
-            print(f"island {island} host {host} ({st['hosts'][host].get('hostname', '?')}):")
-            for d in devs:
-                info = hs["devices"].get(d["id"], {})
-                used, cap = info.get("hbm_used", 0), info.get("hbm_capacity", 1)
-                busy = info.get("busy_seconds", 0.0)
-                print(f"  device {d['id']:3d} {d['kind']}: HBM {used / 2**20:9.1f} MiB"
-                      f" / {cap / 2**30:.0f} GiB, busy {busy:.3f} s"
-                      f" ({100 * busy / max(hs.get('uptime', 1.0), 1e-9):.1f}% of uptime)")
+        before = None
+        while True:
+            before = _show_status(c, before, clear=args.watch is not None)
+            if args.watch is None:
+                return 0
+            try:
+                time.sleep(args.watch)
+            except KeyboardInterrupt:
+                return 0
+
+
+def _show_status(c, before, clear=False):
+    """Print the cluster once; busy % is over the time since ``before`` (else since start)."""
+    st = c._request(c.address, ("status", None)).result(10)
+    by_host: dict = {}
+    for d in st["devices"]:
+        by_host.setdefault((d["island"], d["host"]), []).append(d)
+    now = {}
+    lines = [f"policy {st['policy']}; clients connected: {len(st['clients'])}"]
+    for cid, info in st["clients"].items():
+        lines.append(f"  client {cid}: weight {info['weight']:g}, priority {info['priority']},"
+                     f" runs running {info['running']}, gangs queued {info['queued']}")
+    for (island, host), devs in sorted(by_host.items()):
+        hs = c._request(devs[0]["data"], ("status", None)).result(10)
+        lines.append(f"island {island} host {host}"
+                     f" ({st['hosts'][host].get('hostname', '?')}):")
+        for d in devs:
+            info = hs["devices"].get(d["id"], {})
+            used, cap = info.get("hbm_used", 0), info.get("hbm_capacity", 1)
+            busy, t = info.get("busy_seconds", 0.0), hs.get("uptime", 1.0)
+            now[d["id"]] = (busy, t)
+            b0, t0 = (before or {}).get(d["id"], (0.0, 0.0))
+            pct = 100 * (busy - b0) / max(t - t0, 1e-9)
+            lines.append(f"  device {d['id']:3d} {d['kind']}: HBM {used / 2**20:9.1f} MiB"
+                         f" / {cap / 2**30:.0f} GiB, busy {pct:5.1f}%"
+                         f" {'since last refresh' if before else 'since start'}")
+    if clear:
+        print("\033[2J\033[H", end="")
+    print("\n".join(lines), flush=True)
+    return now
+
+
+def _trace(args) -> int:
+    from .client import Client
+    from .trace import chrome_trace, collect, marks, write
+
+    with Client(args.address) as c:
+        since = marks(c)
+        begin = time.perf_counter()
+        time.sleep(args.seconds)
+        trace = chrome_trace(collect(c, since), begin)
+    write(args.output, trace)
+    n = sum(1 for e in trace["traceEvents"] if e.get("ph") == "X")
+    print(f"wrote {args.output}: {n} events over {args.seconds:g} s (open in"
+          " https://ui.perfetto.dev)")
+    return 0
+
+
+def _plot(args) -> int:
+    from .plot import plot
+
+    util = plot(args.trace, args.output)
+    print(f"wrote {args.output}")
+    for row, u in util.items():
+        print(f"  {row}: {u:.1%} busy")
     return 0
 
 
@@ -114,11 +165,21 @@ def main(argv=None) -> int:
     ho.add_argument("--coordinator-timeout", type=float, default=10.0)
     st = sub.add_parser("status", help="show islands, hosts, devices and clients")
     st.add_argument("address")
+    st.add_argument("--watch", type=float, nargs="?", const=1.0, default=None,
+                    metavar="SECONDS", help="refresh every SECONDS (default 1) until Ctrl-C")
+    tr = sub.add_parser("trace", help="record every device's timeline as Chrome trace JSON")
+    tr.add_argument("address")
+    tr.add_argument("--seconds", type=float, default=5.0)
+    tr.add_argument("-o", "--output", default="trace.json")
+    pl = sub.add_parser("plot", help="draw a trace as a PNG timeline (needs matplotlib)")
+    pl.add_argument("trace")
+    pl.add_argument("-o", "--output", default="timeline.png")
     args = ap.parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format=f"%(asctime)s pathways-{args.command}"
                         f"[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
-    handler = {"up": _up, "coordinator": _coordinator, "host": _host, "status": _status}
+    handler = {"up": _up, "coordinator": _coordinator, "host": _host, "status": _status,
+               "trace": _trace, "plot": _plot}
     return handler[args.command](args)
 
 

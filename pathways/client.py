@@ -182,6 +182,18 @@ class Client:
             out.update(f.result(timeout)["devices"])
         return dict(sorted(out.items()))
 
+    def trace(self, path=None):
+        """Record every device's timeline while a ``with`` block runs; write it to ``path``
+        as Chrome trace JSON (open in https://ui.perfetto.dev). The trace is also kept as
+        the context's ``.trace`` dict.
+
+        >>> with client.trace("step.json"):
+        ...     step(x).result()
+        """
+        from .trace import Tracing
+
+        return Tracing(self, path)
+
     def mesh(self, shape, axis_names, island=None) -> Mesh:
         """A virtual slice of ``shape`` devices from the resource manager, as a mesh."""
         shape = tuple(int(n) for n in shape)

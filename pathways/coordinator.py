@@ -180,8 +180,19 @@ class Coordinator:
         self._reply(ident, ("mesh", req, sl))
 
     def _req_status(self, ident, req):
+        clients = {}
+        for cid in sorted(self.clients):
+            info = self.client_info.get(cid, {})
+            clients[cid] = {"weight": info.get("weight", 1.0),
+                            "priority": info.get("priority", 0), "queued": 0,
+                            "running": sum(1 for r in self.runs.values()
+                                           if r.prog.client == cid and r.started)}
+        for sched in self.schedulers.values():
+            for cid, n in sched.policy.waiting().items():
+                if cid in clients:
+                    clients[cid]["queued"] += n
         self._reply(ident, ("status", req, {"hosts": self.hosts, "devices": self.devices(),
-                                            "clients": sorted(self.clients),
+                                            "clients": clients, "policy": self.policy,
                                             "resources": self.rm.snapshot()}))
 
     def _req_install(self, ident, pid, nodes, edges, blob, gangs, islands):

@@ -16,6 +16,7 @@ import socket
 import sys
 import threading
 import time
+from collections import deque
 
 import numpy as np
 import zmq
@@ -37,6 +38,7 @@ from .service import RouterService
 log = logging.getLogger("pathways.host")
 
 SWITCH_INTERVAL = 0.0005
+TRANSFERS_KEPT = 10_000
 
 
 class Host:
@@ -53,6 +55,7 @@ class Host:
         self.ici = None  # IciLink, set when serving
         self._uses: dict = {}  # buffer key -> users done with it so far
         self.arrivals: dict = {}  # transferred buffer key -> modelled arrival (perf_counter)
+        self.transfers: deque = deque(maxlen=TRANSFERS_KEPT)  # (device, name, labels, start, end)
         self._uses_lock = threading.Lock()
 
     # ---- devices and kernels (called from the loop or device threads) ---------------------
@@ -130,14 +133,26 @@ class Host:
             "wire": self.wire_counters(),
         }
 
+    def record_transfer(self, device, name, labels, start, end) -> None:
+        """Data that arrived for ``device`` (a transfer, routed rows) from ``start`` until its
+        modelled arrival ``end``, for traces. Any thread."""
+        self.transfers.append((device, name, labels, start, end))
+
     def timeline(self, since: float | None = None) -> dict:
-        """Each device's kernels (seq, name, labels, start, end, failed) that ended after
-        ``since``, in this host's monotonic clock (``time.perf_counter``), with ``now``."""
-        out = {}
+        """Each device's kernels (seq, name, labels, start, end, failed) and incoming
+        transfers (name, labels, start, end) that ended after ``since``, in this host's
+        monotonic clock (``time.perf_counter``), with ``now``."""
+        out, moved = {}, {}
         for d, dev in sorted(self.devices.items()):
             out[d] = [(r.seq, r.name, r.labels, r.start, r.end, r.error) for r in dev.timeline
                       if since is None or r.end > since]
-        return {"now": time.perf_counter(), "devices": out}
+            moved[d] = []
+        for d, name, labels, start, end in list(self.transfers):
+            if (since is None or end > since) and d in moved:
+                moved[d].append((name, labels, start, end))
+        return {"now": time.perf_counter(), "island": self.island,
+                "host": self.core.id if self.core is not None else None,
+                "devices": out, "transfers": moved}
 
     def wire_counters(self) -> dict:
         """What this host sent to other hosts: Plaque messages (routed rows, transfers,

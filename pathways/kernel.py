@@ -114,7 +114,10 @@ class Assembler:
         state = self.assembling.get((t, port))
         if state is None:
             state = self.assembling[(t, port)] = [np.empty(inc.shape, inc.dtype),
-                                                  inc.expect[ctx.shard], 0.0]
+                                                  inc.expect[ctx.shard], 0.0,
+                                                  time.perf_counter(), 0, set()]
+        state[4] += block.nbytes
+        state[5].add(link)
 
         # The modelled link time of this piece: the consuming kernel waits until the last
         # piece would have arrived (event-loop timers are too coarse for microseconds).
@@ -127,6 +130,10 @@ class Assembler:
                 if not state[1]:
                     del self.assembling[(t, port)]
                     host.arrivals[key] = state[2]
+                    host.record_transfer(device, f"v{inc.var} in", {
+                        "client": arg.client, "run": arg.run_id, "eqn": self.index,
+                        "bytes": state[4], "link": "+".join(sorted(state[5]))},
+                        state[3], max(state[2], time.perf_counter()))
                     host.store.put(key, state[0], (arg.client, arg.run_id))
             except Exception as exc:  # never leave the consumer waiting for its input
                 self.assembling.pop((t, port), None)

@@ -359,7 +359,8 @@ class ExpertOp(plaque.Operator):
         elif isinstance(got, list):
             _, src, slots, local, rows, link = piece
             nbytes = sum(r.nbytes for r in rows)  # modelled arrival: now + link time
-            got.append((src, slots, local, rows, time.perf_counter() + _link_time(link, nbytes)))
+            now = time.perf_counter()
+            got.append((src, slots, local, rows, now + _link_time(link, nbytes), now))
 
     def on_complete(self, ctx, t):
         cap = self.caps.pop(t)
@@ -367,6 +368,12 @@ class ExpertOp(plaque.Operator):
         device = self.spec.fn.mesh.devices[ctx.shard]
         seq = arg.seqs[self.spec.index][device]
         received = self.rows.pop(t, [])
+        if isinstance(received, list) and received:
+            host.record_transfer(device, f"{self.spec.fn.name} rows in", {
+                "client": arg.client, "run": arg.run_id, "eqn": self.spec.index,
+                "bytes": sum(r.nbytes for p in received for r in p[3]),
+                "rows": sum(len(p[1]) for p in received)},
+                min(p[5] for p in received), max(p[4] for p in received))
         host.enqueue(device, seq, ExpertKernel(self.spec, ctx.shard, device, arg, host, cap,
                                                received))
 

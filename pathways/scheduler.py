@@ -66,6 +66,10 @@ class Policy(ABC):
     def done(self, program: Program) -> None:  # noqa: B027 (most policies need not know)
         """A released program has finished on this island (its devices are free of it)."""
 
+    def waiting(self) -> dict:
+        """Gangs held per client."""
+        return {}
+
 
 class FifoPolicy(Policy):
     """Release every program immediately, in submission order."""
@@ -135,6 +139,9 @@ class WindowedPolicy(Policy):
     def drop_client(self, client: object) -> list[Gang]:
         queue = self._queues.pop(client, deque())
         return [g for g, _, _ in queue]
+
+    def waiting(self) -> dict:
+        return {c: len(q) for c, q in self._queues.items() if q}
 
     @property
     def in_flight(self) -> int:

@@ -1,0 +1,127 @@
+"""Device timelines as Chrome trace JSON (opens in Perfetto or chrome://tracing).
+
+One process row per host ("island I / host H"), one thread row per device with its kernels,
+and one more per device for the data that arrived for it (transfers, routed rows). Each
+kernel carries its client, run, equation and sequence number; gaps between kernels are the
+device's idle time. Hosts keep their records in their own monotonic clocks; each host's clock
+is mapped onto the client's by the moment its reply arrived (good to a round trip, which is
+far below a kernel on another host).
+
+>>> with client.trace("run.json"):
+...     step(x).result()
+>>> # then open run.json in https://ui.perfetto.dev
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+TRANSFER_TID = 1_000_000  # thread ids of the transfer rows: device id + this
+
+
+def collect(client, since: dict | None = None, timeout: float = 10.0) -> list[dict]:
+    """Every host's records (ended after ``since[host]``, its own clock), each with
+    ``offset`` = client clock - host clock."""
+    client._refresh_devices()
+    data = {info["host"]: info["data"] for info in client._device_info.values()}
+    futures = {h: client._request(a, ("timeline", None, (since or {}).get(h)))
+               for h, a in data.items()}
+    out = []
+    for h, f in futures.items():
+        reply = f.result(timeout)
+        reply["host"] = h
+        reply["offset"] = time.perf_counter() - reply["now"]
+        out.append(reply)
+    return out
+
+
+def marks(client, timeout: float = 10.0) -> dict:
+    """Each host's clock now: the start of a trace window."""
+    return {r["host"]: r["now"] for r in collect(client, {h: float("inf") for h in
+                                                         _hosts(client)}, timeout)}
+
+
+def _hosts(client):
+    client._refresh_devices()
+    return {info["host"] for info in client._device_info.values()}
+
+
+def chrome_trace(records: list[dict], begin: float | None = None) -> dict:
+    """The Chrome trace of ``collect``'s records; times in µs from ``begin`` (client clock;
+    default: the first event)."""
+    events, meta = [], []
+    starts = [k[3] + r["offset"] for r in records for ks in r["devices"].values() for k in ks]
+    starts += [t[2] + r["offset"] for r in records for ts in r["transfers"].values()
+               for t in ts]
+    origin = begin if begin is not None else (min(starts) if starts else 0.0)
+
+    def us(t):
+        return round((t - origin) * 1e6, 3)
+
+    for r in sorted(records, key=lambda r: (r["island"], r["host"])):
+        pid, off = r["host"], r["offset"]
+        meta.append({"ph": "M", "name": "process_name", "pid": pid,
+                     "args": {"name": f"island {r['island']} / host {pid}"}})
+        meta.append({"ph": "M", "name": "process_sort_index", "pid": pid,
+                     "args": {"sort_index": r["island"] * 10_000 + pid}})
+        for d, kernels in r["devices"].items():
+            meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": d,
+                         "args": {"name": f"device {d}"}})
+            meta.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": d,
+                         "args": {"sort_index": 2 * d}})
+            for seq, name, labels, start, end, failed in kernels:
+                events.append({"ph": "X", "cat": "kernel", "name": name, "pid": pid,
+                               "tid": d, "ts": us(start + off), "dur": us(end + off) - us(
+                                   start + off),
+                               "args": dict(labels, seq=seq, failed=bool(failed))})
+            moved = r["transfers"].get(d, [])
+            if moved:
+                meta.append({"ph": "M", "name": "thread_name", "pid": pid,
+                             "tid": TRANSFER_TID + d,
+                             "args": {"name": f"device {d} data in"}})
+                meta.append({"ph": "M", "name": "thread_sort_index", "pid": pid,
+                             "tid": TRANSFER_TID + d, "args": {"sort_index": 2 * d + 1}})
+            for name, labels, start, end in moved:
+                events.append({"ph": "X", "cat": "transfer", "name": name, "pid": pid,
+                               "tid": TRANSFER_TID + d, "ts": us(start + off),
+                               "dur": max(0.0, us(end + off) - us(start + off)),
+                               "args": dict(labels)})
+    events.sort(key=lambda e: (e["pid"], e["tid"], e["ts"]))
+    return {"traceEvents": meta + events, "displayTimeUnit": "ms"}
+
+
+def write(path, trace: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(trace, f)
+
+
+class Tracing:
+    """``client.trace(path)``: record every device's kernels while the block runs."""
+
+    def __init__(self, client, path):
+        self.client, self.path = client, path
+        self.trace: dict | None = None
+
+    def __enter__(self):
+        self._since = marks(self.client)
+        self._begin = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        records = collect(self.client, self._since)
+        self.trace = chrome_trace(records, self._begin)
+        if self.path is not None:
+            write(self.path, self.trace)
+        return False
+
+
+def kernels(trace: dict) -> dict:
+    """``{(pid, device): [kernel events by start]}`` of a Chrome trace made here."""
+    out: dict = {}
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "X" and e.get("cat") == "kernel":
+            out.setdefault((e["pid"], e["tid"]), []).append(e)
+    for evs in out.values():
+        evs.sort(key=lambda e: e["ts"])
+    return out
