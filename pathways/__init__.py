@@ -19,6 +19,7 @@ from .errors import (
     ClientClosed,
     ClientGone,
     CollectiveTimeout,
+    CoordinatorLost,
     DeviceOutOfMemory,
     HostLost,
     PathwaysError,
@@ -35,6 +36,7 @@ from .tracer import program, reference
 
 __all__ = [
     "Array", "Client", "ClientClosed", "ClientGone", "CollectiveTimeout", "CompiledFunction",
+    "CoordinatorLost",
     "DeviceOutOfMemory", "DeviceSpec", "HostLost", "Mesh", "P", "PathwaysError",
     "Pipeline", "ProgramError", "RemoteError", "ResourceError", "RoutedFunction",
     "ShardingError", "Stage", "all_gather", "all_to_all", "axis_index", "connect",

@@ -14,6 +14,7 @@ import concurrent.futures as cf
 import itertools
 import logging
 import threading
+import time
 from collections import namedtuple
 
 import numpy as np
@@ -25,7 +26,14 @@ from plaque.shipping import ship
 from . import protocol, sharding
 from .array import Array
 from .compiled import Aval, CompiledFunction
-from .errors import ClientClosed, DeviceOutOfMemory, PathwaysError, ProgramError, RemoteError
+from .errors import (
+    ClientClosed,
+    CoordinatorLost,
+    DeviceOutOfMemory,
+    PathwaysError,
+    ProgramError,
+    RemoteError,
+)
 from .lowering import Placement, lower, placement_of, skeleton
 from .mesh import Mesh
 from .protocol import RunArg
@@ -39,7 +47,7 @@ PING_INTERVAL = 1.0  # seconds between the client's "alive" messages to the coor
 
 class Client:
     def __init__(self, address: str, dispatch: str = "parallel", timeout: float = 30.0,
-                 weight: float = 1.0, priority: int = 0):
+                 weight: float = 1.0, priority: int = 0, coordinator_timeout: float = 5.0):
         if dispatch not in ("parallel", "sequential"):
             raise ValueError(f"dispatch must be 'parallel' or 'sequential', got {dispatch!r}")
         if not weight > 0:
@@ -58,6 +66,9 @@ class Client:
         self._op_programs: dict[tuple, object] = {}
         self._executor = cf.ThreadPoolExecutor(2, thread_name_prefix="pathways-await")
         self.closed = False
+        self.lost: CoordinatorLost | None = None  # set when the coordinator went silent
+        self.coordinator_timeout = coordinator_timeout
+        self._heard = time.monotonic()
         self._thread = threading.Thread(target=self._serve, name="pathways-client",
                                         daemon=True)
         self._thread.start()
@@ -91,6 +102,8 @@ class Client:
                 frames = s.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            if s is self._socks.get(self.address):
+                self._heard = time.monotonic()
             try:
                 self._on_reply(protocol.unpack(frames))
             except Exception:
@@ -124,14 +137,34 @@ class Client:
     def _ping(self):
         """Loop thread: tell the coordinator this client is alive (it frees everything of a
         client silent for its ``--client-timeout``)."""
-        if self.closed:
+        if self.closed or self.lost is not None:
+            return
+        silent = time.monotonic() - self._heard
+        if silent > self.coordinator_timeout:
+            self._coordinator_lost(f"no word from the coordinator at {self.address} for"
+                                   f" {silent:.1f} s")
             return
         self._send_now(self.address, ("ping", self.id))
         self._loop.call_later(PING_INTERVAL, self._ping)
 
+    def _coordinator_lost(self, reason: str) -> None:
+        """Loop thread: fail everything in flight; later calls fail at once."""
+        log.warning("%s", reason)
+        self.lost = CoordinatorLost(reason)
+        for status, *_ in self._inflight.values():
+            if not status.done():
+                status.set_exception(self.lost)
+        self._inflight.clear()
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(self.lost)
+        self._pending.clear()
+
     def _call(self, fn, *args):
         if self.closed:
             raise ClientClosed("this client is closed")
+        if self.lost is not None:
+            raise self.lost
         self._loop.call_soon_threadsafe(fn, *args)
 
     def _send(self, address, payload):
@@ -400,11 +433,13 @@ def _as_remote(err) -> Exception:
 
 
 def connect(address: str, dispatch: str = "parallel", timeout: float = 30.0,
-            weight: float = 1.0, priority: int = 0) -> Client:
+            weight: float = 1.0, priority: int = 0, coordinator_timeout: float = 5.0) -> Client:
     """Connect to a Pathways coordinator at ``address`` (printed by ``pathways up``).
 
     ``weight`` is this client's share of device time when the coordinator runs the "share"
-    policy; ``priority`` its rank under the "priority" policy (higher goes first).
+    policy; ``priority`` its rank under the "priority" policy (higher goes first). If the
+    coordinator is silent for ``coordinator_timeout`` seconds, every pending future fails with
+    ``CoordinatorLost`` and so do later calls.
     """
     return Client(address, dispatch=dispatch, timeout=timeout, weight=weight,
-                  priority=priority)
+                  priority=priority, coordinator_timeout=coordinator_timeout)

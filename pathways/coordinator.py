@@ -19,7 +19,7 @@ import zmq
 
 import plaque
 
-from .errors import ClientGone
+from .errors import ClientGone, HostLost
 from .lowering import rebuild
 from .resource_manager import ResourceManager
 from .scheduler import (
@@ -73,6 +73,7 @@ class Coordinator:
         self.client_timeout = client_timeout
         self._last_seen: dict[int, float] = {}  # client -> monotonic time of its last word
         self._client_of: dict[bytes, int] = {}  # socket identity -> client id
+        self._departed: dict[int, dict] = {}  # lost host -> its info (devices, island)
         self.hosts: dict[int, dict] = {}  # worker id -> info
         self.programs: dict[tuple, _Program] = {}
         self.clients: dict[int, bytes] = {}  # client id -> socket identity
@@ -111,7 +112,7 @@ class Coordinator:
         for w in set(self.hosts) - live:
             lost = self.rm.remove_host(w)
             log.warning("host %d lost with devices %s", w, lost)
-            del self.hosts[w]
+            self._departed[w] = self.hosts.pop(w)
         topology = {d: w for w, h in self.hosts.items() for d in h["device_ids"]}
         links = {w: h["ici"] for w, h in self.hosts.items()}
         for w in self.hosts:
@@ -140,7 +141,7 @@ class Coordinator:
         self.cluster.loop.call_later(min(1.0, self.client_timeout / 4), self._check_clients)
 
     def _req_ping(self, ident, client):
-        pass  # _handle noted that the client is alive
+        self._reply(ident, ("pong", None, None))  # the client knows the coordinator lives
 
     def _handle(self, ident, req):
         cid = self._client_of.get(ident)
@@ -200,6 +201,8 @@ class Coordinator:
         prog = self.programs[pid] = _Program(client, [tuple(g) for g in gangs], list(islands))
 
         def installed(gid, error):
+            if isinstance(error, plaque.WorkerLost):
+                error = self._host_lost(error)
             prog.gid, prog.error = gid, error
             if error is not None:
                 self._reply(ident, ("install_failed", pid, error))
@@ -272,6 +275,8 @@ class Coordinator:
 
         def done(result, error):
             self._finished(run)
+            if isinstance(error, plaque.WorkerLost):
+                error = self._host_lost(error)
             if error is None:
                 self._reply(run.ident, ("run_done", run_id))
                 return
@@ -288,7 +293,15 @@ class Coordinator:
         except Exception as exc:
             self._finished(run)
             self._skip(run.seqs)
+            if isinstance(exc, plaque.WorkerLost):
+                exc = self._host_lost(exc)
             self._reply(run.ident, ("run_failed", run_id, exc))
+
+    def _host_lost(self, error: plaque.WorkerLost) -> HostLost:
+        info = self.hosts.get(error.worker) or self._departed.get(error.worker, {})
+        return HostLost(f"host {error.worker} (island {info.get('island', '?')}, devices"
+                        f" {info.get('device_ids', '?')}, {info.get('hostname', '?')} pid"
+                        f" {info.get('pid', '?')}) was lost: {error}")
 
     def _finished(self, run: _Run) -> None:
         """The run is over: its programs leave the schedulers' windows."""

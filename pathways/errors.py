@@ -41,3 +41,7 @@ class ClientClosed(PathwaysError):
 
 class ClientGone(PathwaysError):
     """The client that owned a buffer or a run closed or stopped answering."""
+
+
+class CoordinatorLost(PathwaysError):
+    """The coordinator stopped answering; start the cluster again and reconnect."""

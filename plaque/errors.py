@@ -37,8 +37,11 @@ class WorkerLost(PlaqueError):
     """A worker stopped answering (crashed, killed or partitioned)."""
 
     def __init__(self, worker: int, detail: str = ""):
-        self.worker = worker
+        self.worker, self.detail = worker, detail
         super().__init__(f"worker {worker} lost{': ' + detail if detail else ''}")
+
+    def __reduce__(self):  # pickle as (worker, detail), not as the formatted message
+        return (WorkerLost, (self.worker, self.detail))
 
 
 class CoordinatorLost(PlaqueError):

@@ -1,0 +1,100 @@
+"""Failures with real processes: a host killed mid-program, the coordinator killed, a host
+stopped for a while; every future ends with the right value or a clear error, in bounded time."""
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import pathways as pw
+from pathways import P
+
+HEARTBEAT = 2.0
+
+
+def host_processes(cluster):
+    return cluster.processes[1:]  # the coordinator first, then hosts in start order
+
+
+def test_a_killed_host_fails_the_futures_that_need_it_naming_it_and_others_go_on():
+    with pw.local_cluster(islands=1, hosts_per_island=3, devices_per_host=2,
+                          heartbeat_timeout=HEARTBEAT) as cluster:
+        with pw.connect(cluster.address) as a, pw.connect(cluster.address) as b:
+            hosts = {d.id: d.host for d in a.devices()}
+            victim = host_processes(cluster)[-1]
+            infos = a._request(a.address, ("status", None)).result(10)["hosts"]
+            victim_host = next(w for w, info in infos.items() if info["pid"] == victim.pid)
+            everywhere = a.mesh((6,), ("d",))
+            slow = pw.shard_map(lambda v: pw.psum(v, "d") + 1.0, everywhere, P(), P(),
+                                cost=0.2)
+            doomed = [slow(a.put(np.zeros(()), everywhere, P())) for _ in range(3)]
+            # b works on the two surviving hosts only, all along
+            safe_devices = [d for d, h in hosts.items() if h != victim_host]
+            mesh_b = pw.Mesh((4,), ("d",), tuple(safe_devices), client=b)
+            step = pw.shard_map(lambda v: pw.psum(v, "d") * 0.25 + 1.0, mesh_b, P(), P())
+            x = b.put(np.zeros(()), mesh_b, P())
+            os.kill(victim.pid, signal.SIGKILL)
+            killed = time.monotonic()
+            for _ in range(20):
+                x = step(x)
+            assert x.result(timeout=30) == 20.0
+            for y in doomed:
+                with pytest.raises(pw.HostLost) as err:
+                    y.result(timeout=HEARTBEAT + 10)
+                lost = [d for d, h in hosts.items() if h == victim_host]
+                assert f"host {victim_host}" in str(err.value)
+                assert str(lost) in str(err.value)  # names its devices
+            assert time.monotonic() - killed < HEARTBEAT + 10
+            assert all(d.host != victim_host for d in a.devices())  # devices marked lost
+
+
+def test_a_lost_coordinator_fails_clients_and_stops_hosts_then_a_new_cluster_works():
+    cluster = pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=2)
+    with cluster as c:
+        client = pw.connect(c.address, coordinator_timeout=2.0)
+        try:
+            mesh = client.mesh((2,), ("d",))
+            slow = pw.shard_map(lambda v: v + 1.0, mesh, P("d"), P("d"), cost=0.5)
+            ys = [slow(client.put(np.zeros(2), mesh, P("d"))) for _ in range(4)]
+            c.processes[0].send_signal(signal.SIGKILL)
+            lost = time.monotonic()
+            for y in ys:
+                with pytest.raises(pw.CoordinatorLost, match="no word from the coordinator"):
+                    y.result(timeout=15)
+            assert time.monotonic() - lost < 10
+            with pytest.raises(pw.CoordinatorLost):
+                slow(client.put(np.zeros(2), mesh, P("d")))
+            host = host_processes(c)[0]
+            assert host.wait(30) == 0  # it noticed and exited cleanly
+        finally:
+            client.close()
+    with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=2) as c2:
+        with pw.connect(c2.address) as client:
+            mesh = client.mesh((2,), ("d",))
+            f = pw.shard_map(lambda v: v + 1.0, mesh, P("d"), P("d"))
+            np.testing.assert_array_equal(f(client.put(np.zeros(2), mesh, P("d"))).result(30),
+                                          np.ones(2))
+
+
+def test_a_host_stopped_for_a_while_loses_nothing():
+    with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=2,
+                          heartbeat_timeout=5.0) as cluster:
+        with pw.connect(cluster.address) as client:
+            mesh = client.mesh((4,), ("d",))
+            step = pw.shard_map(lambda v: pw.psum(v, "d") * 0.25 + 1.0, mesh, P(), P(),
+                                cost=0.01)
+            x = client.put(np.zeros(()), mesh, P())
+            ys = []
+            for _ in range(30):
+                x = step(x)
+                ys.append(x)
+            victim = host_processes(cluster)[-1]
+            victim.send_signal(signal.SIGSTOP)
+            try:
+                time.sleep(1.5)
+            finally:
+                victim.send_signal(signal.SIGCONT)
+            assert [y.result(timeout=30) for y in ys] == [float(i + 1) for i in range(30)]
+            assert len(client.devices()) == 4
