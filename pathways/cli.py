@@ -135,6 +135,15 @@ def _plot(args) -> int:
     return 0
 
 
+def _keys(args) -> int:
+    from plaque.security import ENV, generate
+
+    secret = generate(args.directory)
+    print(f"wrote {secret} and its public key; give the directory to every coordinator,"
+          f" host and client: {ENV}={args.directory} (pw.connect(..., keys=DIR))")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="pathways")
     ap.add_argument("-v", "--verbose", action="count", default=0)
@@ -167,6 +176,8 @@ def main(argv=None) -> int:
     st.add_argument("address")
     st.add_argument("--watch", type=float, nargs="?", const=1.0, default=None,
                     metavar="SECONDS", help="refresh every SECONDS (default 1) until Ctrl-C")
+    ke = sub.add_parser("keys", help="create the CURVE key pair a secured cluster needs")
+    ke.add_argument("directory")
     tr = sub.add_parser("trace", help="record every device's timeline as Chrome trace JSON")
     tr.add_argument("address")
     tr.add_argument("--seconds", type=float, default=5.0)
@@ -179,7 +190,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=level, format=f"%(asctime)s pathways-{args.command}"
                         f"[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
     handler = {"up": _up, "coordinator": _coordinator, "host": _host, "status": _status,
-               "trace": _trace, "plot": _plot}
+               "trace": _trace, "plot": _plot, "keys": _keys}
     return handler[args.command](args)
 
 

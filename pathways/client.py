@@ -21,6 +21,7 @@ import numpy as np
 import uvloop
 import zmq
 
+from plaque import security
 from plaque.shipping import ship
 
 from . import protocol, sharding
@@ -47,12 +48,14 @@ PING_INTERVAL = 1.0  # seconds between the client's "alive" messages to the coor
 
 class Client:
     def __init__(self, address: str, dispatch: str = "parallel", timeout: float = 30.0,
-                 weight: float = 1.0, priority: int = 0, coordinator_timeout: float = 5.0):
+                 weight: float = 1.0, priority: int = 0, coordinator_timeout: float = 5.0,
+                 keys: str | None = None):
         if dispatch not in ("parallel", "sequential"):
             raise ValueError(f"dispatch must be 'parallel' or 'sequential', got {dispatch!r}")
         if not weight > 0:
             raise ValueError(f"weight must be > 0, got {weight!r}")
         self.address, self.dispatch, self.timeout = address, dispatch, timeout
+        self.keys = str(keys) if keys is not None else security.keys_dir()
         self.ctx = zmq.Context()
         self._loop = uvloop.new_event_loop()
         self._socks: dict[str, zmq.Socket] = {}
@@ -73,8 +76,15 @@ class Client:
                                         daemon=True)
         self._thread.start()
         self.weight, self.priority = float(weight), int(priority)
-        self.id = self._request(self.address, ("hello", None, {
-            "weight": self.weight, "priority": self.priority})).result(timeout)
+        try:
+            self.id = self._request(self.address, ("hello", None, {
+                "weight": self.weight, "priority": self.priority})).result(timeout)
+        except cf.TimeoutError:
+            self.close()
+            raise PathwaysError(
+                f"no coordinator answered at {address} within {timeout:g} s: is the address"
+                " right, and if the cluster uses keys, were they given (keys=DIR or"
+                f" ${security.ENV})?") from None
         self._loop.call_soon_threadsafe(self._ping)
         self._refresh_devices()
 
@@ -91,6 +101,7 @@ class Client:
         if s is None:
             s = self._socks[address] = self.ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
+            security.client(s, self.keys)
             s.connect(address)
             fd = s.getsockopt(zmq.FD)
             self._loop.add_reader(fd, self._drain, s)
@@ -433,13 +444,16 @@ def _as_remote(err) -> Exception:
 
 
 def connect(address: str, dispatch: str = "parallel", timeout: float = 30.0,
-            weight: float = 1.0, priority: int = 0, coordinator_timeout: float = 5.0) -> Client:
+            weight: float = 1.0, priority: int = 0, coordinator_timeout: float = 5.0,
+            keys: str | None = None) -> Client:
     """Connect to a Pathways coordinator at ``address`` (printed by ``pathways up``).
 
     ``weight`` is this client's share of device time when the coordinator runs the "share"
     policy; ``priority`` its rank under the "priority" policy (higher goes first). If the
     coordinator is silent for ``coordinator_timeout`` seconds, every pending future fails with
-    ``CoordinatorLost`` and so do later calls.
+    ``CoordinatorLost`` and so do later calls. ``keys`` is the directory of the cluster's
+    CURVE keys (``pathways keys DIR``) when the cluster requires them; default
+    ``$PLAQUE_KEYS``.
     """
     return Client(address, dispatch=dispatch, timeout=timeout, weight=weight,
-                  priority=priority, coordinator_timeout=coordinator_timeout)
+                  priority=priority, coordinator_timeout=coordinator_timeout, keys=keys)

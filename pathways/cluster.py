@@ -16,11 +16,14 @@ class LocalCluster:
 
     def __init__(self, islands=1, hosts_per_island=2, devices_per_host=4,
                  heartbeat_timeout=3.0, verbose=0, policy="fifo", window=8,
-                 client_timeout=5.0, hbm_gib=16.0):
+                 client_timeout=5.0, hbm_gib=16.0, keys=None):
         self.processes: list[subprocess.Popen] = []
         self.islands, self.hosts_per_island = islands, hosts_per_island
         self.devices_per_host = devices_per_host
         env = dict(os.environ, PLAQUE_DIE_WITH_PARENT="1")
+        if keys is not None:
+            env["PLAQUE_KEYS"] = str(keys)
+        self.keys = keys
         v = ["-v"] * verbose
         coord = subprocess.Popen(
             [sys.executable, "-m", "pathways", *v, "coordinator",
@@ -58,7 +61,7 @@ class LocalCluster:
         from .client import Client
 
         deadline = time.monotonic() + timeout
-        with Client(self.address) as c:
+        with Client(self.address, keys=self.keys) as c:
             while len(c.devices()) < num_devices:
                 if time.monotonic() > deadline:
                     raise PathwaysError(f"only {len(c.devices())} of {num_devices} devices"
@@ -84,19 +87,23 @@ class LocalCluster:
 @contextlib.contextmanager
 def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_timeout=3.0,
                   verbose=0, timeout=60.0, policy="fifo", window=8, client_timeout=5.0,
-                  hbm_gib=16.0):
+                  hbm_gib=16.0, keys=None):
     """Start a coordinator and ``islands * hosts_per_island`` host processes on this machine.
 
     ``policy`` orders the gangs of several clients on each island: "fifo", "share" (device
     time in proportion to ``pw.connect(..., weight=w)``) or "priority" (strict, by
-    ``pw.connect(..., priority=p)``); ``window`` bounds the programs admitted at once.
+    ``pw.connect(..., priority=p)``); ``window`` bounds the programs admitted at once. A
+    client silent for ``client_timeout`` seconds is taken for dead: its buffers are freed and
+    its runs dropped. ``hbm_gib``: each emulated device's HBM. ``keys``: a directory from
+    ``pathways keys DIR``; every socket of the cluster then requires CURVE with that key
+    (give the same ``keys`` to ``pw.connect``).
 
     >>> with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4) as cluster:
     ...     with pw.connect(cluster.address) as client:
     ...         print(client.devices())
     """
     cluster = LocalCluster(islands, hosts_per_island, devices_per_host, heartbeat_timeout,
-                           verbose, policy, window, client_timeout, hbm_gib)
+                           verbose, policy, window, client_timeout, hbm_gib, keys)
     try:
         cluster.wait_ready(islands * hosts_per_island * devices_per_host, timeout)
         yield cluster

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import zmq
 
 import plaque
+from plaque import security
 
 from .errors import ClientGone, HostLost
 from .lowering import rebuild
@@ -94,6 +95,7 @@ class Coordinator:
             pass
         self.cluster.close()
         self.service.close()
+        security.release(self.ctx)
         self.ctx.term()
 
     # ---- hosts ----------------------------------------------------------------------------

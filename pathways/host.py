@@ -22,6 +22,7 @@ import numpy as np
 import zmq
 
 import plaque
+from plaque import security
 from plaque.endpoint import serve_worker_core
 from plaque.worker import WorkerCore
 from plaque.zmq_transport import ZmqTransport
@@ -267,6 +268,7 @@ def _coordinator_info(address: str, ctx: zmq.Context, timeout: float = 30.0) -> 
     """Ask the coordinator where its Plaque cluster listens."""
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
+    security.client(s)
     s.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
     s.connect(address)
     try:
@@ -307,4 +309,5 @@ async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
     finally:
         host.close()
         data.service.close()
+        security.release(ctx)
         ctx.term()

@@ -14,7 +14,7 @@ import threading
 
 import zmq
 
-from plaque import wire
+from plaque import security, wire
 from plaque.zmq_transport import bind_socket
 
 from . import protocol
@@ -82,6 +82,7 @@ class IciLink:
         if s is None:
             s = socks[worker] = self.ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 0)
+            security.client(s)
             s.connect(self.peers[worker])
             with self._sockets_lock:
                 self._sockets.append(s)

@@ -14,7 +14,7 @@ import time
 
 import zmq
 
-from . import wire
+from . import security, wire
 from .wire import Kind
 
 HEARTBEAT_INTERVAL = 0.5
@@ -47,6 +47,7 @@ class HeartbeatThread:
                 if sock is None:  # connect early: the first beat must not wait for TCP
                     sock = self.ctx.socket(zmq.PUSH)
                     sock.setsockopt(zmq.LINGER, 0)
+                    security.client(sock)
                     sock.connect(core.coordinator_control)
                 silent = self.clock() - last
                 if silent < 1.5 * self.interval or silent > self.stale_after:

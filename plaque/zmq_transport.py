@@ -19,6 +19,7 @@ from collections import deque
 
 import zmq
 
+from . import security
 from .transport import Transport
 from .wire import CONTROL, DATA
 
@@ -30,8 +31,10 @@ def bind_socket(sock, where: str) -> str:
     """Bind ``sock`` (``tcp://HOST`` picks a free port) and return the address peers dial.
 
     A wildcard bind (``tcp://0.0.0.0``, ``tcp://*``) is announced under this machine's name
-    (or ``$PLAQUE_ADVERTISE``), since no peer can dial a wildcard.
+    (or ``$PLAQUE_ADVERTISE``), since no peer can dial a wildcard. With ``$PLAQUE_KEYS`` set
+    the socket is a CURVE server admitting only the cluster's key (``plaque.security``).
     """
+    security.server(sock)
     if where.startswith("ipc://") and where.endswith("/"):
         where = f"{where}plaque-{uuid.uuid4().hex[:12]}"
     if where.startswith("tcp://") and where.count(":") == 1:
@@ -114,6 +117,7 @@ class ZmqTransport(Transport):
             s = self.ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.SNDHWM, HWM)
+            security.client(s)
             s.connect(where)
             self._push[(peer, ch)] = s
         self._addresses[peer] = parts + old[len(parts):]
@@ -183,4 +187,5 @@ class ZmqTransport(Transport):
             s.close(0)
         self._push.clear()
         if self._own_context:
+            security.release(self.ctx)
             self.ctx.term()
