@@ -1,0 +1,76 @@
+"""Client API misuse fails at once, at the call that is wrong, with an error naming the
+problem; the client and the cluster stay usable."""
+
+import numpy as np
+import pytest
+
+import pathways as pw
+from pathways import P
+
+
+def test_wrong_shapes_and_unknown_axes_fail_at_the_call(client):
+    mesh = client.mesh((2, 2), ("data", "model"))
+    with pytest.raises(pw.ShardingError, match="names mesh axis 'batch'"):
+        client.put(np.ones((4, 4)), mesh, P("batch"))
+    with pytest.raises(pw.ShardingError, match="not divisible"):
+        client.put(np.ones((3, 4)), mesh, P("data"))
+    f = pw.shard_map(lambda x: x @ np.ones((5, 2)), mesh, P("data"), P("data"))
+    x = client.put(np.ones((4, 4)), mesh, P("data"))
+    with pytest.raises(pw.ProgramError, match="shapes|matmul|mismatch"):
+        f(x)
+    with pytest.raises(pw.ShardingError):
+        pw.shard_map(lambda x: pw.psum(x, "nope"), mesh, P("data"), P("data"))(x)
+    with pytest.raises(pw.ShardingError, match="mesh shape"):
+        client.mesh((2, 2), ("data",))
+
+
+def test_more_devices_than_exist_is_a_resource_error(client):
+    with pytest.raises(pw.ResourceError, match="64"):
+        client.mesh((64,), ("d",))
+
+
+def test_arrays_of_a_closed_client_or_another_client(pw_cluster, client):
+    other = pw.connect(pw_cluster.address)
+    mesh_o = other.mesh((2,), ("d",))
+    x_other = other.put(np.ones(2), mesh_o, P("d"))
+    mesh = client.mesh((2,), ("d",))
+    f = pw.shard_map(lambda v: v + 1, mesh, P("d"), P("d"))
+    with pytest.raises(pw.ProgramError, match="another client"):
+        client.run_program(client.op_program(f, [x_other.aval]), [x_other])
+    other.close()
+    with pytest.raises(pw.ClientClosed):
+        other.put(np.ones(2), mesh_o, P("d"))
+    f_other = pw.shard_map(lambda v: v + 1, mesh_o, P("d"), P("d"))
+    with pytest.raises(pw.ClientClosed):
+        f_other(x_other)
+
+
+def test_python_control_flow_and_arithmetic_on_traced_values_are_refused(client):
+    mesh = client.mesh((2,), ("d",))
+    f = pw.shard_map(lambda v: v + 1, mesh, P("d"), P("d"))
+
+    @pw.program
+    def branchy(v):
+        y = f(v)
+        if y:  # data-dependent Python control flow
+            return y
+        return f(y)
+
+    @pw.program
+    def arith(v):
+        return f(v) * 2
+
+    x = client.put(np.ones(2), mesh, P("d"))
+    with pytest.raises(pw.ProgramError, match="no value yet"):
+        branchy(x)
+    with pytest.raises(pw.ProgramError, match="only compiled functions"):
+        arith(x)
+
+
+def test_exceeding_hbm_fails_at_once(pw_cluster, client):
+    mesh = client.mesh((1,), ("d",))
+    hbm = client._device_info[mesh.devices[0]]["hbm"]
+    assert hbm == 16 << 30
+
+    with pytest.raises(pw.DeviceOutOfMemory, match="larger than the whole HBM"):
+        client.generate(lambda idx: None, (hbm // 4 + 1,), np.float32, mesh, P())
