@@ -60,6 +60,8 @@ class Client:
         self._loop = uvloop.new_event_loop()
         self._socks: dict[str, zmq.Socket] = {}
         self._pending: dict[int, cf.Future] = {}
+        self._pending_addr: dict[int, str] = {}  # where each pending request went
+        self._lost_hosts: dict[str, Exception] = {}  # data address of a lost host -> why
         self._inflight: dict[int, tuple] = {}
         self._req_ids = itertools.count()
         self._array_ids = itertools.count()
@@ -130,6 +132,15 @@ class Client:
                     status.set_result(None)
                 else:
                     status.set_exception(_as_remote(msg[2]))
+        elif kind == "host_lost":
+            info = msg[2]
+            self._lost_hosts[info["data"]] = info["error"]
+            for req, address in list(self._pending_addr.items()):
+                if address == info["data"]:
+                    fut = self._pending.pop(req, None)
+                    self._pending_addr.pop(req, None)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(info["error"])
         elif kind == "install_failed":
             for run_id, entry in list(self._inflight.items()):
                 if entry[3] == msg[1]:
@@ -137,6 +148,7 @@ class Client:
                     entry[0].set_exception(_as_remote(msg[2]))
         else:
             fut = self._pending.pop(msg[1], None)
+            self._pending_addr.pop(msg[1], None)
             if fut is None:
                 return
             if kind == "error":
@@ -192,7 +204,12 @@ class Client:
         """Send ``(kind, req_id, ...)``; the future gets the reply's third item."""
         req = next(self._req_ids)
         fut: cf.Future = cf.Future()
+        lost = self._lost_hosts.get(address)
+        if lost is not None:
+            fut.set_exception(lost)
+            return fut
         self._pending[req] = fut
+        self._pending_addr[req] = address
         self._send(address, (payload[0], req, *payload[2:]))
         return fut
 

@@ -114,7 +114,12 @@ class Coordinator:
         for w in set(self.hosts) - live:
             lost = self.rm.remove_host(w)
             log.warning("host %d lost with devices %s", w, lost)
-            self._departed[w] = self.hosts.pop(w)
+            info = self._departed[w] = self.hosts.pop(w)
+            notice = ("host_lost", None, {"host": w, "data": info.get("data"),
+                                          "devices": lost, "error": self._host_lost(
+                                              plaque.WorkerLost(w, "it stopped answering"))})
+            for ident in self.clients.values():  # their reads from it must not wait forever
+                self._reply(ident, notice)
         topology = {d: w for w, h in self.hosts.items() for d in h["device_ids"]}
         links = {w: h["ici"] for w, h in self.hosts.items()}
         for w in self.hosts:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ["plaque_bench.py", "dispatch.py", "pipeline.py", "islands.py", "gpipe.py", "moe.py"]
+BENCHES = ["plaque_bench.py", "dispatch.py", "pipeline.py", "islands.py", "gpipe.py", "moe.py",
+           "multitenancy.py"]
 
 
 @pytest.mark.parametrize("script", BENCHES)
