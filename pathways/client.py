@@ -35,6 +35,7 @@ from .errors import (
     ProgramError,
     RemoteError,
 )
+from .ir import Eqn, Program
 from .lowering import Placement, lower, placement_of, skeleton
 from .mesh import Mesh
 from .protocol import RunArg
@@ -68,6 +69,8 @@ class Client:
         self._run_ids = itertools.count()
         self._program_ids = itertools.count()
         self._lowered: dict[tuple, tuple] = {}
+        self._meshes: dict[int, Mesh] = {}  # slice id -> its newest mapping (after remap)
+        self._retargeted: dict[tuple, tuple] = {}
         self._op_programs: dict[tuple, object] = {}
         self._executor = cf.ThreadPoolExecutor(2, thread_name_prefix="pathways-await")
         self.closed = False
@@ -377,6 +380,9 @@ class Client:
                 raise ProgramError(f"argument {i} belongs to another client")
             if a._deleted:
                 raise ProgramError(f"argument {i} was deleted")
+            if self._remapped(a.mesh) is not a.mesh:
+                self._move(i, a, self._remapped(a.mesh))
+        program = self._retarget(program)
         placements = tuple(Placement(a.mesh.devices, tuple(a.spec), a.mesh.shape,
                                      a.mesh.axis_names) for a in arrays)
         pid, out_places = self._install(program, placements)
@@ -395,6 +401,69 @@ class Client:
         self._inflight[run_id] = (status, tuple(arrays), tuple(outputs), pid)
         self._send(self.address, ("run", pid, run_id, arg))
         return outputs[0] if program.single_output else tuple(outputs)
+
+    # ---- after a host loss: the same virtual slices on healthy devices ---------------------
+    def remap(self, mesh: Mesh) -> Mesh:
+        """The slice of ``mesh`` with its lost devices replaced by healthy (or newly joined)
+        ones. Programs and compiled functions built on ``mesh`` keep working: they are
+        re-lowered onto the new devices at their next call, and arguments whose value this
+        client holds (put, or fetched) are put again where they now belong.
+
+        >>> y.result()                     # HostLost: a host of mesh's slice died
+        >>> mesh = client.remap(mesh)      # same shape and axes, healthy devices
+        >>> y = step(x)                    # step and x were built on the old mesh
+        """
+        if mesh.slice_id is None:
+            raise ProgramError("remap needs a mesh from client.mesh(...)")
+        sl = self._request(self.address, ("remap", None, self.id, mesh.slice_id)
+                           ).result(self.timeout)
+        self._refresh_devices()
+        new = Mesh(mesh.shape, mesh.axis_names, sl.devices, sl.slice_id, sl.island, sl.version,
+                   client=self)
+        self._meshes[mesh.slice_id] = new
+        return new
+
+    def _remapped(self, mesh: Mesh) -> Mesh:
+        cur = self._meshes.get(mesh.slice_id) if mesh.slice_id is not None else None
+        return cur if cur is not None and cur.version > mesh.version else mesh
+
+    def _move(self, i, array: Array, mesh: Mesh) -> None:
+        """Put an argument again on its slice's new devices, from the value this client has."""
+        if array._value is None:
+            raise PathwaysError(
+                f"argument {i} lived on slice {mesh.slice_id}, which lost devices, and this"
+                " client holds no copy of its value: put it again (or fetch it before)")
+        lost = {d for d in array.mesh.devices if d not in self._device_info}
+        keys = {}
+        for d in array.mesh.devices:
+            if d not in lost:
+                keys.setdefault(self._data_address(d), []).append((array.id, d))
+        for address, ks in keys.items():
+            self._send(address, ("delete", ks))
+        shards = sharding.split(array._value, mesh.shape, mesh.axis_names, array.spec)
+        array.id = (self.id, next(self._array_ids))
+        array.mesh = mesh
+        for d, shard in zip(mesh.devices, shards):
+            self._send(self._data_address(d), ("put", array.id, d, shard, (self.id, None)))
+
+    def _retarget(self, program):
+        """``program`` with every compiled function on a remapped slice moved onto it."""
+        if not self._meshes:
+            return program
+        versions = tuple(sorted((sid, m.version) for sid, m in self._meshes.items()))
+        key = (id(program), versions)
+        hit = self._retargeted.get(key)
+        if hit is not None:
+            return hit[1]
+        eqns, changed = [], False
+        for eqn in program.eqns:
+            fn = eqn.fn.retarget(self._remapped)
+            changed |= fn is not eqn.fn
+            eqns.append(Eqn(fn, eqn.inputs, eqn.outputs))
+        new = Program(program.name, program.inputs, tuple(eqns), program.outputs,
+                      program.single_output) if changed else program
+        self._retargeted[key] = (program, new)  # keeps program alive: id() stays valid
+        return new
 
     def _install(self, program, placements):
         key = (id(program), placements)

@@ -70,6 +70,17 @@ class CompiledFunction:
                                " arguments")
         return self.in_specs
 
+    def retarget(self, remapped) -> CompiledFunction:
+        """This function on ``remapped(mesh)`` (self if that is the same mesh)."""
+        mesh = remapped(self.mesh)
+        if mesh is self.mesh:
+            return self
+        import copy
+
+        other = copy.copy(self)
+        other.mesh = mesh
+        return other
+
     def in_mesh(self, i: int) -> Mesh:
         """The mesh argument ``i`` must live on (one mesh for all, except routed calls)."""
         return self.mesh

@@ -20,7 +20,7 @@ import zmq
 import plaque
 from plaque import security
 
-from .errors import ClientGone, HostLost
+from .errors import ClientGone, HostLost, ResourceError
 from .lowering import rebuild
 from .resource_manager import ResourceManager
 from .scheduler import (
@@ -186,6 +186,12 @@ class Coordinator:
     def _req_mesh(self, ident, req, client, shape, island):
         sl = self.rm.allocate(client, tuple(shape), island=island)
         self._reply(ident, ("mesh", req, sl))
+
+    def _req_remap(self, ident, req, client, slice_id):
+        sl = self.rm.slice(slice_id)
+        if sl.client != client:
+            raise ResourceError(f"slice {slice_id} belongs to another client")
+        self._reply(ident, ("mesh", req, self.rm.remap(slice_id)))
 
     def _req_status(self, ident, req):
         clients = {}

@@ -84,6 +84,16 @@ class RoutedFunction(CompiledFunction):
         t, e = P(self.token_mesh.axis_names[0]), P(self.mesh.axis_names[0])
         return (t,) * (1 + self.token_args) + (e,) * (nargs - 1 - self.token_args)
 
+    def retarget(self, remapped) -> RoutedFunction:
+        mesh, tokens = remapped(self.mesh), remapped(self.token_mesh)
+        if mesh is self.mesh and tokens is self.token_mesh:
+            return self
+        import copy
+
+        other = copy.copy(self)
+        other.mesh, other.token_mesh = mesh, tokens
+        return other
+
     def in_mesh(self, i: int) -> Mesh:
         return self.token_mesh if i <= self.token_args else self.mesh
 

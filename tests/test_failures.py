@@ -98,3 +98,44 @@ def test_a_host_stopped_for_a_while_loses_nothing():
                 victim.send_signal(signal.SIGCONT)
             assert [y.result(timeout=30) for y in ys] == [float(i + 1) for i in range(30)]
             assert len(client.devices()) == 4
+
+
+def test_remap_after_a_host_loss_and_a_late_host_adds_capacity():
+    with pw.local_cluster(islands=1, hosts_per_island=3, devices_per_host=2,
+                          heartbeat_timeout=HEARTBEAT) as cluster:
+        with pw.connect(cluster.address) as c:
+            mesh = c.mesh((4,), ("d",))  # on two of the three hosts
+            step = pw.shard_map(lambda v: pw.psum(v, "d") * 0.25 + 1.0, mesh, P("d"),
+                                P("d"))
+
+            @pw.program
+            def twice(v):
+                return step(step(v))
+
+            x = c.put(np.arange(8.0), mesh, P("d"))
+            want = pw.reference(twice)(np.arange(8.0))
+            np.testing.assert_allclose(twice(x).result(timeout=30), want)
+            infos = c._request(c.address, ("status", None)).result(10)["hosts"]
+            used = {c._device_info[d]["host"] for d in mesh.devices}
+            victim = next(p for p in host_processes(cluster)
+                          if any(infos[w]["pid"] == p.pid for w in used))
+            victim.send_signal(signal.SIGKILL)
+            with pytest.raises(pw.HostLost):
+                for _ in range(100):  # until the loss is noticed
+                    twice(x).result(timeout=30)
+            new = c.remap(mesh)
+            assert new.shape == mesh.shape and new.version == mesh.version + 1
+            assert set(new.devices) != set(mesh.devices)
+            assert all(d in c._device_info for d in new.devices)  # healthy devices only
+            # the same program and array, built on the old mesh, now run on the new one
+            np.testing.assert_allclose(twice(x).result(timeout=30), want)
+            assert x.mesh == new
+            # a host that joins later adds capacity without restarting anything
+            cluster.add_host(0, 2)
+            deadline = time.monotonic() + 30
+            while len(c.devices()) < 6:
+                assert time.monotonic() < deadline, "the new host never joined"
+                time.sleep(0.1)
+            big = c.mesh((6,), ("d",))
+            f = pw.shard_map(lambda v: pw.psum(v, "d"), big, P(), P())
+            assert f(c.put(np.ones(()), big, P())).result(timeout=30) == 6.0
