@@ -45,7 +45,7 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable
 import pathways as pw  # noqa: E402
 from bench import profiling  # noqa: E402
 from bench.multicontroller import MultiController, expected_value, trivial_body  # noqa: E402
-from bench.results import bench_parser, publish  # noqa: E402
+from bench.results import bench_parser, plot_sweep, publish  # noqa: E402
 from pathways import P  # noqa: E402
 
 TITLE = "Dispatch overhead: Pathways vs multi-controller (paper Figures 5 and 6)"
@@ -335,6 +335,11 @@ def main(argv=None) -> int:
     notes = "\n".join(lines)
 
     publish(TITLE, rows, notes, profile_text, append=not (args.quick or args.no_append))
+    if args.plot:
+        plot_sweep(args.plot, f"{TITLE} ({sweep_hosts}x{PER_HOST} devices)",
+                   "modelled cost per computation (ms)", "throughput / multi-controller",
+                   {m: [(c * 1e3, sweep[c][m].rate / sweep[c]["MC"].rate) for c in sweep_costs]
+                    for m in MODES}, logx=True, target=0.95)
     return 0
 
 

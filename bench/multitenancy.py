@@ -47,7 +47,7 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable
     sys.path.insert(0, _ROOT)
 
 import pathways as pw  # noqa: E402
-from bench.results import bench_parser, publish  # noqa: E402
+from bench.results import bench_parser, plot_sweep, publish  # noqa: E402
 from pathways import P  # noqa: E402
 
 TITLE = "Multi-tenancy: clients sharing one island (paper Figure 8)"
@@ -321,6 +321,12 @@ def main(argv=None) -> int:
         f"Total bench time {elapsed:.0f} s.",
     ])
     publish(TITLE, rows, notes, append=not (args.quick or args.no_append))
+    if args.plot:
+        plot_sweep(args.plot, TITLE, "concurrent clients", "device utilization",
+                   {"N clients": [(n, best(multi).util) for n, (multi, _) in cells.items()],
+                    "1 client, same work": [(n, best(single).util)
+                                            for n, (_, single) in cells.items()]},
+                   target=UTIL_TARGET)
     return 0
 
 

@@ -94,4 +94,35 @@ def bench_parser(doc: str, quick: str, profile: str | None = None) -> argparse.A
     ap.add_argument("--no-append", action="store_true", help="print only; no RESULTS.md entry")
     if profile:
         ap.add_argument("--profile", action="store_true", help=profile)
+    ap.add_argument("--plot", metavar="PNG", default=None,
+                    help="also draw the sweep as a PNG (needs matplotlib: '.[plot]')")
     return ap
+
+
+def plot_sweep(path: str, title: str, xlabel: str, ylabel: str, series: dict,
+               logx: bool = False, target: float | None = None) -> None:
+    """Draw ``series`` ({name: [(x, y), ...]}) as lines into ``path`` (PNG)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install -e '.[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, points in series.items():
+        xs, ys = zip(*sorted(points))
+        ax.plot(xs, ys, marker="o", label=name)
+    if target is not None:
+        ax.axhline(target, color="grey", linestyle="--", label="target")
+    if logx:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"plot written to {path}")

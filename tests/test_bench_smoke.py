@@ -11,12 +11,19 @@ BENCHES = ["plaque_bench.py", "dispatch.py", "pipeline.py", "islands.py", "gpipe
            "multitenancy.py"]
 
 
+PLOTS = {"dispatch.py", "multitenancy.py"}  # sweeps that can draw themselves
+
+
 @pytest.mark.parametrize("script", BENCHES)
-def test_benchmark_runs_quickly(script):
+def test_benchmark_runs_quickly(script, tmp_path):
     results = ROOT / "bench" / "RESULTS.md"
     before = results.read_bytes() if results.exists() else b""
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick"],
+    png = tmp_path / "sweep.png"
+    extra = ["--plot", str(png)] if script in PLOTS else []
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick", *extra],
                          capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "nothing appended" in out.stdout
     assert (results.read_bytes() if results.exists() else b"") == before
+    if extra:
+        assert png.read_bytes()[:4] == b"\x89PNG"
