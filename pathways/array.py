@@ -19,6 +19,15 @@ from .errors import PathwaysError
 
 
 class Array:
+    """A future for a global array sharded over a mesh, as ``client.put``, ``client.generate``
+    and compiled-function calls return it. Its shape, dtype, mesh and spec are known at once;
+    its value once the run that produces it has finished.
+
+    >>> y = step(x)                  # returns at once
+    >>> y.shape, y.dtype, y.spec     # known before the run ends
+    >>> value = y.result()           # a numpy array, fetched from the hosts
+    """
+
     def __init__(self, client, array_id, aval: Aval, mesh, spec, status: cf.Future,
                  value=None):
         self.client, self.id = client, array_id
@@ -36,16 +45,37 @@ class Array:
         return f"Array({self.aval}, {self.spec}, {state})"
 
     def done(self) -> bool:
+        """Whether the run that produces this array has finished, successfully or not.
+
+        >>> y = step(x)
+        >>> y.done()           # False while the run is in flight
+        """
         return self._status.done()
 
     def exception(self, timeout=None):
+        """The exception the producing run failed with, or None if it succeeded. Waits up to
+        ``timeout`` seconds for the run to finish (None: no limit).
+
+        >>> err = y.exception(timeout=10)
+        >>> if err is not None:
+        ...     print("step failed:", err)
+        """
         return self._status.exception(timeout)
 
     def add_done_callback(self, fn) -> None:
+        """Call ``fn(array)`` once the producing run has finished. If it already has, ``fn``
+        runs at once in this thread; otherwise on the client's event-loop thread, so keep it
+        short and do not wait in it.
+
+        >>> y.add_done_callback(lambda a: print("finished:", a))
+        """
         self._status.add_done_callback(lambda _f: fn(self))
 
     def result(self, timeout=None) -> np.ndarray:
-        """The global value as a numpy array (waits for it, then fetches the shards)."""
+        """The global value as a numpy array (waits for it, then fetches the shards).
+
+        >>> value = y.result(timeout=60)     # np.ndarray of shape y.shape
+        """
         if self._deleted:
             raise PathwaysError("this array was deleted")
         self._status.result(timeout)
@@ -58,11 +88,19 @@ class Array:
             self.client._executor.submit(self.result)).__await__()
 
     def block_until_ready(self, timeout=None) -> Array:
+        """Wait until the producing run has finished, without fetching the value, and
+        return this array. Raises the run's exception if it failed.
+
+        >>> y = step(x).block_until_ready()     # computed on the devices; nothing fetched
+        """
         self._status.result(timeout)
         return self
 
     def delete(self) -> None:
-        """Free the shards on the hosts now."""
+        """Free the shards on the hosts now.
+
+        >>> x.delete()         # x can no longer be fetched or passed to a call
+        """
         if not self._deleted:
             self._deleted = True
             self._value = None

@@ -48,6 +48,15 @@ PING_INTERVAL = 1.0  # seconds between the client's "alive" messages to the coor
 
 
 class Client:
+    """A connection to a Pathways coordinator. It reserves meshes, places arrays on devices
+    and runs compiled functions and programs; no call waits for the devices. Create one with
+    ``pw.connect``.
+
+    >>> with pw.connect(cluster.address) as client:
+    ...     mesh = client.mesh((2, 4), ("data", "model"))
+    ...     x = client.put(np.zeros((8, 4)), mesh, P("data"))
+    """
+
     def __init__(self, address: str, dispatch: str = "parallel", timeout: float = 30.0,
                  weight: float = 1.0, priority: int = 0, coordinator_timeout: float = 5.0,
                  keys: str | None = None):
@@ -222,14 +231,21 @@ class Client:
         self._device_info = {d["id"]: d for d in infos}
 
     def devices(self) -> list[Device]:
-        """Every emulated device: id, island, host, kind."""
+        """Every emulated device: id, island, host, kind.
+
+        >>> [d.id for d in client.devices() if d.island == 0]
+        """
         self._refresh_devices()
         return [Device(d["id"], d["island"], d["host"], d["kind"])
                 for d in self._device_info.values()]
 
     def host_status(self, timeout: float = 10.0) -> dict:
         """Each host's status by host id: its devices (busy time, HBM), object store, and the
-        messages and bytes it sent to other hosts (``["wire"]``: Plaque and ICI)."""
+        messages and bytes it sent to other hosts (``["wire"]``: Plaque and ICI).
+
+        >>> for host, status in client.host_status().items():
+        ...     print(host, {d: s["hbm_used"] for d, s in status["devices"].items()})
+        """
         self._refresh_devices()
         data = {info["host"]: info["data"] for info in self._device_info.values()}
         futures = {h: self._request(a, ("status", None)) for h, a in data.items()}
@@ -237,7 +253,11 @@ class Client:
 
     def timeline(self, timeout: float = 10.0) -> dict:
         """Every device's recent kernels by device id: ``(seq, name, labels, start, end,
-        failed)`` with labels client/run/eqn, times in seconds of the device host's clock."""
+        failed)`` with labels client/run/eqn, times in seconds of the device host's clock.
+
+        >>> for seq, name, labels, start, end, failed in client.timeline()[mesh.devices[0]]:
+        ...     print(seq, name, labels, f"{(end - start) * 1e3:.3f} ms", failed)
+        """
         self._refresh_devices()
         data = {info["host"]: info["data"] for info in self._device_info.values()}
         futures = [self._request(a, ("timeline", None, None)) for a in data.values()]
@@ -259,7 +279,13 @@ class Client:
         return Tracing(self, path)
 
     def mesh(self, shape, axis_names, island=None) -> Mesh:
-        """A virtual slice of ``shape`` devices from the resource manager, as a mesh."""
+        """A virtual slice of ``shape`` devices from the resource manager, as a mesh.
+
+        ``island`` asks for devices of that island; by default the resource manager chooses.
+
+        >>> mesh = client.mesh((2, 4), ("data", "model"))     # 8 devices
+        >>> other = client.mesh((4,), ("data",), island=1)
+        """
         shape = tuple(int(n) for n in shape)
         if len(shape) != len(tuple(axis_names)):
             raise sharding.ShardingError(f"mesh shape {shape} and axis names {axis_names}"
@@ -272,7 +298,11 @@ class Client:
 
     # ---- arrays ---------------------------------------------------------------------------
     def put(self, value, mesh: Mesh, spec=None) -> Array:
-        """Shard ``value`` over ``mesh`` by ``spec`` and send each shard to its device."""
+        """Shard ``value`` over ``mesh`` by ``spec`` and send each shard to its device.
+
+        >>> x = client.put(np.arange(32.0).reshape(8, 4), mesh, P("data"))
+        >>> w = client.put(np.eye(4), mesh)        # no spec: a full copy on every device
+        """
         value = np.array(value, copy=True)
         spec = sharding.normalize_spec(spec, value.ndim, mesh.axis_names)
         shards = sharding.split(value, mesh.shape, mesh.axis_names, spec)
@@ -368,13 +398,24 @@ class Client:
 
     # ---- programs -------------------------------------------------------------------------
     def op_program(self, fn: CompiledFunction, avals):
+        """The one-equation program that calls ``fn`` alone on arguments of ``avals``
+        (made once per ``fn`` and avals, then cached). Calling ``fn`` outside a program
+        runs this.
+
+        >>> prog = client.op_program(step, [x.aval])
+        >>> y = client.run_program(prog, [x])      # what step(x) does
+        """
         key = (fn, tuple(avals))
         if key not in self._op_programs:
             self._op_programs[key] = single_call_program(fn, avals)
         return self._op_programs[key]
 
     def run_program(self, program, arrays):
-        """Run a traced program on ``arrays``; returns its output futures at once."""
+        """Run a traced program on ``arrays``; returns its output futures at once.
+
+        >>> prog = chain.trace([x.aval])           # chain: a @pw.program
+        >>> z = client.run_program(prog, [x])      # what chain(x) does
+        """
         for i, a in enumerate(arrays):
             if a.client is not self:
                 raise ProgramError(f"argument {i} belongs to another client")
@@ -489,7 +530,10 @@ class Client:
 
     # ---- life cycle -----------------------------------------------------------------------
     def close(self) -> None:
-        """Free everything this client owns on the hosts and disconnect."""
+        """Free everything this client owns on the hosts and disconnect.
+
+        >>> client.close()      # or let a ``with pw.connect(...) as client:`` block end
+        """
         if self.closed:
             return
         try:
@@ -540,6 +584,9 @@ def connect(address: str, dispatch: str = "parallel", timeout: float = 30.0,
     ``CoordinatorLost`` and so do later calls. ``keys`` is the directory of the cluster's
     CURVE keys (``pathways keys DIR``) when the cluster requires them; default
     ``$PLAQUE_KEYS``.
+
+    >>> with pw.connect("tcp://127.0.0.1:5555", weight=2.0) as client:
+    ...     print(client.devices())
     """
     return Client(address, dispatch=dispatch, timeout=timeout, weight=weight,
                   priority=priority, coordinator_timeout=coordinator_timeout, keys=keys)

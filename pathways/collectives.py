@@ -320,12 +320,19 @@ def _check_axis(name: str, what: str, axis: int, ndim: int) -> int:
 
 
 def psum(x, axes):
-    """Sum of ``x`` over the group along ``axes``, added in position order on every member."""
+    """Sum of ``x`` over the group along ``axes``, added in position order on every member.
+
+    >>> total = pw.shard_map(lambda x: pw.psum(x, "data"), mesh, P("data"), P())
+    """
     return _ordered_sum(_gather("psum", np.asarray(x), axes)[0])
 
 
 def pmean(x, axes):
-    """Mean of ``x`` over the group (psum divided by the group size; ints become floats)."""
+    """Mean of ``x`` over the group (psum divided by the group size; ints become floats).
+
+    >>> col_mean = pw.shard_map(lambda x: pw.pmean(x.mean(axis=0), "data"), mesh,
+    ...                         P("data"), P())
+    """
     values, _ = _gather("pmean", np.asarray(x), axes)
     return np.asarray(_ordered_sum(values) / len(values))
 
@@ -339,7 +346,11 @@ def _ordered_sum(values: list) -> np.ndarray:
 
 
 def all_gather(x, axes, axis: int = 0, tiled: bool = False):
-    """Every member's ``x``, stacked along a new dimension ``axis`` (or concatenated if tiled)."""
+    """Every member's ``x``, stacked along a new dimension ``axis`` (or concatenated if tiled).
+
+    >>> whole = pw.shard_map(lambda x: pw.all_gather(x, "data", tiled=True), mesh,
+    ...                      P("data"), P())
+    """
     x = np.asarray(x)
     if tiled:
         axis = _check_axis("all_gather", "axis", axis, x.ndim)
@@ -353,6 +364,10 @@ def ppermute(x, axes, perm):
     """Send ``x`` along the (source position, destination position) pairs of ``perm``.
 
     A device that is nobody's destination gets zeros_like(x).
+
+    >>> ring = [(i, (i + 1) % 4) for i in range(4)]      # "model" has 4 devices
+    >>> shift = pw.shard_map(lambda x: pw.ppermute(x, "model", ring), mesh,
+    ...                      P(None, "model"), P(None, "model"))
     """
     x = np.asarray(x)
     env, members, position = _group("ppermute", axes)
@@ -383,6 +398,9 @@ def all_to_all(x, axes, split_axis: int, concat_axis: int):
 
     The chunks received are concatenated along ``concat_axis`` in source order, so that
     dimension grows by the group size while ``split_axis`` shrinks by it.
+
+    >>> to_cols = pw.shard_map(lambda x: pw.all_to_all(x, "data", split_axis=1, concat_axis=0),
+    ...                        mesh, P("data", None), P(None, "data"))   # rows -> columns
     """
     x = np.asarray(x)
     split_axis = _check_axis("all_to_all", "split_axis", split_axis, x.ndim)
@@ -401,7 +419,10 @@ def all_to_all(x, axes, split_axis: int, concat_axis: int):
 
 
 def axis_index(axes) -> int:
-    """This device's position along ``axes`` (no communication)."""
+    """This device's position along ``axes`` (no communication).
+
+    >>> tag = pw.shard_map(lambda x: x * 0 + pw.axis_index("data"), mesh, P("data"), P("data"))
+    """
     return _group("axis_index", axes)[2]
 
 

@@ -45,7 +45,12 @@ def _specs(specs, what: str) -> tuple[tuple, bool]:
 
 
 class CompiledFunction:
-    """``body`` run on every device of ``mesh`` on its shard. Create with ``shard_map``."""
+    """``body`` run on every device of ``mesh`` on its shard. Create with ``shard_map``.
+
+    >>> step = pw.shard_map(lambda x: x * 2, mesh, P("data"), P("data"))
+    >>> y = step(x)                          # outside a program: runs now, a future
+    >>> avals = step.abstract_eval([x.aval])  # global output shapes and dtypes
+    """
 
     def __init__(self, body, mesh: Mesh, in_specs, out_specs, cost=None, name=None):
         if not callable(body):

@@ -26,7 +26,11 @@ import numpy as np
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """One emulated accelerator: HBM capacity (bytes), peak FLOP/s, HBM bandwidth (bytes/s)."""
+    """One emulated accelerator: HBM capacity (bytes), peak FLOP/s, HBM bandwidth (bytes/s).
+
+    >>> spec = pw.DeviceSpec(hbm_bytes=32 << 30, flops=200e12)
+    >>> seconds = 2 * 4096**3 / spec.flops    # a 4096-square matmul at peak, for cost=
+    """
 
     hbm_bytes: int = 16 << 30
     flops: float = 100e12

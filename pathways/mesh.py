@@ -14,6 +14,14 @@ from .errors import ShardingError
 
 @dataclass(frozen=True)
 class Mesh:
+    """A virtual slice of devices with a shape and axis names; ``devices[i]`` is the
+    physical id of flat (row-major) position i. Get one from ``client.mesh``.
+
+    >>> mesh = client.mesh((2, 4), ("data", "model"))
+    >>> mesh.size, mesh.axis_size("model")              # (8, 4)
+    >>> pw.Mesh.abstract((2, 4), ("data", "model"))     # placeholder devices, no client
+    """
+
     shape: tuple[int, ...]
     axis_names: tuple[str, ...]
     devices: tuple[int, ...]  # physical device id of each flat (row-major) position

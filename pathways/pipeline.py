@@ -52,6 +52,9 @@ class Stage:
 
     ``cost`` optionally models the seconds one forward of one micro-batch occupies a device
     (its backward is charged twice that); by default the runtime estimates from bytes.
+
+    >>> stage = pw.Stage((w, b), forward=lambda p, x: (x @ p[0] + p[1], x),
+    ...                  backward=lambda p, x, dy: ((x.T @ dy, dy.sum(0)), dy @ p[0].T))
     """
 
     init: object
@@ -225,6 +228,10 @@ class Pipeline:
 
     ``island`` is None (the resource manager chooses), one island for all stages, or a list
     with one island per stage. ``schedule`` is "gpipe" or "1f1b".
+
+    >>> pipe = pw.Pipeline(client, [stage1, stage2], loss=mse, microbatches=4, lr=0.1)
+    >>> loss = pipe.step(x, target)      # a pw.Array, returned before the step runs
+    >>> params = pipe.params()           # fetched: one nest of arrays per stage
     """
 
     def __init__(self, client, stages, loss, microbatches: int, devices_per_stage: int = 1,

@@ -47,7 +47,12 @@ ROUTED_PORT = 1  # output port of routed rows, kept apart from port 0 (completio
 
 
 class RoutedFunction(CompiledFunction):
-    """A compiled expert body with token-to-expert routing. Create with ``expert_map``."""
+    """A compiled expert body with token-to-expert routing. Create with ``expert_map``.
+
+    >>> tm, em = client.mesh((4,), ("tokens",)), client.mesh((4,), ("experts",))
+    >>> ffn = pw.expert_map(lambda x, w: x @ w, tm, em, num_experts=8)
+    >>> rows = ffn(route, x, w)   # route int32[T, k], x [T, d] on tm; w [8, d, d] on em
+    """
 
     routed = True
 

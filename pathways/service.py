@@ -57,7 +57,10 @@ class RouterService:
             except Exception as exc:
                 log.warning("dropped a malformed request: %r", exc)
                 continue
-            self.handle(frames[0].bytes, request)
+            try:
+                self.handle(frames[0].bytes, request)
+            except Exception as exc:  # escaping here would stop this socket being drained
+                log.warning("dropped a request that could not be handled: %r", exc)
         else:
             self._drain_soon()  # more may be waiting: let the loop breathe first
         if self.after_batch is not None:

@@ -40,7 +40,12 @@ __all__ = [
 
 
 class P(tuple):
-    """A partition spec: ``P("data", None)``, ``P(("data", "model"))``, ``P()``."""
+    """A partition spec: ``P("data", None)``, ``P(("data", "model"))``, ``P()``.
+
+    >>> P("data", None)          # dimension 0 split over "data", dimension 1 whole
+    >>> P(("data", "model"))     # dimension 0 split over both axes, "data" major
+    >>> x = client.put(np.ones((8, 4)), mesh, P())     # P(): a full copy on every device
+    """
 
     def __new__(cls, *entries):
         return super().__new__(cls, entries)

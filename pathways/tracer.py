@@ -155,7 +155,11 @@ def run_op_by_op(fn: CompiledFunction, args):
 
 
 def reference(f):
-    """A function computing ``f`` (a program or compiled function) in-process on numpy."""
+    """A function computing ``f`` (a program or compiled function) in-process on numpy.
+
+    >>> want = pw.reference(chain)(x0)            # numpy in, numpy out; no cluster
+    >>> np.allclose(chain(client.put(x0, mesh, P("data"))).result(), want)
+    """
     def run(*args):
         args = [np.asarray(a) for a in args]
         avals = [Aval.of(a) for a in args]
