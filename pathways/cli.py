@@ -187,8 +187,9 @@ def main(argv=None) -> int:
     pl.add_argument("-o", "--output", default="timeline.png")
     args = ap.parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
-    logging.basicConfig(level=level, format=f"%(asctime)s pathways-{args.command}"
-                        f"[{os.getpid()}] %(levelname)s %(name)s: %(message)s")
+    role = f"host island={args.island}" if args.command == "host" else args.command
+    logging.basicConfig(level=level, format=f"%(asctime)s pathways-{role}"
+                        f" pid={os.getpid()} %(levelname)s %(name)s: %(message)s")
     handler = {"up": _up, "coordinator": _coordinator, "host": _host, "status": _status,
                "trace": _trace, "plot": _plot, "keys": _keys}
     return handler[args.command](args)
