@@ -35,6 +35,15 @@ from .service import RouterService
 log = logging.getLogger("pathways.coordinator")
 
 
+def _short(value) -> str:
+    """A loggable glimpse of a value a stranger sent (repr may fail or be huge)."""
+    try:
+        text = repr(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 @dataclass
 class _Program:
     client: int
@@ -58,6 +67,8 @@ class _Run:
 
 
 POLICIES = ("fifo", "share", "priority")
+# requests that act for a client: only that client's own connection may send them
+OWNED = {"bye", "run", "install", "mesh", "remap"}
 
 
 class Coordinator:
@@ -106,7 +117,16 @@ class Coordinator:
         core = self.cluster.core
         for w in live - set(self.hosts):
             info = core.workers[w].info
-            devs = self.rm.add_host(w, int(info.get("island", 0)), int(info.get("devices", 0)))
+            try:
+                if not isinstance(info, dict) or not all(
+                        isinstance(info.get(k), str) for k in ("data", "ici")):
+                    raise ValueError("its hello does not describe a host")
+                devs = self.rm.add_host(w, int(info.get("island", 0)),
+                                        int(info.get("devices", 0)))
+            except Exception as exc:  # a stranger or a broken host: keep it out
+                log.warning("worker %d refused as a host: %r", w, exc)
+                core.lose_worker(w, f"not a valid host: {exc!r}")
+                continue
             self.hosts[w] = dict(info, device_ids=[d.id for d in devs])
             core.send_user(w, ("devices", [d.id for d in devs]))
             log.info("host %d joined island %s with devices %s", w, info.get("island"),
@@ -147,6 +167,18 @@ class Coordinator:
                                             f" {now - seen:.1f} s")
         self.cluster.loop.call_later(min(1.0, self.client_timeout / 4), self._check_clients)
 
+    def _owner_of(self, req):
+        """The client a request acts for (checked against the sending connection)."""
+        kind = req[0]
+        if kind == "bye":
+            return req[1] if len(req) > 1 else None
+        if kind in ("run", "install"):
+            pid = req[1]
+            return pid[0] if isinstance(pid, tuple) and pid else None
+        if kind in ("mesh", "remap"):
+            return req[2] if len(req) > 2 else None
+        return None
+
     def _req_ping(self, ident, client):
         self._reply(ident, ("pong", None, None))  # the client knows the coordinator lives
 
@@ -154,9 +186,19 @@ class Coordinator:
         cid = self._client_of.get(ident)
         if cid is not None:
             self._last_seen[cid] = time.monotonic()
-        handler = getattr(self, "_req_" + str(req[0]), None)
+        handler = getattr(self, "_req_" + req[0], None) if isinstance(req[0], str) else None
+        if handler is not None and req[0] in OWNED and (
+                len(req) < 2 or self._owner_of(req) != cid):
+            gone = ClientGone("this client was disconnected (closed, or silent too long)"
+                              if cid is None else "a request for another client")
+            if req[0] == "run" and len(req) > 2:
+                self._reply(ident, ("run_failed", req[2], gone))
+            elif req[0] in ("mesh", "remap"):
+                self._reply(ident, ("error", req[1], gone))
+            log.warning("refused a %s request for a client this connection is not", req[0])
+            return
         if handler is None:
-            log.warning("dropped a client request of unknown kind %r", req[0])
+            log.warning("dropped a client request of unknown kind %s", _short(req[0]))
             return
         try:
             handler(ident, *req[1:])

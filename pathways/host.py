@@ -121,7 +121,8 @@ class Host:
                     if d in self.devices:
                         self.devices[d].skip(s)
         else:
-            log.warning("unknown message %r from %s", kind, sender)
+            what = kind if isinstance(kind, str) and len(kind) < 80 else type(kind).__name__
+            log.warning("unknown message %s from %s", what, sender)
 
     def status(self) -> dict:
         return {

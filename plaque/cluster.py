@@ -89,30 +89,36 @@ class Cluster:
 
     def _dispatch_events(self):
         for ev in self._core.take_events():
-            kind = ev[0]
-            for listener in self.listeners:
-                try:
-                    listener(ev)
-                except Exception:
-                    log.exception("cluster event listener failed on %s", kind)
-            if kind == "membership":
-                with self._member_cv:
-                    self._members = ev[1]
-                    self._member_cv.notify_all()
-            elif kind == "installed":
-                self._settle(("install", ev[1]), None if ev[2] is None else ev[2], ev[1])
-            elif kind == "run_done":
-                self._settle(("run", ev[1], ev[2]), None, ev[3])
-            elif kind == "run_failed":
-                self._settle(("run", ev[1], ev[2]), ev[3], None)
-            elif kind == "counters":
-                _, req, worker, snapshot = ev
-                fut, want, got = self._counter_requests.get(req, (None, None, None))
-                if fut is not None:
-                    got[worker] = snapshot
-                    if set(got) >= set(want):
-                        del self._counter_requests[req]
-                        fut.set_result(got)
+            try:
+                self._dispatch(ev)
+            except Exception:  # one bad event must not drop the others of this turn
+                log.exception("dropped a cluster event %r", ev[:1])
+
+    def _dispatch(self, ev):
+        kind = ev[0]
+        for listener in self.listeners:
+            try:
+                listener(ev)
+            except Exception:
+                log.exception("cluster event listener failed on %s", kind)
+        if kind == "membership":
+            with self._member_cv:
+                self._members = ev[1]
+                self._member_cv.notify_all()
+        elif kind == "installed":
+            self._settle(("install", ev[1]), None if ev[2] is None else ev[2], ev[1])
+        elif kind == "run_done":
+            self._settle(("run", ev[1], ev[2]), None, ev[3])
+        elif kind == "run_failed":
+            self._settle(("run", ev[1], ev[2]), ev[3], None)
+        elif kind == "counters":
+            _, req, worker, snapshot = ev
+            fut, want, got = self._counter_requests.get(req, (None, None, None))
+            if fut is not None:
+                got[worker] = snapshot
+                if set(got) >= set(want):
+                    del self._counter_requests[req]
+                    fut.set_result(got)
 
     def _settle(self, key, error, value):
         callback = self._pending.pop(key, None)

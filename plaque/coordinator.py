@@ -186,6 +186,11 @@ class CoordinatorCore:
     def _on_hello(self, sender, payload):
         address, info = payload
         address = str(address)
+        endpoints = set(address.split("|"))
+        if any(w.alive and endpoints & set(w.address.split("|")) for w in self.workers.values()):
+            # a replay (a worker says hello once): welcoming it again would give the live
+            # worker at that address a second id and get it declared lost under the first
+            raise ValueError(f"a live worker already joined from {address!r}")
         wid = next(self._ids)
         self.workers[wid] = _Worker(address, dict(info))
         self._heard.add(wid)
@@ -266,6 +271,8 @@ class CoordinatorCore:
 
     def _on_counters(self, sender, payload):
         req, snapshot = payload
+        if not isinstance(req, int) or not isinstance(snapshot, dict):
+            raise ValueError(f"not a reply to a counters request: {req!r:.80}")
         self._events.append(("counters", req, sender, snapshot))
 
     _handlers = {

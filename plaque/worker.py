@@ -160,6 +160,8 @@ class WorkerCore:
                         self.id, kind.name, exc)
 
     def _on_welcome(self, sender, payload):
+        if self.id is not None:  # the coordinator welcomes a worker once: this is a replay
+            raise ValueError(f"already joined as worker {self.id}")
         worker_id, coordinator_address = payload
         self.id = int(worker_id)
         if coordinator_address:  # we may have joined with the control endpoint only

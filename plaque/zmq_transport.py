@@ -10,6 +10,7 @@ retried shortly. Large frames go out and come in without copies (``copy=False``)
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import tempfile
@@ -22,6 +23,8 @@ import zmq
 from . import security
 from .transport import Transport
 from .wire import CONTROL, DATA
+
+log = logging.getLogger("plaque.transport")
 
 DRAIN_SECONDS = 0.005  # then yield, so the turn that sends what we produced can run
 HWM = 100_000
@@ -118,7 +121,12 @@ class ZmqTransport(Transport):
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.SNDHWM, HWM)
             security.client(s)
-            s.connect(where)
+            try:
+                s.connect(where)
+            except zmq.ZMQError as exc:  # a garbled address: the peer stays unreachable
+                s.close(0)
+                log.warning("cannot reach peer %s at %r: %s", peer, where, exc)
+                continue
             self._push[(peer, ch)] = s
         self._addresses[peer] = parts + old[len(parts):]
 
