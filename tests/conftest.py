@@ -63,3 +63,17 @@ def client(pw_cluster):
 
     with pw.connect(pw_cluster.address) as c:
         yield c
+
+
+def load_example(name: str):
+    """Import ``examples/<name>.py`` as a module (examples are scripts, not a package)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    return module

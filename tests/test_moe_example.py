@@ -1,7 +1,6 @@
 """examples/moe_routing.py: the MoE model trains on a real cluster, routed sparsely, and its
 losses equal the same training run by the in-process reference interpreter."""
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -9,20 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_example
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "moe_routing.py"
 
 
-def load_example():
-    spec = importlib.util.spec_from_file_location("moe_routing", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ex = load_example()
+ex = load_example("moe_routing")
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """Data-parallel training across two islands (examples/two_islands.py): on one island or two,
 the distributed training equals the same training in numpy, bit for bit between layouts."""
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -9,20 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_example
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "two_islands.py"
 
 
-def load_example():
-    spec = importlib.util.spec_from_file_location("two_islands", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while it executes
-    spec.loader.exec_module(module)
-    return module
-
-
-ex = load_example()
+ex = load_example("two_islands")
 CFG = ex.Config(steps=12)
 
 
