@@ -254,6 +254,12 @@ class Coordinator:
     def _req_install(self, ident, pid, nodes, edges, blob, gangs, islands):
         client = pid[0]
         prog = self.programs[pid] = _Program(client, [tuple(g) for g in gangs], list(islands))
+        foreign = sorted({d for g in prog.gangs for d in g} - self.rm.devices_of(client))
+        if foreign:  # a mesh made by hand must stay within the client's own slices
+            prog.error = ResourceError(f"devices {foreign} are in no slice of client {client}:"
+                                       " get meshes from client.mesh(...)")
+            self._reply(ident, ("install_failed", pid, prog.error))
+            return
 
         def installed(gid, error):
             if isinstance(error, plaque.WorkerLost):
@@ -341,6 +347,9 @@ class Coordinator:
             gangs = [(prog.client, run_id, e) for e in range(len(prog.gangs))]
             for w in self.hosts:
                 self.cluster.core.send_user(w, ("abort_gangs", gangs, str(error)))
+            # Sequence numbers of this run whose kernels never reached a host (its START was
+            # cut short) would stall their devices: skip them (no-op where they ran).
+            self._skip(run.seqs)
             self.cluster.soon()
 
         try:

@@ -213,6 +213,8 @@ class Kernel:
         for v in self.spec.outputs:
             try:
                 self.host.store.fail(self.key(v), err, self.owner)
+            except ValueError:
+                pass  # already resolved (e.g. failed for its waiting readers)
             except Exception:
                 log.exception("could not poison output %s", self.key(v))
         self._release_inputs()

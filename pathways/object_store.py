@@ -219,21 +219,29 @@ class ObjectStore:
                 self._release_if_done_locked(key, entry)
             return len(doomed)
 
+    def fail_awaited(self, match: Callable[[Key], bool], error: BaseException) -> int:
+        """Fail the readers waiting for keys nobody has produced yet, where ``match(key)``;
+        returns how many keys. A producer that comes later finds a deleted key."""
+        with self._lock:
+            orphans = [(k, e) for k, e in self._entries.items() if e.awaited and match(k)]
+        n = 0
+        for key, entry in orphans:
+            with self._lock:
+                if self._entries.get(key) is not entry or not entry.awaited:
+                    continue
+                entry.awaited, entry.owner, entry.nbytes = False, None, 0
+                entry.deleted = True
+            self._resolve(key, entry, BufferState.FAILED, error=error, check=False)
+            n += 1
+        return n
+
     def retire_client(self, client_id: Hashable, error: BaseException) -> int:
         """A client is gone: delete what it owns, drop whatever is still produced for it, and
         fail readers waiting for its buffers that nobody has produced yet (a kernel of its
         last runs must not hold a device waiting for input that will never come)."""
         with self._lock:
             self._retired.add(client_id)
-            orphans = [(k, e) for k, e in self._entries.items()
-                       if e.awaited and _client_of(k) == client_id]
-        for key, entry in orphans:
-            with self._lock:
-                if self._entries.get(key) is not entry or not entry.awaited:
-                    continue
-                entry.awaited, entry.owner, entry.nbytes = False, (client_id, None), 0
-                entry.deleted = True
-            self._resolve(key, entry, BufferState.FAILED, error=error, check=False)
+        self.fail_awaited(lambda key: _client_of(key) == client_id, error)
         return self.delete_owner(client_id)
 
     def used_bytes(self, device_id: int) -> int:

@@ -180,6 +180,10 @@ class ResourceManager:
         del self._slices[slice_id], self._slice_kind[slice_id]
         self._load.subtract(released.devices)
 
+    def devices_of(self, client: object) -> set[int]:
+        """The devices of every live slice of ``client``."""
+        return {d for s in self._slices.values() if s.client == client for d in s.devices}
+
     def release_client(self, client: object) -> int:
         """Free every slice of a client (it closed or was lost); returns how many."""
         ids = [s.slice_id for s in self._slices.values() if s.client == client]

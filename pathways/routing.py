@@ -488,6 +488,8 @@ class ExpertKernel:
             try:
                 self.host.store.fail((self.arg.array_id(v), self.device_id), err,
                                      (self.arg.client, self.arg.run_id))
+            except ValueError:
+                pass  # already resolved (e.g. failed for its waiting readers)
             except Exception:
                 log.exception("could not poison output %s", v)
         self._release_params()

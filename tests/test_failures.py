@@ -32,6 +32,7 @@ def test_a_killed_host_fails_the_futures_that_need_it_naming_it_and_others_go_on
             doomed = [slow(a.put(np.zeros(()), everywhere, P())) for _ in range(3)]
             # b works on the two surviving hosts only, all along
             safe_devices = [d for d, h in hosts.items() if h != victim_host]
+            b.mesh((6,), ("all",))  # b's own slice; then a sub-mesh of it by hand
             mesh_b = pw.Mesh((4,), ("d",), tuple(safe_devices), client=b)
             step = pw.shard_map(lambda v: pw.psum(v, "d") * 0.25 + 1.0, mesh_b, P(), P())
             x = b.put(np.zeros(()), mesh_b, P())

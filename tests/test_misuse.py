@@ -74,3 +74,15 @@ def test_exceeding_hbm_fails_at_once(pw_cluster, client):
 
     with pytest.raises(pw.DeviceOutOfMemory, match="larger than the whole HBM"):
         client.generate(lambda idx: None, (hbm // 4 + 1,), np.float32, mesh, P())
+
+
+def test_a_hand_made_mesh_on_devices_of_no_slice_of_the_client_is_refused(pw_cluster):
+    with pw.connect(pw_cluster.address) as c:
+        mine = c.mesh((2,), ("d",))
+        others = [d.id for d in c.devices() if d.id not in mine.devices][:2]
+        rogue = pw.Mesh((2,), ("d",), tuple(others), client=c)
+        f = pw.shard_map(lambda v: v + 1, rogue, P("d"), P("d"))
+        with pytest.raises(pw.ResourceError, match="in no slice of client"):
+            f(c.put(np.ones(2), rogue, P("d"))).result(timeout=30)
+        g = pw.shard_map(lambda v: v + 1, mine, P("d"), P("d"))  # its own slice still works
+        np.testing.assert_array_equal(g(c.put(np.ones(2), mine, P("d"))).result(30), [2, 2])
