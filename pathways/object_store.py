@@ -35,7 +35,7 @@ import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -56,20 +56,21 @@ class BufferState(enum.Enum):
     FAILED = "failed"
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Entry:
     owner: Owner | None = None
     nbytes: int = 0
     state: BufferState = BufferState.PENDING
     value: object = None
     error: BaseException | None = None
-    callbacks: list = field(default_factory=list)
+    callbacks: list | None = None
     awaited: bool = False  # a placeholder: someone waits, no producer has claimed it yet
     waiters: int = 0  # get() calls blocked on it, so a timed-out placeholder can be dropped
     deleted: bool = False  # a tombstone: gone for readers, freed once resolved
     allocating: bool = False  # reserve() is waiting for HBM
     allocated: bool = False
-    done: threading.Event = field(default_factory=threading.Event)
+    # made only when a reader must wait: most buffers are resolved before anyone asks
+    done: threading.Event | None = None
 
 
 class ObjectStore:
@@ -150,7 +151,10 @@ class ObjectStore:
         with self._lock:
             entry = self._watch_locked(key)
             entry.waiters += 1
-        resolved = entry.done.wait(timeout)
+            if entry.state is BufferState.PENDING and entry.done is None:
+                entry.done = threading.Event()
+            done = entry.done if entry.state is BufferState.PENDING else None
+        resolved = done is None or done.wait(timeout)
         with self._lock:
             entry.waiters -= 1
             if not resolved:
@@ -174,6 +178,8 @@ class ObjectStore:
         with self._lock:
             entry = self._watch_locked(key)
             if entry.state is BufferState.PENDING:
+                if entry.callbacks is None:
+                    entry.callbacks = []
                 entry.callbacks.append(fn)
                 return
         _call(fn, key)
@@ -336,8 +342,9 @@ class ObjectStore:
                     raise ValueError(f"object {key!r} is already {entry.state.value}")
                 return
             entry.state, entry.value, entry.error = state, value, error
-            callbacks, entry.callbacks = entry.callbacks, []
-            entry.done.set()
+            callbacks, entry.callbacks = entry.callbacks or (), None
+            if entry.done is not None:
+                entry.done.set()
             self._release_if_done_locked(key, entry)
         for fn in callbacks:
             _call(fn, key)
