@@ -47,7 +47,7 @@ def batch(task, rng, size):
 class Model:
     """The step program for given token and expert meshes."""
 
-    def __init__(self, tm, em, top_k, capacity_factor, lr, aux_weight=0.01):
+    def __init__(self, tm, em, top_k, capacity_factor, lr, aux_weight=0.1):
         self.layers = [moe.MoELayer(tm, em, E, top_k, capacity_factor, aux_weight,
                                     name=f"moe{i}") for i in range(2)]
         ax = tm.axis_names[0]
@@ -115,7 +115,7 @@ def train(client, args, log=print):
     else:
         tm = client.mesh((4,), ("data",))
         em = client.mesh((4,), ("expert",))
-    model = Model(tm, em, args.top_k, args.capacity, args.lr)
+    model = Model(tm, em, args.top_k, args.capacity, args.lr, args.aux_weight)
     where = {d.id: (d.host, d.island) for d in client.devices()}
     log(f"tokens on devices {list(tm.devices)}, 8 experts per layer on devices"
         f" {list(em.devices)} (hosts {sorted({where[d][0] for d in em.devices})},"
@@ -180,6 +180,8 @@ def parse(argv=None):
     ap.add_argument("--capacity", type=lambda s: None if s == "none" else float(s),
                     default=1.25, help="capacity factor, or 'none' for dropless")
     ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--aux-weight", type=float, default=0.1,
+                    help="weight of the load-balancing loss (0 turns balancing off)")
     ap.add_argument("--islands", type=int, default=1, choices=(1, 2),
                     help="2: tokens on island 0, experts on island 1 (DCN between them)")
     ap.add_argument("--every", type=int, default=25, help="print every N steps")
