@@ -19,6 +19,7 @@ import zmq
 
 import plaque
 from plaque import security
+from plaque.logutil import dropped
 
 from .errors import ClientGone, HostLost, ResourceError
 from .lowering import rebuild
@@ -198,7 +199,7 @@ class Coordinator:
             log.warning("refused a %s request for a client this connection is not", req[0])
             return
         if handler is None:
-            log.warning("dropped a client request of unknown kind %s", _short(req[0]))
+            dropped(log, "a client request of unknown kind", _short(req[0]))
             return
         try:
             handler(ident, *req[1:])

@@ -24,6 +24,7 @@ import zmq
 import plaque
 from plaque import security
 from plaque.endpoint import serve_worker_core
+from plaque.logutil import dropped
 from plaque.worker import WorkerCore
 from plaque.zmq_transport import ZmqTransport
 
@@ -209,7 +210,7 @@ class DataService:
         try:
             self._serve(ident, req)
         except Exception as exc:
-            log.warning("data service dropped a request: %r", exc)
+            dropped(log, "a data-service request", repr(exc))
 
     def _serve(self, ident, req) -> None:
         kind, store = req[0], self.host.store

@@ -15,6 +15,7 @@ import threading
 import zmq
 
 from plaque import security, wire
+from plaque.logutil import dropped
 from plaque.zmq_transport import bind_socket
 
 from . import protocol
@@ -51,7 +52,7 @@ class IciLink:
                 for key, src, dst, value in items:
                     self.rendezvous.deliver(key, src, dst, value)
             except Exception as exc:  # a bad message must not stop the link
-                log.warning("dropped an ICI message: %r", exc)
+                dropped(log, "an ICI message", repr(exc))
 
     # ---- device threads -------------------------------------------------------------------
     def send(self, worker: int, key, src, dst, value) -> None:

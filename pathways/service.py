@@ -13,6 +13,7 @@ import logging
 
 import zmq
 
+from plaque.logutil import dropped
 from plaque.zmq_transport import bind_socket
 
 from . import protocol
@@ -55,12 +56,12 @@ class RouterService:
             try:
                 request = protocol.unpack(frames[1:])
             except Exception as exc:
-                log.warning("dropped a malformed request: %r", exc)
+                dropped(log, "a malformed request", repr(exc))
                 continue
             try:
                 self.handle(frames[0].bytes, request)
             except Exception as exc:  # escaping here would stop this socket being drained
-                log.warning("dropped a request that could not be handled: %r", exc)
+                dropped(log, "a request that could not be handled", repr(exc))
         else:
             self._drain_soon()  # more may be waiting: let the loop breathe first
         if self.after_batch is not None:

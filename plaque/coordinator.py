@@ -20,6 +20,7 @@ from . import wire
 from .counters import Counters
 from .errors import GraphError, OperatorError, WorkerLost
 from .graph import Graph, Topology
+from .logutil import dropped
 from .progress import INPUT, SINK, ProgressTracker
 from .shipping import ship
 from .wire import CONTROL, Kind
@@ -165,7 +166,7 @@ class CoordinatorCore:
             handler = self._handlers[kind]
         except Exception as exc:
             self.counters.peer(-2).dropped += 1
-            log.warning("coordinator dropped a bad message: %s", exc)
+            dropped(log, "a bad message", "coordinator: %s", exc)
             return
         c = self.counters.peer(sender)
         c.messages_received += 1
@@ -181,7 +182,7 @@ class CoordinatorCore:
             handler(self, sender, payload)
         except Exception as exc:
             c.dropped += 1
-            log.warning("coordinator dropped a %s it could not apply: %r", kind.name, exc)
+            dropped(log, f"a {kind.name} it could not apply", "coordinator: %r", exc)
 
     def _on_hello(self, sender, payload):
         address, info = payload

@@ -24,6 +24,7 @@ from .counters import Counters
 from .graph import KEYED, ONE_TO_ONE
 from .heartbeat import HEARTBEAT_INTERVAL
 from .local_graph import LocalGraph
+from .logutil import dropped
 from .operator import Capability
 from .progress import CAP, INPUT, SINK, ChangeBatch
 from .wire import CONTROL, DATA, Kind
@@ -142,7 +143,7 @@ class WorkerCore:
             handler = self._handlers[kind]
         except Exception as exc:
             self.counters.peer(-2).dropped += 1
-            log.warning("worker %s dropped a bad message: %s", self.id, exc)
+            dropped(log, "a bad message", "worker %s: %s", self.id, exc)
             return
         c = self.counters.peer(sender)
         c.messages_received += 1
@@ -156,8 +157,8 @@ class WorkerCore:
             handler(self, sender, payload)
         except Exception as exc:
             c.dropped += 1
-            log.warning("worker %s dropped a %s message it could not apply: %r",
-                        self.id, kind.name, exc)
+            dropped(log, f"a {kind.name} message it could not apply", "worker %s: %r", self.id,
+                    exc)
 
     def _on_welcome(self, sender, payload):
         if self.id is not None:  # the coordinator welcomes a worker once: this is a replay
