@@ -75,7 +75,7 @@ class HbmAccount:
         self._peak = 0
         self._waiting = 0
         self._closed = False
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())  # not re-entered: a plain lock
 
     def allocate(self, nbytes: int, timeout: float | None = None) -> None:
         """Take ``nbytes``, waiting up to ``timeout`` seconds (None: forever) for room.
@@ -90,6 +90,10 @@ class HbmAccount:
             raise DeviceOutOfMemory(f"{self.name}: cannot allocate {nbytes} bytes, more than "
                                     f"its whole HBM capacity of {self.capacity} bytes")
         with self._cond:
+            if not self._closed and self._used + nbytes <= self.capacity:  # room: no wait
+                self._used += nbytes
+                self._peak = max(self._peak, self._used)
+                return
             self._waiting += 1
             try:
                 fits = self._cond.wait_for(
@@ -113,7 +117,8 @@ class HbmAccount:
                 raise AssertionError(f"{self.name}: freeing {nbytes} bytes but only "
                                      f"{self._used} are allocated (double free?)")
             self._used -= nbytes
-            self._cond.notify_all()
+            if self._waiting:
+                self._cond.notify_all()
 
     def close(self) -> None:
         """Fail every waiting and future allocation; frees still work (for clean-up)."""
@@ -150,7 +155,7 @@ class EmulatedDevice:
         # Default sleep is a real sleep that close() interrupts, so closing a device in the
         # middle of a long modelled kernel does not wait out the model.
         self._sleep = sleep if sleep is not None else self._closing.wait
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())  # not re-entered: a plain lock
         self._queue: dict[int, object] = {}
         self._skipped: set[int] = set()
         self._next_seq = 0
