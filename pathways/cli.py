@@ -85,8 +85,9 @@ def _show_status(c, before, clear=False):
     for d in st["devices"]:
         by_host.setdefault((d["island"], d["host"]), []).append(d)
     now = {}
-    lines = [f"policy {st['policy']}; clients connected: {len(st['clients'])}"]
-    for cid, info in st["clients"].items():
+    clients = {cid: info for cid, info in st["clients"].items() if cid != c.id}  # not us
+    lines = [f"policy {st['policy']}; clients connected: {len(clients)}"]
+    for cid, info in clients.items():
         lines.append(f"  client {cid}: weight {info['weight']:g}, priority {info['priority']},"
                      f" runs running {info['running']}, gangs queued {info['queued']}")
     for (island, host), devs in sorted(by_host.items()):
