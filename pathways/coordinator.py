@@ -299,8 +299,9 @@ class Coordinator:
             per_island.setdefault(island, []).append(Gang((pid, run_id, e), prog.client, devs))
         run = _Run(ident, pid, run_id, arg, prog, {i: tuple(g) for i, g in per_island.items()})
         self.runs[(pid, run_id)] = run
+        spans = len(run.programs) > 1
         for island, gangs in run.programs.items():
-            self._released(self._scheduler(island).submit(gangs))
+            self._released(self._scheduler(island).submit(gangs, spans_islands=spans))
 
     def _scheduler(self, island: int) -> IslandScheduler:
         sched = self.schedulers.get(island)

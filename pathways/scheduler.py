@@ -109,10 +109,16 @@ class WindowedPolicy(Policy):
         self.window = window
         self._queues: dict[object, deque[tuple[Gang, Program, int]]] = {}
         self._admitted: set[Program] = set()
+        self._exempt: set[Program] = set()
         self._arrivals = 0
 
-    def add(self, program: Program) -> None:
+    def add(self, program: Program, exempt: bool = False) -> None:
+        """``exempt``: admit without waiting for room in the window. For a run that spans
+        islands: admitted on one island while held on another, it could hold the first
+        island's window while the second's is full of runs waiting for the first."""
         client = program[0].client
+        if exempt:
+            self._exempt.add(program)
         queue = self._queues.setdefault(client, deque())
         if not queue:
             self._activate(client)
@@ -124,7 +130,8 @@ class WindowedPolicy(Policy):
         out = []
         while True:
             ready = [c for c, q in self._queues.items()
-                     if q and (q[0][1] in self._admitted or len(self._admitted) < self.window)]
+                     if q and (q[0][1] in self._admitted or q[0][1] in self._exempt
+                               or len(self._admitted) < self.window)]
             if not ready:
                 return out
             client = self._choose(ready)
@@ -135,9 +142,11 @@ class WindowedPolicy(Policy):
 
     def done(self, program: Program) -> None:
         self._admitted.discard(program)
+        self._exempt.discard(program)
 
     def drop_client(self, client: object) -> list[Gang]:
         queue = self._queues.pop(client, deque())
+        self._exempt.difference_update(p for _, p, _ in queue)
         return [g for g, _, _ in queue]
 
     def waiting(self) -> dict:
@@ -223,17 +232,22 @@ class IslandScheduler:
         self.policy = policy if policy is not None else FifoPolicy()
         self._next: dict[int, int] = {}  # device -> its next sequence number
 
-    def submit(self, gangs: Iterable[Gang]) -> list[Release]:
+    def submit(self, gangs: Iterable[Gang], spans_islands: bool = False) -> list[Release]:
         """Submit one program (its gangs in order); returns the gangs the policy releases now.
 
         The result may also hold gangs of earlier programs that the policy held back.
+        ``spans_islands``: part of a run with gangs on other islands too; a windowed policy
+        then admits it without waiting for room (see ``WindowedPolicy.add``).
         Raises ProgramError for a gang with no devices or the same device twice.
         """
         program = tuple(gangs)
         for gang in program:
             _check_gang(gang)
         if program:
-            self.policy.add(program)
+            if spans_islands and isinstance(self.policy, WindowedPolicy):
+                self.policy.add(program, exempt=True)
+            else:
+                self.policy.add(program)
         return self.release_ready()
 
     def release_ready(self) -> list[Release]:

@@ -133,3 +133,26 @@ def test_clients_sharing_an_island_all_get_correct_results(policy_cluster):
             np.testing.assert_allclose(got.result(timeout=60), want)
     finally:
         close_all(clients)
+
+
+def test_runs_spanning_two_islands_under_a_small_window_all_finish():
+    with pw.local_cluster(islands=2, hosts_per_island=1, devices_per_host=2, policy="share",
+                          window=1) as cluster:
+        clients = connect_all(cluster.address, weight=[1, 2])
+        try:
+            outs = []
+            for c in clients:
+                m0, m1 = c.mesh((2,), ("d",), island=0), c.mesh((2,), ("d",), island=1)
+                f0 = pw.shard_map(lambda v: v + 1.0, m0, P("d"), P("d"), cost=0.001)
+                f1 = pw.shard_map(lambda v: v * 2.0, m1, P("d"), P("d"), cost=0.001)
+
+                @pw.program
+                def across(v, f0=f0, f1=f1):
+                    return f1(f0(v))  # island 0, then a transfer over DCN, then island 1
+
+                x = c.put(np.ones(4), m0, P("d"))
+                outs += [across(x) for _ in range(15)]
+            for o in outs:
+                np.testing.assert_array_equal(o.result(timeout=60), np.full(4, 4.0))
+        finally:
+            close_all(clients)

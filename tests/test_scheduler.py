@@ -350,3 +350,23 @@ def test_windowed_policies_give_one_consistent_order(submissions, window, share,
     for gid, _ in released:
         per_client[gangs[gid].client].append(gid)
     assert all(ids == sorted(ids) for ids in per_client.values())
+
+
+def test_a_run_spanning_islands_is_admitted_past_a_full_window():
+    # Island A admitted a's run first, island B b's: with windows of one, each run would wait
+    # on the other island forever. Parts of multi-island runs skip the window instead.
+    a_on_a, a_on_b = (Gang(("a", 0), "a", (0,)),), (Gang(("a", 1), "a", (10,)),)
+    b_on_a, b_on_b = (Gang(("b", 0), "b", (0,)),), (Gang(("b", 1), "b", (10,)),)
+    island_a = IslandScheduler(0, ProportionalSharePolicy(lambda c: 1.0, window=1))
+    island_b = IslandScheduler(1, ProportionalSharePolicy(lambda c: 1.0, window=1))
+    out_a = island_a.submit(a_on_a, spans_islands=True) + island_a.submit(b_on_a,
+                                                                           spans_islands=True)
+    out_b = island_b.submit(b_on_b, spans_islands=True) + island_b.submit(a_on_b,
+                                                                           spans_islands=True)
+    assert {gid for gid, _ in out_a} == {("a", 0), ("b", 0)}
+    assert {gid for gid, _ in out_b} == {("a", 1), ("b", 1)}
+    # single-island programs still respect the window
+    c = [(Gang(("c", i), "c", (0,)),) for i in range(3)]
+    assert all(island_a.submit(p) == [] for p in c)
+    island_a.finished(a_on_a)
+    assert [gid for gid, _ in island_a.finished(b_on_a)] == [("c", 0)]
