@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -65,26 +65,44 @@ def transfer_key(arg, consumer: int, port: int, device: int):
     return (("xfer", arg.client, arg.run_id, consumer, port), device)
 
 
-class KernelOp(plaque.Operator):
-    def __init__(self, spec: KernelSpec):
-        self.spec = spec
+def input_key(spec, arg, i: int, device: int):
+    """The buffer input ``i`` of equation ``spec.index`` is read from on ``device``."""
+    if i in spec.incoming:
+        return transfer_key(arg, spec.index, i, device)
+    return (arg.array_id(spec.inputs[i]), device)
+
+
+class DispatchedOp(plaque.Operator):
+    """An operator whose host work for run t starts when the run starts (parallel dispatch)
+    or when Plaque says its producers are done (sequential dispatch). It holds its capability
+    from the start and hands it to ``dispatch``, which releases it when the work is over."""
+
+    def __init__(self):
         self.caps: dict = {}
-        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.mesh.devices)
 
     def on_start(self, ctx, t):
         self.caps[t] = ctx.hold()
         if ctx.arg.mode != "sequential":
-            self._enqueue(ctx, t)
+            self.dispatch(ctx, t, self.caps.pop(t))
 
     def on_complete(self, ctx, t):
         if ctx.arg.mode == "sequential":
-            self._enqueue(ctx, t)
+            self.dispatch(ctx, t, self.caps.pop(t))
+
+    def dispatch(self, ctx, t, cap) -> None:
+        raise NotImplementedError
+
+
+class KernelOp(DispatchedOp):
+    def __init__(self, spec: KernelSpec):
+        super().__init__()
+        self.spec = spec
+        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.mesh.devices)
 
     def on_input(self, ctx, t, port, piece):
         self.assembler.on_piece(ctx, t, port, piece)
 
-    def _enqueue(self, ctx, t):
-        cap = self.caps.pop(t)
+    def dispatch(self, ctx, t, cap):
         host = ctx.services["host"]
         arg = ctx.arg
         device = self.spec.fn.mesh.devices[ctx.shard]
@@ -99,7 +117,7 @@ class Assembler:
 
     def __init__(self, index: int, incoming: dict, devices):
         self.index, self.incoming, self.devices = index, incoming, devices
-        self.assembling: dict = {}  # (t, input index) -> [buffer, pieces expected, arrival]
+        self.assembling: dict[tuple, _Assembly] = {}  # (t, input index) -> what came so far
 
     def on_piece(self, ctx, t, port, piece):
         """A piece of an input that arrives by transfer; put the input once it is whole."""
@@ -107,41 +125,49 @@ class Assembler:
         host, arg = ctx.services["host"], ctx.arg
         device = self.devices[ctx.shard]
         key = transfer_key(arg, self.index, port, device)
+        owner = (arg.client, arg.run_id)
         if piece[0] == "fail":
-            host.store.fail(key, RemoteError(piece[1]), (arg.client, arg.run_id))
+            host.store.fail(key, RemoteError(piece[1]), owner)
             return
         _, dst_slices, block, link = piece
-        state = self.assembling.get((t, port))
-        if state is None:
-            state = self.assembling[(t, port)] = [np.empty(inc.shape, inc.dtype),
-                                                  inc.expect[ctx.shard], 0.0,
-                                                  time.perf_counter(), 0, set()]
-        state[4] += block.nbytes
-        state[5].add(link)
-
+        now = time.perf_counter()
+        got = self.assembling.get((t, port))
+        if got is None:
+            got = self.assembling[(t, port)] = _Assembly(np.empty(inc.shape, inc.dtype),
+                                                         inc.expect[ctx.shard], started=now)
         # The modelled link time of this piece: the consuming kernel waits until the last
         # piece would have arrived (event-loop timers are too coarse for microseconds).
-        state[2] = max(state[2], time.perf_counter() + _link_time(link, block.nbytes))
+        got.arrival = max(got.arrival, now + _link_time(link, block.nbytes))
+        got.nbytes += block.nbytes
+        got.links.add(link)
+        try:
+            got.buffer[dst_slices] = block
+            got.missing -= 1
+            if got.missing:
+                return
+            del self.assembling[(t, port)]
+            host.arrivals[key] = got.arrival
+            host.record_transfer(device, f"v{inc.var} in", {
+                "client": arg.client, "run": arg.run_id, "eqn": self.index,
+                "bytes": got.nbytes, "link": "+".join(sorted(got.links))},
+                got.started, max(got.arrival, now))
+            host.store.put(key, got.buffer, owner)
+        except Exception as exc:  # never leave the consumer waiting for its input
+            self.assembling.pop((t, port), None)
+            log.exception("assembling a transferred input failed")
+            host.store.fail(key, RemoteError(f"transfer into {key} failed: {exc!r}"), owner)
 
-        def place():
-            try:
-                state[0][dst_slices] = block
-                state[1] -= 1
-                if not state[1]:
-                    del self.assembling[(t, port)]
-                    host.arrivals[key] = state[2]
-                    host.record_transfer(device, f"v{inc.var} in", {
-                        "client": arg.client, "run": arg.run_id, "eqn": self.index,
-                        "bytes": state[4], "link": "+".join(sorted(state[5]))},
-                        state[3], max(state[2], time.perf_counter()))
-                    host.store.put(key, state[0], (arg.client, arg.run_id))
-            except Exception as exc:  # never leave the consumer waiting for its input
-                self.assembling.pop((t, port), None)
-                log.exception("assembling a transferred input failed")
-                host.store.fail(key, RemoteError(f"transfer into {key} failed: {exc!r}"),
-                                (arg.client, arg.run_id))
 
-        place()
+@dataclass
+class _Assembly:
+    """An input arriving by transfer, piece by piece."""
+
+    buffer: np.ndarray
+    missing: int  # pieces still expected
+    started: float  # when the first piece came (perf_counter)
+    arrival: float = 0.0  # modelled arrival of the last piece so far
+    nbytes: int = 0
+    links: set = field(default_factory=set)
 
 
 class Kernel:
@@ -160,9 +186,8 @@ class Kernel:
         return (self.arg.array_id(var_id), self.device_id)
 
     def input_keys(self):
-        return [transfer_key(self.arg, self.spec.index, i, self.device_id)
-                if i in self.spec.incoming else self.key(v)
-                for i, v in enumerate(self.spec.inputs)]
+        return [input_key(self.spec, self.arg, i, self.device_id)
+                for i in range(len(self.spec.inputs))]
 
     def prepare(self, device) -> None:
         """Wait for the inputs, and for the modelled arrival of transferred ones (neither is
@@ -236,25 +261,15 @@ def _link_time(link: str, nbytes: int) -> float:
     return 0.0
 
 
-class SendOp(plaque.Operator):
+class SendOp(DispatchedOp):
     """The shards of a value that must move: once a shard's buffer is ready, emit to each
     consumer shard the block it needs (over a KEYED edge), then let the buffer go."""
 
     def __init__(self, spec: SendSpec):
+        super().__init__()
         self.spec = spec
-        self.caps: dict = {}
 
-    def on_start(self, ctx, t):
-        self.caps[t] = ctx.hold()
-        if ctx.arg.mode != "sequential":
-            self._when_ready(ctx, t)
-
-    def on_complete(self, ctx, t):
-        if ctx.arg.mode == "sequential":  # host work waits until the producer is done
-            self._when_ready(ctx, t)
-
-    def _when_ready(self, ctx, t):
-        cap = self.caps.pop(t)
+    def dispatch(self, ctx, t, cap):
         host, arg, shard = ctx.services["host"], ctx.arg, ctx.shard
         key = (arg.array_id(self.spec.var), self.spec.devices[shard])
         host.store.add_done_callback(key, lambda _k: cap.post(

@@ -194,7 +194,8 @@ class _Builder:
         links = tuple(tuple(self._link(a, b) for b in em.devices) for a in tm.devices)
         spec = RouteSpec(e, fn, tuple(v.id for v in eqn.inputs),
                          tuple(v.id for v in eqn.outputs), tuple(releases), incoming, links,
-                         tuple(v.aval for v in eqn.outputs), tuple(v.aval for v in eqn.inputs))
+                         tuple(v.aval for v in eqn.outputs),
+                         tuple(fn.split_avals([v.aval for v in eqn.inputs])[2]))
         token_hosts, expert_hosts = self.hosts(tm.devices, fn.name), self.hosts(em.devices,
                                                                                 fn.name)
         route = g.node(f"{e}:{fn.name}:route", functools.partial(RouteOp, spec), tm.size,

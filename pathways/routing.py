@@ -38,6 +38,7 @@ import plaque
 from . import cost as cost_model
 from .compiled import Aval, CompiledFunction
 from .errors import ProgramError, RemoteError, ShardingError
+from .kernel import INPUT_TIMEOUT, Assembler, DispatchedOp, _link_time, input_key
 from .mesh import Mesh
 from .sharding import P
 
@@ -154,12 +155,6 @@ class RoutedFunction(CompiledFunction):
             per_expert.append(Aval(tuple(a.shape[1:]), a.dtype))
         return T, k, rows, per_expert
 
-    def abstract_eval(self, in_avals) -> tuple[Aval, ...]:
-        key = tuple(in_avals)
-        if key not in self._avals:
-            self._avals[key] = self._abstract_eval(key)
-        return self._avals[key]
-
     def _abstract_eval(self, in_avals):
         T, k, rows, per_expert = self.split_avals(in_avals)
         row_outs, expert_outs = self.call_expert(
@@ -264,19 +259,11 @@ class RouteSpec:
     incoming: dict  # input index -> kernel.Incoming, for inputs that arrive by transfer
     links: tuple  # links[token shard][expert shard]: "local" | "ici" | "dcn"
     out_avals: tuple[Aval, ...]
-    in_avals: tuple[Aval, ...]
-
-
-def _input_key(spec, arg, i, device):
-    from .kernel import transfer_key
-
-    if i in spec.incoming:
-        return transfer_key(arg, spec.index, i, device)
-    return (arg.array_id(spec.inputs[i]), device)
+    row_avals: tuple[Aval, ...]  # one row (per slot) of each token argument
 
 
 def _release_input(spec, arg, host, i, device):
-    key = _input_key(spec, arg, i, device)
+    key = input_key(spec, arg, i, device)
     if i in spec.incoming:
         host.arrivals.pop(key, None)
         host.store.delete(key)
@@ -284,34 +271,22 @@ def _release_input(spec, arg, host, i, device):
         host.release(key, spec.releases[i])
 
 
-class RouteOp(plaque.Operator):
+class RouteOp(DispatchedOp):
     """On each token device: once the route and token buffers are ready, send every expert
     device exactly the rows routed to it (none at all to the others)."""
 
     def __init__(self, spec: RouteSpec):
-        from .kernel import Assembler
-
+        super().__init__()
         self.spec = spec
-        self.caps: dict = {}
         self.assembler = Assembler(spec.index, spec.incoming, spec.fn.token_mesh.devices)
-
-    def on_start(self, ctx, t):
-        self.caps[t] = ctx.hold()
-        if ctx.arg.mode != "sequential":
-            self._when_ready(ctx, t)
-
-    def on_complete(self, ctx, t):
-        if ctx.arg.mode == "sequential":
-            self._when_ready(ctx, t)
 
     def on_input(self, ctx, t, port, piece):
         self.assembler.on_piece(ctx, t, port, piece)
 
-    def _when_ready(self, ctx, t):
-        cap = self.caps.pop(t)
+    def dispatch(self, ctx, t, cap):
         host, arg, shard = ctx.services["host"], ctx.arg, ctx.shard
         device = self.spec.fn.token_mesh.devices[shard]
-        keys = [_input_key(self.spec, arg, i, device) for i in range(1 + self.spec.fn.token_args)]
+        keys = [input_key(self.spec, arg, i, device) for i in range(1 + self.spec.fn.token_args)]
         left = [len(keys)]
 
         def ready(_key):
@@ -354,8 +329,6 @@ class ExpertOp(plaque.Operator):
     more can come, then run this device's experts at its place in the device's order."""
 
     def __init__(self, spec: RouteSpec):
-        from .kernel import Assembler
-
         self.spec = spec
         self.caps: dict = {}
         self.rows: dict = {}  # t -> [pieces], or an error message
@@ -408,11 +381,9 @@ class ExpertKernel:
         return range(1 + self.spec.fn.token_args, len(self.spec.inputs))
 
     def prepare(self, device) -> None:
-        from .kernel import INPUT_TIMEOUT
-
         if isinstance(self.received, str):
             raise RemoteError(self.received)
-        keys = [_input_key(self.spec, self.arg, i, self.device_id)
+        keys = [input_key(self.spec, self.arg, i, self.device_id)
                 for i in self._param_indices()]
         self._params = [self.host.wait_buffer(k, INPUT_TIMEOUT) for k in keys]
         arrival = max([self.host.arrivals.pop(k, 0.0) for k in keys]
@@ -423,7 +394,7 @@ class ExpertKernel:
 
     def execute(self, device) -> float:
         fn = self.spec.fn
-        _, k, row_avals, _ = fn.split_avals(self.spec.in_avals)
+        row_avals = self.spec.row_avals
         pieces = sorted(self.received, key=lambda p: p[0])  # source order = global slot order
         if pieces:
             local = np.concatenate([p[2] for p in pieces])
@@ -548,9 +519,3 @@ class GatherOp(plaque.Operator):
                     host.arrivals[key] = arrival
                 host.store.put(key, o, owner)
         cap.release()
-
-
-def _link_time(link: str, nbytes: int) -> float:
-    from .kernel import _link_time as link_time
-
-    return link_time(link, nbytes)
