@@ -49,6 +49,7 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable
 import pathways as pw  # noqa: E402
 from bench.results import bench_parser, plot_sweep, publish  # noqa: E402
 from pathways import P  # noqa: E402
+from pathways.trace import device_time_by_client  # noqa: E402
 
 TITLE = "Multi-tenancy: clients sharing one island (paper Figure 8)"
 COST = 0.00033  # modelled seconds of one computation (per device)
@@ -173,22 +174,6 @@ def rate(timeline) -> float:
     return max(counts) / (hi - lo)
 
 
-def shares(timeline, ids):
-    """Device seconds of each client while all were running, and that interval's length."""
-    span = {}
-    for recs in timeline.values():
-        for r in recs:
-            lo, hi = span.get(r[2]["client"], (r[3], r[4]))
-            span[r[2]["client"]] = (min(lo, r[3]), max(hi, r[4]))
-    since = max(lo for lo, _ in span.values())
-    until = min(hi for _, hi in span.values())
-    busy = dict.fromkeys(ids, 0.0)
-    for recs in timeline.values():
-        for r in recs:
-            busy[r[2]["client"]] += max(0.0, min(r[4], until) - max(r[3], since))
-    return busy, until - since
-
-
 class Cell:
     """One run: ``clients`` clients of ``programs`` programs each."""
 
@@ -230,7 +215,7 @@ def share_run(programs):
             pw.connect(cluster.address) as observer:
         reports, timeline, _ = run_clients(cluster, WEIGHTS, programs, observer)
     weight_of = {r["id"]: r["weight"] for r in sorted(reports, key=lambda r: r["weight"])}
-    busy, interval = shares(timeline, list(weight_of))
+    busy, interval = device_time_by_client(timeline, list(weight_of))
     return weight_of, busy, interval
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 import pathways as pw
 from pathways import P
+from pathways.trace import device_time_by_client
 
 KERNEL = 0.002  # modelled seconds of one kernel
 
@@ -48,26 +49,6 @@ def user(address, weight, programs, results, name):
         results[name] = (client.id, bool(np.allclose(got, want)))
 
 
-def shares(timeline, ids):
-    """Device seconds per client while all of them had kernels running."""
-    spans = {}
-    for records in timeline.values():
-        for _, _, labels, start, end, _ in records:
-            c = labels.get("client")
-            if c in ids:
-                lo, hi = spans.get(c, (start, end))
-                spans[c] = (min(lo, start), max(hi, end))
-    since = max(lo for lo, _ in spans.values())
-    until = min(hi for _, hi in spans.values())
-    busy = dict.fromkeys(ids, 0.0)
-    for records in timeline.values():
-        for _, _, labels, start, end, _ in records:
-            c = labels.get("client")
-            if c in busy:
-                busy[c] += max(0.0, min(end, until) - max(start, since))
-    return busy, until - since
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--programs", type=int, default=60)
@@ -87,7 +68,7 @@ def main(argv=None):
         with pw.connect(cluster.address) as observer:
             timeline = observer.timeline()  # every device's own record of its kernels
     ids = {results[n][0]: n for n in names}
-    busy, window = shares(timeline, list(ids))
+    busy, window = device_time_by_client(timeline, list(ids))
     total = sum(busy.values())
     print(f"{len(names)} clients, {args.programs} programs of 4 kernels each, on one island")
     for (cid, name), w in zip(ids.items(), args.weights):

@@ -246,10 +246,13 @@ class Client:
         >>> for host, status in client.host_status().items():
         ...     print(host, {d: s["hbm_used"] for d, s in status["devices"].items()})
         """
-        self._refresh_devices()
-        data = {info["host"]: info["data"] for info in self._device_info.values()}
-        futures = {h: self._request(a, ("status", None)) for h, a in data.items()}
+        futures = {h: self._request(a, ("status", None)) for h, a in self._hosts().items()}
         return {h: f.result(timeout) for h, f in sorted(futures.items())}
+
+    def _hosts(self) -> dict:
+        """Host id -> its data address, as the coordinator lists them now."""
+        self._refresh_devices()
+        return {info["host"]: info["data"] for info in self._device_info.values()}
 
     def timeline(self, timeout: float = 10.0) -> dict:
         """Every device's recent kernels by device id: ``(seq, name, labels, start, end,
@@ -258,12 +261,11 @@ class Client:
         >>> for seq, name, labels, start, end, failed in client.timeline()[mesh.devices[0]]:
         ...     print(seq, name, labels, f"{(end - start) * 1e3:.3f} ms", failed)
         """
-        self._refresh_devices()
-        data = {info["host"]: info["data"] for info in self._device_info.values()}
-        futures = [self._request(a, ("timeline", None, None)) for a in data.values()]
+        from .trace import collect
+
         out = {}
-        for f in futures:
-            out.update(f.result(timeout)["devices"])
+        for records in collect(self, timeout=timeout):
+            out.update(records["devices"])
         return dict(sorted(out.items()))
 
     def trace(self, path=None):

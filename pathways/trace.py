@@ -20,13 +20,12 @@ import time
 TRANSFER_TID = 1_000_000  # thread ids of the transfer rows: device id + this
 
 
-def collect(client, since: dict | None = None, timeout: float = 10.0) -> list[dict]:
-    """Every host's records (ended after ``since[host]``, its own clock), each with
-    ``offset`` = client clock - host clock."""
-    client._refresh_devices()
-    data = {info["host"]: info["data"] for info in client._device_info.values()}
-    futures = {h: client._request(a, ("timeline", None, (since or {}).get(h)))
-               for h, a in data.items()}
+def collect(client, since: dict | float | None = None, timeout: float = 10.0) -> list[dict]:
+    """Every host's records that ended after ``since`` (per host, in its own clock; a number
+    applies to every host), each with ``offset`` = client clock - host clock."""
+    futures = {h: client._request(a, ("timeline", None, since.get(h) if isinstance(since, dict)
+                                      else since))
+               for h, a in client._hosts().items()}
     out = []
     for h, f in futures.items():
         reply = f.result(timeout)
@@ -38,13 +37,7 @@ def collect(client, since: dict | None = None, timeout: float = 10.0) -> list[di
 
 def marks(client, timeout: float = 10.0) -> dict:
     """Each host's clock now: the start of a trace window."""
-    return {r["host"]: r["now"] for r in collect(client, {h: float("inf") for h in
-                                                         _hosts(client)}, timeout)}
-
-
-def _hosts(client):
-    client._refresh_devices()
-    return {info["host"] for info in client._device_info.values()}
+    return {r["host"]: r["now"] for r in collect(client, float("inf"), timeout)}
 
 
 def chrome_trace(records: list[dict], begin: float | None = None) -> dict:
@@ -114,6 +107,37 @@ class Tracing:
         if self.path is not None:
             write(self.path, self.trace)
         return False
+
+
+def client_spans(timeline: dict, clients) -> dict:
+    """``{client: (first kernel start, last kernel end)}`` over a ``Client.timeline()``."""
+    spans: dict = {}
+    for records in timeline.values():
+        for _, _, labels, start, end, _ in records:
+            c = labels.get("client")
+            if c in clients:
+                lo, hi = spans.get(c, (start, end))
+                spans[c] = (min(lo, start), max(hi, end))
+    return spans
+
+
+def device_time_by_client(timeline: dict, clients) -> tuple[dict, float]:
+    """Device seconds of each client's kernels while all of ``clients`` had kernels running
+    (from the last first start to the first last end), and that interval's length: how a
+    scheduling policy shared the devices while everyone wanted them.
+
+    >>> busy, seconds = device_time_by_client(client.timeline(), [a.id, b.id])
+    """
+    spans = client_spans(timeline, clients)
+    since = max(lo for lo, _ in spans.values())
+    until = min(hi for _, hi in spans.values())
+    busy = dict.fromkeys(clients, 0.0)
+    for records in timeline.values():
+        for _, _, labels, start, end, _ in records:
+            c = labels.get("client")
+            if c in busy:
+                busy[c] += max(0.0, min(end, until) - max(start, since))
+    return busy, until - since
 
 
 def kernels(trace: dict) -> dict:

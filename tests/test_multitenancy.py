@@ -6,6 +6,7 @@ import pytest
 
 import pathways as pw
 from pathways import P
+from pathways.trace import client_spans, device_time_by_client
 
 KERNEL = 0.002  # modelled seconds per kernel: device time, not Python, decides the shares
 WINDOW = 4
@@ -23,31 +24,6 @@ def connect_all(address, **per_client):
     """One client per value of the keyword lists, e.g. weight=[1, 2, 4]."""
     (key, values), = per_client.items()
     return [pw.connect(address, **{key: v}) for v in values]
-
-
-def busy_by_client(timeline, clients, since=None, until=None):
-    """Device seconds of each client's kernels, clipped to [since, until]."""
-    busy = dict.fromkeys(clients, 0.0)
-    for records in timeline.values():
-        for _, _, labels, start, end, _ in records:
-            c = labels.get("client")
-            if c in busy:
-                lo = start if since is None else max(start, since)
-                hi = end if until is None else min(end, until)
-                busy[c] += max(0.0, hi - lo)
-    return busy
-
-
-def spans(timeline, clients):
-    """(first start, last end) of each client's kernels."""
-    out = {}
-    for records in timeline.values():
-        for _, _, labels, start, end, _ in records:
-            c = labels.get("client")
-            if c in clients:
-                lo, hi = out.get(c, (start, end))
-                out[c] = (min(lo, start), max(hi, end))
-    return out
 
 
 def streams(clients, n):
@@ -80,10 +56,7 @@ def test_proportional_share_gives_device_time_by_weight(policy_cluster):
                 np.testing.assert_array_equal(o.result(timeout=60), np.ones(4))
         ids = [c.id for c in clients]
         timeline = clients[0].timeline()
-        span = spans(timeline, ids)
-        since = max(lo for lo, _ in span.values())  # everyone is submitting from here...
-        until = min(hi for _, hi in span.values())  # ...until the first one is done
-        busy = busy_by_client(timeline, ids, since, until)
+        busy, _ = device_time_by_client(timeline, ids)  # while everyone was submitting
         total = sum(busy.values())
         for cid, w in zip(ids, weights):
             assert busy[cid] / total == pytest.approx(w / sum(weights), rel=0.10), busy
@@ -101,7 +74,7 @@ def test_priority_serves_the_high_priority_client_first(policy_cluster):
         for o in low_out + high_out:
             np.testing.assert_array_equal(o.result(timeout=60), np.ones(4))
         timeline = low.timeline()
-        lo, hi = spans(timeline, [high.id])[high.id]
+        lo, hi = client_spans(timeline, [high.id])[high.id]
         device = next(iter(timeline))
         low_starts = [r[3] for r in timeline[device] if r[2].get("client") == low.id]
         overtaking = [s for s in low_starts if lo < s < hi]

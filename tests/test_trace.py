@@ -116,3 +116,18 @@ def test_trace_plot_and_status_commands(pw_cluster, tmp_path):
     res = subprocess.run([sys.executable, "-m", "pathways", "plot", str(out), "-o", str(png)],
                          capture_output=True, text=True, timeout=60, check=True)
     assert png.exists() and "busy" in res.stdout
+
+
+def test_device_time_by_client_counts_only_while_everyone_ran():
+    from pathways.trace import client_spans, device_time_by_client
+
+    # device 0: a runs 0-2, b runs 2-3, a runs 3-4, b runs 4-10; device 1: a runs 1-2
+    timeline = {0: [(0, "k", {"client": "a"}, 0.0, 2.0, False),
+                    (1, "k", {"client": "b"}, 2.0, 3.0, False),
+                    (2, "k", {"client": "a"}, 3.0, 4.0, False),
+                    (3, "k", {"client": "b"}, 4.0, 10.0, False)],
+                1: [(0, "k", {"client": "a"}, 1.0, 2.0, False),
+                    (1, "k", {"client": "z"}, 0.0, 9.0, False)]}  # not asked about
+    assert client_spans(timeline, ["a", "b"]) == {"a": (0.0, 4.0), "b": (2.0, 10.0)}
+    busy, seconds = device_time_by_client(timeline, ["a", "b"])
+    assert seconds == 2.0 and busy == {"a": 1.0, "b": 1.0}  # the interval [2, 4]
