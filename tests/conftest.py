@@ -77,3 +77,24 @@ def load_example(name: str):
     sys.modules[spec.name] = module  # dataclasses look their module up while it executes
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def procs():
+    """Processes a test starts (append them): always stopped when it ends, even on failure."""
+    import signal
+    import subprocess
+
+    started = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in started:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+        if p.stdout:
+            p.stdout.close()

@@ -6,8 +6,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 
 def start(*args, **kw):
     return subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE,
@@ -26,22 +24,6 @@ def read_until(proc, needle, timeout=60):
         if needle in line:
             return lines
     raise AssertionError(f"{needle!r} not seen; output so far:\n{''.join(lines)}")
-
-
-@pytest.fixture
-def procs():
-    started = []
-    yield started
-    for p in started:
-        if p.poll() is None:
-            p.send_signal(signal.SIGINT)
-    for p in started:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-        p.stdout.close()
 
 
 def status(address):

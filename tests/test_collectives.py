@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -218,10 +217,8 @@ def test_device_skipping_a_collective_times_out():
     def body(x):
         return x if axis_index("x") == 0 else psum(x, "x")
 
-    start = time.monotonic()
     with pytest.raises(CollectiveTimeout, match=r"no value from \[0\]"):
         run_spmd(body, (3,), ("x",), [(np.ones(2),)] * 3, timeout=0.3)
-    assert time.monotonic() - start < 5
 
 
 def test_failing_device_error_wins_and_peers_stop_at_once():
@@ -230,10 +227,10 @@ def test_failing_device_error_wins_and_peers_stop_at_once():
             raise ValueError("boom on 2")
         return psum(x, "x")
 
-    start = time.monotonic()
+    # Peers waiting out their collective timeout would outlast the test's own time limit
+    # (pytest-timeout, 120 s): the test passes only if they stop as soon as 2 fails.
     with pytest.raises(ValueError, match="boom on 2"):
-        run_spmd(body, (4,), ("x",), [(np.ones(2),)] * 4, timeout=30)
-    assert time.monotonic() - start < 5
+        run_spmd(body, (4,), ("x",), [(np.ones(2),)] * 4, timeout=600)
 
 
 def test_rendezvous_blocks_until_delivered_and_leaves_nothing():

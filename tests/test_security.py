@@ -125,43 +125,30 @@ def namespaces():
                 _ip("link", "del", name, check=False)
 
 
-def test_hosts_in_separate_network_namespaces_run_a_program_with_curve(namespaces, keys):
+def test_hosts_in_separate_network_namespaces_run_a_program_with_curve(namespaces, keys,
+                                                                        procs):
     env = dict(os.environ, PLAQUE_KEYS=str(keys), PLAQUE_DIE_WITH_PARENT="1")
-    procs = []
-    try:
-        coord = subprocess.Popen([sys.executable, "-m", "pathways", "coordinator", "--bind",
-                                  "tcp://10.77.0.1"], stdout=subprocess.PIPE, text=True,
-                                 env=env)
-        procs.append(coord)
-        line = coord.stdout.readline()
-        assert line.startswith("pathways coordinator at tcp://10.77.0.1:"), line
-        address = line.split()[-1]
-        for i, ns in enumerate(namespaces):
-            procs.append(subprocess.Popen(
-                ["ip", "netns", "exec", ns, sys.executable, "-m", "pathways", "host",
-                 "--coordinator", address, "--bind", f"tcp://10.77.0.{i + 2}",
-                 "--devices", "2"], env=env))
-        with pw.connect(address, keys=keys) as c:
-            for _ in range(300):
-                if len(c.devices()) == 4:
-                    break
-                assert all(p.poll() is None for p in procs), "a process exited"
-                time.sleep(0.1)
-            info = c._request(c.address, ("status", None)).result(10)["hosts"]
-            assert sorted(h["data"].split(":")[1] for h in info.values()) == \
-                ["//10.77.0.2", "//10.77.0.3"]  # each host on its own namespace's address
-            assert psum_everywhere(c) == 5.0
-        with pytest.raises(pw.PathwaysError, match="no coordinator answered"):
-            pw.connect(address, timeout=2.0)  # without the key: refused
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-        if procs and procs[0].stdout:
-            procs[0].stdout.close()
+    coord = subprocess.Popen([sys.executable, "-m", "pathways", "coordinator", "--bind",
+                              "tcp://10.77.0.1"], stdout=subprocess.PIPE, text=True,
+                             env=env)
+    procs.append(coord)
+    line = coord.stdout.readline()
+    assert line.startswith("pathways coordinator at tcp://10.77.0.1:"), line
+    address = line.split()[-1]
+    for i, ns in enumerate(namespaces):
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "pathways", "host",
+             "--coordinator", address, "--bind", f"tcp://10.77.0.{i + 2}",
+             "--devices", "2"], env=env))
+    with pw.connect(address, keys=keys) as c:
+        deadline = time.monotonic() + 30
+        while len(c.devices()) < 4:
+            assert all(p.poll() is None for p in procs), "a process exited"
+            assert time.monotonic() < deadline, "the hosts never joined"
+            time.sleep(0.1)
+        info = c._request(c.address, ("status", None)).result(10)["hosts"]
+        assert sorted(h["data"].split(":")[1] for h in info.values()) == \
+            ["//10.77.0.2", "//10.77.0.3"]  # each host on its own namespace's address
+        assert psum_everywhere(c) == 5.0
+    with pytest.raises(pw.PathwaysError, match="no coordinator answered"):
+        pw.connect(address, timeout=2.0)  # without the key: refused
