@@ -263,8 +263,7 @@ class Coordinator:
             return
 
         def installed(gid, error):
-            if isinstance(error, plaque.WorkerLost):
-                error = self._host_lost(error)
+            error = self._explain(error)
             prog.gid, prog.error = gid, error
             if error is not None:
                 self._reply(ident, ("install_failed", pid, error))
@@ -338,17 +337,14 @@ class Coordinator:
 
         def done(result, error):
             self._finished(run)
-            if isinstance(error, plaque.WorkerLost):
-                error = self._host_lost(error)
+            error = self._explain(error)
             if error is None:
                 self._reply(run.ident, ("run_done", run_id))
                 return
             self._reply(run.ident, ("run_failed", run_id, error))
             # Kernels of this run still queued or waiting in collectives on surviving hosts
             # must not hold their devices until a timeout: fail their gangs now.
-            gangs = [(prog.client, run_id, e) for e in range(len(prog.gangs))]
-            for w in self.hosts:
-                self.cluster.core.send_user(w, ("abort_gangs", gangs, str(error)))
+            self._abort([run], str(error))
             # Sequence numbers of this run whose kernels never reached a host (its START was
             # cut short) would stall their devices: skip them (no-op where they ran).
             self._skip(run.seqs)
@@ -359,9 +355,19 @@ class Coordinator:
         except Exception as exc:
             self._finished(run)
             self._skip(run.seqs)
-            if isinstance(exc, plaque.WorkerLost):
-                exc = self._host_lost(exc)
-            self._reply(run.ident, ("run_failed", run_id, exc))
+            self._reply(run.ident, ("run_failed", run_id, self._explain(exc)))
+
+    def _abort(self, runs, reason: str) -> None:
+        """Fail the gangs of these runs on every host (collectives and waiting kernels)."""
+        gangs = [(run.prog.client, run.run_id, e) for run in runs
+                 for e in range(len(run.prog.gangs))]
+        if gangs:
+            for w in self.hosts:
+                self.cluster.core.send_user(w, ("abort_gangs", gangs, reason))
+
+    def _explain(self, error):
+        """What a client should see: a lost Plaque worker is a lost host, named."""
+        return self._host_lost(error) if isinstance(error, plaque.WorkerLost) else error
 
     def _host_lost(self, error: plaque.WorkerLost) -> HostLost:
         info = self.hosts.get(error.worker) or self._departed.get(error.worker, {})
@@ -401,12 +407,8 @@ class Coordinator:
         self.rm.release_client(client)
         for w in self.hosts:
             self.cluster.core.send_user(w, ("client_gone", client, reason))
-        running = [run for run in self.runs.values() if run.prog.client == client
-                   and run.started]
-        gangs = [(client, run.run_id, e) for run in running for e in range(len(run.prog.gangs))]
-        if gangs:
-            for w in self.hosts:
-                self.cluster.core.send_user(w, ("abort_gangs", gangs, reason))
+        self._abort([run for run in self.runs.values()
+                     if run.prog.client == client and run.started], reason)
         self.cluster.soon()
         dropped = set()
         for sched in self.schedulers.values():
