@@ -69,8 +69,7 @@ class Client:
         self.ctx = zmq.Context()
         self._loop = uvloop.new_event_loop()
         self._socks: dict[str, zmq.Socket] = {}
-        self._pending: dict[int, cf.Future] = {}
-        self._pending_addr: dict[int, str] = {}  # where each pending request went
+        self._pending: dict[int, tuple[cf.Future, str]] = {}  # request -> (future, sent to)
         self._lost_hosts: dict[str, Exception] = {}  # data address of a lost host -> why
         self._inflight: dict[int, tuple] = {}
         self._req_ids = itertools.count()
@@ -147,11 +146,10 @@ class Client:
         elif kind == "host_lost":
             info = msg[2]
             self._lost_hosts[info["data"]] = info["error"]
-            for req, address in list(self._pending_addr.items()):
+            for req, (fut, address) in list(self._pending.items()):
                 if address == info["data"]:
-                    fut = self._pending.pop(req, None)
-                    self._pending_addr.pop(req, None)
-                    if fut is not None and not fut.done():
+                    del self._pending[req]
+                    if not fut.done():
                         fut.set_exception(info["error"])
         elif kind == "install_failed":
             for run_id, entry in list(self._inflight.items()):
@@ -159,8 +157,7 @@ class Client:
                     del self._inflight[run_id]
                     entry[0].set_exception(_as_remote(msg[2]))
         else:
-            fut = self._pending.pop(msg[1], None)
-            self._pending_addr.pop(msg[1], None)
+            fut, _ = self._pending.pop(msg[1], (None, None))
             if fut is None:
                 return
             if kind == "error":
@@ -186,13 +183,17 @@ class Client:
         """Loop thread: fail everything in flight; later calls fail at once."""
         log.warning("%s", reason)
         self.lost = CoordinatorLost(reason)
+        self._fail_all(self.lost)
+
+    def _fail_all(self, err: Exception) -> None:
+        """Loop thread: every run and request still waiting fails with ``err``."""
         for status, *_ in self._inflight.values():
             if not status.done():
-                status.set_exception(self.lost)
+                status.set_exception(err)
         self._inflight.clear()
-        for fut in self._pending.values():
+        for fut, _ in self._pending.values():
             if not fut.done():
-                fut.set_exception(self.lost)
+                fut.set_exception(err)
         self._pending.clear()
 
     def _call(self, fn, *args):
@@ -220,8 +221,7 @@ class Client:
         if lost is not None:
             fut.set_exception(lost)
             return fut
-        self._pending[req] = fut
-        self._pending_addr[req] = address
+        self._pending[req] = (fut, address)
         self._send(address, (payload[0], req, *payload[2:]))
         return fut
 
@@ -548,13 +548,7 @@ class Client:
         err = ClientClosed("the client closed before this run finished")
 
         def stop():
-            for status, *_ in self._inflight.values():
-                if not status.done():
-                    status.set_exception(err)
-            self._inflight.clear()
-            for fut in self._pending.values():
-                if not fut.done():
-                    fut.set_exception(err)
+            self._fail_all(err)
             self._loop.stop()
 
         self._loop.call_soon_threadsafe(stop)
