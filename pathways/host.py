@@ -109,7 +109,7 @@ class Host:
             # kernels of these runs waiting for inputs that will never come must not hold
             # their devices: fail the run's buffers nobody has produced yet
             err = RemoteError(f"the run failed: {payload[2]}")
-            self.store.fail_awaited(lambda key: _run_of(key) in runs, err)
+            self.store.fail_awaited(lambda key: protocol.key_run(key) in runs, err)
         elif kind == "devices":
             for d in payload[1]:
                 if d not in self.devices:
@@ -178,17 +178,6 @@ class Host:
             dev.close(timeout=1.0)
         if self.ici is not None:
             self.ici.close()
-
-
-def _run_of(key):
-    """(client, run) of a run's own buffer key (intermediate or transfer), else None."""
-    aid = key[0]
-    if isinstance(aid, tuple) and len(aid) >= 3:
-        if aid[0] == "xfer":
-            return (aid[1], aid[2])
-        if aid[1] == "tmp":
-            return (aid[0], aid[2])
-    return None
 
 
 class DataService:

@@ -23,6 +23,7 @@ from . import cost as cost_model
 from .collectives import LocalEnv
 from .compiled import Aval, CompiledFunction
 from .errors import RemoteError
+from .protocol import transfer_key
 
 log = logging.getLogger("pathways.kernel")
 
@@ -58,11 +59,6 @@ class SendSpec:
     devices: tuple[int, ...]  # where the value lives, per source shard
     pieces: tuple  # per source shard: (dst shard, src slices, dst slices, link) ...
     uses: int  # users of the value where it lives (0: a program input or output, kept)
-
-
-def transfer_key(arg, consumer: int, port: int, device: int):
-    """Where a consumer shard assembles an input that arrives by transfer."""
-    return (("xfer", arg.client, arg.run_id, consumer, port), device)
 
 
 def input_key(spec, arg, i: int, device: int):

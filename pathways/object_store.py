@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .device import EmulatedDevice
+from .protocol import key_client
 
 log = logging.getLogger("pathways.object_store")
 
@@ -247,7 +248,7 @@ class ObjectStore:
         last runs must not hold a device waiting for input that will never come)."""
         with self._lock:
             self._retired.add(client_id)
-        self.fail_awaited(lambda key: _client_of(key) == client_id, error)
+        self.fail_awaited(lambda key: key_client(key) == client_id, error)
         return self.delete_owner(client_id)
 
     def used_bytes(self, device_id: int) -> int:
@@ -304,7 +305,7 @@ class ObjectStore:
         entry = self._entries.get(key)
         if entry is None:
             self._device(key)
-            if _client_of(key) in self._retired:
+            if key_client(key) in self._retired:
                 raise KeyError(f"object {key!r} belongs to a client that is gone")
             entry = self._entries[key] = _Entry(awaited=True)
         elif entry.deleted:
@@ -369,14 +370,6 @@ class ObjectStore:
             raise KeyError(f"object {key!r}: no device {key[1]!r} on this host "
                            f"(devices: {sorted(self._devices)})")
         return device
-
-
-def _client_of(key: Key):
-    """The client an array id belongs to: ``(client, ...)`` or ``("xfer", client, ...)``."""
-    aid = key[0]
-    if isinstance(aid, tuple) and aid:
-        return aid[1] if aid[0] == "xfer" and len(aid) > 1 else aid[0]
-    return None
 
 
 def _check_owner(key: Key, owner) -> None:

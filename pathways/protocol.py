@@ -42,3 +42,30 @@ class RunArg:
         if var_id in self.outputs:
             return self.outputs[var_id]
         return (self.client, "tmp", self.run_id, var_id)  # intermediate, freed after last use
+
+
+def transfer_key(arg: RunArg, consumer: int, port: int, device: int):
+    """Where a consumer shard assembles an input that arrives by transfer."""
+    return (("xfer", arg.client, arg.run_id, consumer, port), device)
+
+
+# Buffer keys are (array id, device). Array ids: (client, n) named by a client,
+# (client, "tmp", run, var) for a run's intermediates, ("xfer", client, run, eqn, port).
+
+def key_client(key):
+    """The client a buffer key belongs to, or None for a key of no known form."""
+    aid = key[0]
+    if isinstance(aid, tuple) and aid:
+        return aid[1] if aid[0] == "xfer" and len(aid) > 1 else aid[0]
+    return None
+
+
+def key_run(key):
+    """``(client, run)`` of a run's own buffer (an intermediate or a transfer), else None."""
+    aid = key[0]
+    if isinstance(aid, tuple) and len(aid) >= 3:
+        if aid[0] == "xfer":
+            return (aid[1], aid[2])
+        if aid[1] == "tmp":
+            return (aid[0], aid[2])
+    return None
