@@ -11,15 +11,14 @@ run each device's kernels in sequence-number order. Two gangs that share devices
 ordered the same way on all of them by construction: the one released first has the smaller
 number on every shared device.
 
-Which gangs go next, and when, is a ``Policy``. Policies deal in programs, the list of gangs
-submitted together, and release a program whole; the scheduler numbers its gangs back to back
-in list order, so on every device they get consecutive numbers with nothing from another
-program in between. ``FifoPolicy`` releases every program at once in submission order. The
-windowed policies release gang by gang, choosing between clients each time, and keep at most
-``window`` programs admitted and unfinished per island (the runtime reports each finished
-program with ``finished``): ``ProportionalSharePolicy`` gives clients device time in
-proportion to their weights, ``PriorityPolicy`` serves the highest priority first. A policy
-may return single gangs as "programs": they are numbered in the order returned.
+Which gangs go next, and when, is a ``Policy``. Programs (the gangs submitted together) go in;
+what comes out is numbered in the order returned, gang by gang. ``FifoPolicy`` returns every
+program whole, at once, in submission order, so a program's gangs get consecutive numbers on
+every device. The windowed policies return one gang at a time, choosing between clients each
+time (each client's own gangs keep their order), and keep at most ``window`` programs admitted
+and unfinished per island (the runtime reports each finished program with ``finished``):
+``ProportionalSharePolicy`` gives clients device time in proportion to their weights,
+``PriorityPolicy`` serves the highest priority first.
 
 Example: submit [A on (0, 1)], then [B on (1, 2), C on (2,)]:
 A gets {0: 0, 1: 0}; B gets {1: 1, 2: 0}; C gets {2: 1}.
