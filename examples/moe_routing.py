@@ -26,6 +26,7 @@ import pathways as pw
 from pathways import P, moe
 
 IN, D, F, E, CLASSES, CLUSTERS = 16, 32, 64, 8, 4, 4
+IN_FLIGHT = 4  # steps submitted ahead of the one whose loss is read
 
 
 def make_task(seed=0):
@@ -133,17 +134,17 @@ def train(client, args, log=print):
                          *params)
         params = list(out[:8])  # the next step starts before this one is done
         pending.append(out[8:])
-        if len(pending) > 4 or i == args.steps - 1:  # keep a few steps in flight
-            while pending and (len(pending) > 4 or i == args.steps - 1):
-                loss, aux0, aux1, load0, load1 = [a.result(timeout=120) for a in pending.pop(0)]
-                losses.append(float(loss[0]))
-                loads.append((load0.sum(axis=0), load1.sum(axis=0)))
-                n = len(losses)
-                if n % args.every == 0 or n == args.steps:
-                    log(f"step {n:4d}  loss {np.mean(losses[-args.every:]):.4f}"
-                        f"  aux {aux0.mean():.3f}/{aux1.mean():.3f}"
-                        f"  tokens/expert (layer 0) {load0.sum(axis=0)[:E].tolist()}"
-                        f"  dropped {load0.sum(axis=0)[E] / load0.sum():.1%}")
+        last = i == args.steps - 1
+        while pending and (len(pending) > IN_FLIGHT or last):  # keep a few steps in flight
+            loss, aux0, aux1, load0, load1 = [a.result(timeout=120) for a in pending.pop(0)]
+            losses.append(float(loss[0]))
+            loads.append((load0.sum(axis=0), load1.sum(axis=0)))
+            n = len(losses)
+            if n % args.every == 0 or n == args.steps:
+                log(f"step {n:4d}  loss {np.mean(losses[-args.every:]):.4f}"
+                    f"  aux {aux0.mean():.3f}/{aux1.mean():.3f}"
+                    f"  tokens/expert (layer 0) {load0.sum(axis=0)[:E].tolist()}"
+                    f"  dropped {load0.sum(axis=0)[E] / load0.sum():.1%}")
     seconds = time.perf_counter() - started
     per_layer = [np.sum([ld[j] for ld in loads[-args.every:]], axis=0) for j in range(2)]
     drops = [float(p[E] / p.sum()) for p in per_layer]
