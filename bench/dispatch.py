@@ -280,13 +280,12 @@ def run_config(hosts: int, costs, budget: float, reps: int, profile: bool):
 def main(argv=None) -> int:
     ap = bench_parser(__doc__, "1 and 2 hosts, two costs, short cells",
                       "py-spy the cluster during each mode on the largest config")
-    ap.add_argument("--budget", type=float, default=None, help="seconds per timed cell")
-    ap.add_argument("--reps", type=int, default=None, help="timed rounds per cost (best kept)")
+    ap.sized("--budget", float, 0.3, 0.8, "seconds per timed cell")
+    ap.sized("--reps", int, 1, 2, "timed rounds per cost (best kept)")
     args = ap.parse_args(argv)
     host_counts = (1, 2) if args.quick else HOST_COUNTS
     sweep_costs = [ms / 1e3 for ms in ((0.1, 2.0) if args.quick else SWEEP_MS)]
-    budget = args.budget if args.budget is not None else (0.3 if args.quick else 0.8)
-    reps = args.reps if args.reps is not None else (1 if args.quick else 2)
+    budget, reps = args.budget, args.reps
     started = time.perf_counter()
 
     fig5: dict[int, dict[str, Cell]] = {}

@@ -234,11 +234,10 @@ def rows_of(rigs: list[Rig], cells: dict[str, list[Cell]]) -> list[dict]:
 def main(argv=None) -> int:
     ap = bench_parser(__doc__, "short cells, one round",
                       "py-spy the two-island cluster and client while it trains")
-    ap.add_argument("--steps", type=int, default=None, help="training steps per timed cell")
-    ap.add_argument("--reps", type=int, default=None, help="timed rounds (best kept)")
+    ap.sized("--steps", int, 10, 40, "training steps per timed cell")
+    ap.sized("--reps", int, 1, 3, "timed rounds (best kept)")
     args = ap.parse_args(argv)
-    steps = args.steps if args.steps is not None else (10 if args.quick else 40)
-    reps = args.reps if args.reps is not None else (1 if args.quick else 3)
+    steps, reps = args.steps, args.reps
     started = time.perf_counter()
     with contextlib.ExitStack() as stack:
         rigs = start_rigs(stack)

@@ -225,12 +225,11 @@ def best(cells):
 
 def main(argv=None) -> int:
     ap = bench_parser(__doc__, "1 and 2 clients, few programs, one round")
-    ap.add_argument("--programs", type=int, default=None, help="programs per client (K)")
-    ap.add_argument("--reps", type=int, default=None, help="rounds per cell (best kept)")
+    ap.sized("--programs", int, 40, 500, "programs per client (K)")
+    ap.sized("--reps", int, 1, 3, "rounds per cell (best kept)")
     args = ap.parse_args(argv)
     counts = (1, 2) if args.quick else (1, 2, 4, 8)
-    programs = args.programs or (40 if args.quick else 500)
-    reps = args.reps or (1 if args.quick else 3)
+    programs, reps = args.programs, args.reps
     started = time.perf_counter()
     cells = sweep(counts, programs, reps)
     share_k = programs if args.quick else 2 * programs

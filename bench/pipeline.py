@@ -308,11 +308,10 @@ def rows_of(best, stage_counts, layouts) -> list[dict]:
 def main(argv=None) -> int:
     ap = bench_parser(__doc__, "short cells, one round",
                       "py-spy the cluster while each mode runs the longest chain")
-    ap.add_argument("--budget", type=float, default=None, help="seconds per timed cell")
-    ap.add_argument("--reps", type=int, default=None, help="interleaved rounds (best kept)")
+    ap.sized("--budget", float, 0.3, 1.2, "seconds per timed cell")
+    ap.sized("--reps", int, 1, 4, "interleaved rounds (best kept)")
     args = ap.parse_args(argv)
-    budget = args.budget if args.budget is not None else (0.3 if args.quick else 1.2)
-    reps = args.reps if args.reps is not None else (1 if args.quick else 4)
+    budget, reps = args.budget, args.reps
     stage_counts = STAGES
     started = time.perf_counter()
     profile_text = None

@@ -87,9 +87,30 @@ def publish(title: str, rows: list[dict], notes: str, profile: str = "",
         print("\n(nothing appended to RESULTS.md)")
 
 
-def bench_parser(doc: str, quick: str, profile: str | None = None) -> argparse.ArgumentParser:
+class BenchParser(argparse.ArgumentParser):
+    """Options of a benchmark; ``sized`` ones default to one value with --quick, another
+    without."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._sized: list[tuple[str, object, object]] = []
+
+    def sized(self, flag: str, type, quick, full, help: str) -> None:
+        self.add_argument(flag, type=type, default=None,
+                          help=f"{help} (default {full}; {quick} with --quick)")
+        self._sized.append((flag.lstrip("-").replace("-", "_"), quick, full))
+
+    def parse_args(self, args=None, namespace=None):
+        ns = super().parse_args(args, namespace)
+        for dest, quick, full in self._sized:
+            if getattr(ns, dest) is None:
+                setattr(ns, dest, quick if ns.quick else full)
+        return ns
+
+
+def bench_parser(doc: str, quick: str, profile: str | None = None) -> BenchParser:
     """The options every benchmark takes: --quick, --no-append and, if it can, --profile."""
-    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap = BenchParser(description=doc.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help=f"{quick}; no RESULTS.md entry")
     ap.add_argument("--no-append", action="store_true", help="print only; no RESULTS.md entry")
     if profile:
