@@ -20,15 +20,14 @@ from . import wire
 from .counters import Counters
 from .errors import GraphError, OperatorError, WorkerLost
 from .graph import Graph, Topology
+from .heartbeat import HEARTBEAT_INTERVAL
 from .logutil import dropped
 from .progress import INPUT, SINK, ProgressTracker
 from .shipping import ship
-from .wire import CONTROL, Kind
+from .wire import CONTROL, COORDINATOR, UNKNOWN_SENDER, Kind
 
 log = logging.getLogger("plaque.coordinator")
 
-COORDINATOR = -1
-HEARTBEAT_INTERVAL = 0.5
 
 
 @dataclass
@@ -97,12 +96,7 @@ class CoordinatorCore:
 
     def _send(self, peer, kind, payload, channel=CONTROL) -> None:
         frames = wire.encode(kind, COORDINATOR, payload)
-        c = self.counters.peer(peer)
-        c.messages_sent += 1
-        c.frames_sent += len(frames)
-        c.bytes_sent += wire.frame_bytes(frames)
-        if kind is Kind.PROGRESS:
-            c.progress_sent += 1
+        self.counters.peer(peer).count_sent(frames, kind is Kind.PROGRESS)
         self._commands.append(("send", peer, channel, frames))
 
     def live_workers(self) -> list[int]:
@@ -165,15 +159,11 @@ class CoordinatorCore:
             kind, sender, payload = wire.decode(frames)
             handler = self._handlers[kind]
         except Exception as exc:
-            self.counters.peer(-2).dropped += 1
+            self.counters.peer(UNKNOWN_SENDER).dropped += 1
             dropped(log, "a bad message", "coordinator: %s", exc)
             return
         c = self.counters.peer(sender)
-        c.messages_received += 1
-        c.frames_received += len(frames)
-        c.bytes_received += wire.frame_bytes(frames)
-        if kind is Kind.PROGRESS:
-            c.progress_received += 1
+        c.count_received(frames, kind is Kind.PROGRESS)
         if kind is not Kind.HELLO and not (sender in self.workers and self.workers[sender].alive):
             c.dropped += 1
             return  # unknown or already-declared-lost sender

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .wire import frame_bytes
+
 
 @dataclass
 class PeerCounters:
@@ -18,6 +20,19 @@ class PeerCounters:
     tuples_received: int = 0
     progress_received: int = 0
     dropped: int = 0  # messages that could not be decoded or delivered
+
+    def count_sent(self, frames, progress: bool, tuples: int = 0) -> None:
+        self.messages_sent += 1
+        self.frames_sent += len(frames)
+        self.bytes_sent += frame_bytes(frames)
+        self.tuples_sent += tuples
+        self.progress_sent += progress
+
+    def count_received(self, frames, progress: bool) -> None:
+        self.messages_received += 1
+        self.frames_received += len(frames)
+        self.bytes_received += frame_bytes(frames)
+        self.progress_received += progress
 
 
 class Counters:

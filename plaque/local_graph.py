@@ -21,14 +21,13 @@ class LocalGraph:
         self.gid = gid
         self.graph = graph
         self.placement = placement
-        self.topology = Topology.of([n.shards for n in graph.nodes], graph.edges)
-        self.tracker = ProgressTracker(self.topology, track_drops=True)
+        topology = Topology.of([n.shards for n in graph.nodes], graph.edges)
+        self.tracker = ProgressTracker(topology, track_drops=True)
         self.staged = ChangeBatch()  # this turn's changes, not yet in the tracker
         self.outgoing = ChangeBatch()  # applied here, to be sent to every peer
         self.for_coordinator: dict[object, ChangeBatch] = {}  # t -> changes at t
         self.finished: list = []  # timestamps this worker is done with, to report
-        self.peers = sorted({w for p in placement for w in p} - {worker_id})
-        self.interested = interested_workers(self.topology, placement,
+        self.interested = interested_workers(topology, placement,
                                              [n.notify for n in graph.nodes])
         self.tracked = {loc for loc, ws in self.interested.items() if worker_id in ws}
         self.routes: dict[tuple[int, int], list] = {}
@@ -56,6 +55,11 @@ class LocalGraph:
         self.holds: dict[tuple, int] = {}  # (node, shard, t) -> capabilities held
         self.held_complete: set = set()  # (node, shard, t) completed but still held
         self.live: dict[object, set] = {}  # t -> local shards whose capability is not dropped
+
+    def apply(self, changes) -> None:
+        """Apply progress changes to this worker's copy, only at the locations it tracks."""
+        tracked = self.tracked
+        self.tracker.update(ch for ch in changes if (ch[0][1], ch[0][2]) in tracked)
 
 
 def _bind(fn, gid, node, shard):

@@ -115,7 +115,7 @@ class ProgressTracker:
         nodes = self._positive[t]
         shards = nodes[node]
         shards[shard] -= 1
-        if self.dropped is not None:
+        if self.dropped is not None and key[0] == INPUT:  # witnesses are INPUT or (None, ...)
             self.dropped.add(key)
         if not shards[shard]:
             if self.dropped is not None:
@@ -136,9 +136,10 @@ class ProgressTracker:
     def blocker(self, node: int, shard: int, t):
         """A witness that (node, shard) is not complete for t, or None if it is.
 
-        The witness names one positive location that can reach the shard; as long as
-        ``still_blocks(witness)`` holds, the shard stays incomplete, so a caller can re-test
-        many waiting shards in O(1) each and only search again when its witness is gone.
+        The witness names one positive location that can reach the shard; as long as it stays
+        positive the shard stays incomplete. With ``track_drops`` the tracker adds a witness
+        to ``dropped`` when it stops being positive, so a caller re-tests only the shards
+        whose witness is in there.
         Upstream nodes are searched nearest first, so along a chain the witness is the
         predecessor, which is the next to finish.
         """
@@ -156,12 +157,6 @@ class ProgressTracker:
                     if shard in shards:
                         return (None, up, shard, t2)
         return None
-
-    def still_blocks(self, witness) -> bool:
-        kind, node, shard, t = witness
-        if kind == INPUT:
-            return self._counts.get(witness, 0) > 0
-        return bool(self._positive.get(t, {}).get(node, {}).get(shard))
 
     def is_done(self, t) -> bool:
         """True when nothing at all remains at timestamp t (the run has drained)."""

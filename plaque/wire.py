@@ -43,6 +43,9 @@ class Kind(enum.IntEnum):
     USER = 15  # anyone -> anyone: a payload for the embedding runtime (not for graphs)
 
 
+COORDINATOR = -1  # the sender id of the coordinator
+UNKNOWN_SENDER = -2  # a worker not yet welcomed; also where undecodable messages are counted
+
 _KINDS = {k.value: k for k in Kind}  # a dict lookup is far cheaper than Kind(value)
 
 

@@ -27,11 +27,10 @@ from .local_graph import LocalGraph
 from .logutil import dropped
 from .operator import Capability
 from .progress import CAP, INPUT, SINK, ChangeBatch
-from .wire import CONTROL, DATA, Kind
+from .wire import CONTROL, COORDINATOR, DATA, UNKNOWN_SENDER, Kind
 
 log = logging.getLogger("plaque.worker")
 
-COORDINATOR = -1
 MAX_TUPLES_PER_MESSAGE = 8192
 
 
@@ -74,14 +73,8 @@ class WorkerCore:
         return cmds
 
     def _send(self, peer, channel, kind, payload, tuples=0) -> None:
-        frames = wire.encode(kind, -2 if self.id is None else self.id, payload)
-        c = self.counters.peer(peer)
-        c.messages_sent += 1
-        c.frames_sent += len(frames)
-        c.bytes_sent += wire.frame_bytes(frames)
-        c.tuples_sent += tuples
-        if kind is Kind.PROGRESS:
-            c.progress_sent += 1
+        frames = wire.encode(kind, UNKNOWN_SENDER if self.id is None else self.id, payload)
+        self.counters.peer(peer).count_sent(frames, kind is Kind.PROGRESS, tuples)
         self._commands.append(("send", peer, channel, frames))
 
     def _flush_data(self) -> None:
@@ -89,8 +82,8 @@ class WorkerCore:
             msg, count = [], 0
             for key, values in batch.items():
                 for i in range(0, len(values), MAX_TUPLES_PER_MESSAGE):
-                    chunk = values[i:i + MAX_TUPLES_PER_MESSAGE] if i or len(values) > \
-                        MAX_TUPLES_PER_MESSAGE else values
+                    chunk = values[i:i + MAX_TUPLES_PER_MESSAGE] if len(values) > \
+                        MAX_TUPLES_PER_MESSAGE else values  # no copy when it all fits
                     msg.append((key, chunk))
                     count += len(chunk)
                     if count >= MAX_TUPLES_PER_MESSAGE:
@@ -142,15 +135,11 @@ class WorkerCore:
             kind, sender, payload = wire.decode(frames)
             handler = self._handlers[kind]
         except Exception as exc:
-            self.counters.peer(-2).dropped += 1
+            self.counters.peer(UNKNOWN_SENDER).dropped += 1
             dropped(log, "a bad message", "worker %s: %s", self.id, exc)
             return
         c = self.counters.peer(sender)
-        c.messages_received += 1
-        c.frames_received += len(frames)
-        c.bytes_received += wire.frame_bytes(frames)
-        if kind is Kind.PROGRESS:
-            c.progress_received += 1
+        c.count_received(frames, kind is Kind.PROGRESS)
         if sender == COORDINATOR:
             self._heard = True  # the core has no clock: the next tick stamps it
         try:
@@ -233,8 +222,7 @@ class WorkerCore:
         for gid, changes in body.items():
             g = self.graphs.get(gid)
             if g is not None:
-                tracked = g.tracked
-                g.tracker.update(ch for ch in changes if (ch[0][1], ch[0][2]) in tracked)
+                g.apply(changes)
 
     def _on_heartbeat(self, sender, payload):
         pass
@@ -365,8 +353,7 @@ class WorkerCore:
         for g in self.graphs.values():
             if g.staged:
                 changes = g.staged.drain()
-                tracked = g.tracked
-                g.tracker.update(ch for ch in changes if (ch[0][1], ch[0][2]) in tracked)
+                g.apply(changes)
                 for key, delta in changes:
                     if key[1] != SINK:
                         g.outgoing.add(key, delta)
