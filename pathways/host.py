@@ -56,7 +56,6 @@ class Host:
         self.started = time.monotonic()
         self.ici = None  # IciLink, set when serving
         self._uses: dict = {}  # buffer key -> users done with it so far
-        self.arrivals: dict = {}  # transferred buffer key -> modelled arrival (perf_counter)
         self.transfers: deque = deque(maxlen=TRANSFERS_KEPT)  # (device, name, labels, start, end)
         self._uses_lock = threading.Lock()
 

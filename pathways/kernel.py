@@ -142,12 +142,11 @@ class Assembler:
             if got.missing:
                 return
             del self.assembling[(t, port)]
-            host.arrivals[key] = got.arrival
             host.record_transfer(device, f"v{inc.var} in", {
                 "client": arg.client, "run": arg.run_id, "eqn": self.index,
                 "bytes": got.nbytes, "link": "+".join(sorted(got.links))},
                 got.started, max(got.arrival, now))
-            host.store.put(key, got.buffer, owner)
+            host.store.put(key, got.buffer, owner, arrival=got.arrival)
         except Exception as exc:  # never leave the consumer waiting for its input
             self.assembling.pop((t, port), None)
             log.exception("assembling a transferred input failed")
@@ -190,7 +189,7 @@ class Kernel:
         the kernel's time on the device)."""
         keys = self.input_keys()
         self._inputs = [self.host.wait_buffer(k, INPUT_TIMEOUT) for k in keys]
-        arrival = max((self.host.arrivals.pop(k, 0.0) for k in keys), default=0.0)
+        arrival = max((self.host.store.arrival(k) for k in keys), default=0.0)
         remaining = arrival - time.perf_counter()
         if remaining > 0:
             time.sleep(remaining)
@@ -221,9 +220,7 @@ class Kernel:
     def _release_inputs(self):
         store = self.host.store
         for i in self.spec.incoming:
-            key = transfer_key(self.arg, self.spec.index, i, self.device_id)
-            self.host.arrivals.pop(key, None)
-            store.delete(key)
+            store.delete(transfer_key(self.arg, self.spec.index, i, self.device_id))
         for v, uses in self.spec.releases:
             self.host.release(self.key(v), uses)
 

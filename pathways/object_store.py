@@ -70,6 +70,7 @@ class _Entry:
     deleted: bool = False  # a tombstone: gone for readers, freed once resolved
     allocating: bool = False  # reserve() is waiting for HBM
     allocated: bool = False
+    arrival: float = 0.0  # modelled arrival of data that came over a link (perf_counter)
     # made only when a reader must wait: most buffers are resolved before anyone asks
     done: threading.Event | None = None
 
@@ -103,11 +104,14 @@ class ObjectStore:
         entry = self._claim(key, nbytes, owner)
         self._allocate(key, entry, timeout)
 
-    def put(self, key: Key, value, owner: Owner, timeout: float | None = None) -> None:
+    def put(self, key: Key, value, owner: Owner, timeout: float | None = None,
+            arrival: float = 0.0) -> None:
         """Make ``key`` READY with ``value`` (a numpy array), reserving first if needed.
 
         For a reserved key, ``owner`` and ``value.nbytes`` must match the reservation. Putting
         into a tombstone (deleted while pending) resolves it, and its memory is freed.
+        ``arrival``: for data that came over a modelled link, when it would have arrived
+        (``time.perf_counter``); readers that model time wait for it (``arrival``).
         ValueError if the key is already READY or FAILED.
         """
         value = np.asarray(value)
@@ -121,7 +125,15 @@ class ObjectStore:
         elif entry.nbytes != value.nbytes:
             raise ValueError(f"object {key!r} was reserved with {entry.nbytes} bytes but the "
                              f"value has {value.nbytes}")
+        entry.arrival = arrival
         self._resolve(key, entry, BufferState.READY, value=value)
+
+    def arrival(self, key: Key) -> float:
+        """When ``key``'s data would have arrived over its modelled link (0: not transferred,
+        unknown or gone)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry.arrival if entry is not None else 0.0
 
     def fail(self, key: Key, error: BaseException, owner: Owner | None = None) -> None:
         """Make ``key`` FAILED: readers and callbacks get ``error`` instead of a value.

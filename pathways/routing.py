@@ -265,7 +265,6 @@ class RouteSpec:
 def _release_input(spec, arg, host, i, device):
     key = input_key(spec, arg, i, device)
     if i in spec.incoming:
-        host.arrivals.pop(key, None)
         host.store.delete(key)
     elif spec.releases[i]:
         host.release(key, spec.releases[i])
@@ -386,7 +385,7 @@ class ExpertKernel:
         keys = [input_key(self.spec, self.arg, i, self.device_id)
                 for i in self._param_indices()]
         self._params = [self.host.wait_buffer(k, INPUT_TIMEOUT) for k in keys]
-        arrival = max([self.host.arrivals.pop(k, 0.0) for k in keys]
+        arrival = max([self.host.store.arrival(k) for k in keys]
                       + [p[4] for p in self.received], default=0.0)
         remaining = arrival - time.perf_counter()
         if remaining > 0:
@@ -515,7 +514,5 @@ class GatherOp(plaque.Operator):
                 for o, r in zip(outs, rows):
                     o.reshape(-1, *o.shape[2:])[slots] = r
             for key, o in zip(keys, outs):
-                if arrival:
-                    host.arrivals[key] = arrival
-                host.store.put(key, o, owner)
+                host.store.put(key, o, owner, arrival=arrival)
         cap.release()
