@@ -310,8 +310,7 @@ class Client:
         shards = sharding.split(value, mesh.shape, mesh.axis_names, spec)
         self._check_fits(shards[0].nbytes, mesh, "put")
         array_id = (self.id, next(self._array_ids))
-        for d, shard in zip(mesh.devices, shards):
-            self._send(self._data_address(d), ("put", array_id, d, shard, (self.id, None)))
+        self._put_shards(array_id, mesh, shards)
         done: cf.Future = cf.Future()
         done.set_result(None)
         return Array(self, array_id, Aval.of(value), mesh, spec, done, value=value)
@@ -394,7 +393,8 @@ class Client:
             return
         per_host: dict[str, list] = {}
         for d in array.mesh.devices:
-            per_host.setdefault(self._data_address(d), []).append((array.id, d))
+            if d in self._device_info:  # a lost host's buffers went with it
+                per_host.setdefault(self._data_address(d), []).append((array.id, d))
         for address, keys in per_host.items():
             self._send(address, ("delete", keys))
 
@@ -476,18 +476,15 @@ class Client:
             raise PathwaysError(
                 f"argument {i} lived on slice {mesh.slice_id}, which lost devices, and this"
                 " client holds no copy of its value: put it again (or fetch it before)")
-        lost = {d for d in array.mesh.devices if d not in self._device_info}
-        keys = {}
-        for d in array.mesh.devices:
-            if d not in lost:
-                keys.setdefault(self._data_address(d), []).append((array.id, d))
-        for address, ks in keys.items():
-            self._send(address, ("delete", ks))
-        shards = sharding.split(array._value, mesh.shape, mesh.axis_names, array.spec)
+        self._release(array)  # what is left of it on the devices that survived
         array.id = (self.id, next(self._array_ids))
         array.mesh = mesh
+        self._put_shards(array.id, mesh, sharding.split(array._value, mesh.shape,
+                                                        mesh.axis_names, array.spec))
+
+    def _put_shards(self, array_id, mesh: Mesh, shards) -> None:
         for d, shard in zip(mesh.devices, shards):
-            self._send(self._data_address(d), ("put", array.id, d, shard, (self.id, None)))
+            self._send(self._data_address(d), ("put", array_id, d, shard, (self.id, None)))
 
     def _retarget(self, program):
         """``program`` with every compiled function on a remapped slice moved onto it."""

@@ -21,7 +21,7 @@ import plaque
 
 from . import cost as cost_model
 from .collectives import LocalEnv
-from .compiled import Aval, CompiledFunction
+from .compiled import CompiledFunction
 from .errors import RemoteError
 from .protocol import transfer_key
 
@@ -46,7 +46,6 @@ class KernelSpec:
     fn: CompiledFunction
     inputs: tuple[int, ...]  # var ids
     outputs: tuple[int, ...]
-    in_avals: tuple[Aval, ...]
     releases: tuple[tuple[int, int], ...]  # (intermediate var, its users here) used in place
     incoming: dict  # input index -> Incoming, for inputs that arrive by transfer
 
@@ -54,8 +53,6 @@ class KernelSpec:
 @dataclass(frozen=True)
 class SendSpec:
     var: int
-    consumer: int  # equation index
-    port: int  # the consumer's input index
     devices: tuple[int, ...]  # where the value lives, per source shard
     pieces: tuple  # per source shard: (dst shard, src slices, dst slices, link) ...
     uses: int  # users of the value where it lives (0: a program input or output, kept)
@@ -73,16 +70,18 @@ class DispatchedOp(plaque.Operator):
     or when Plaque says its producers are done (sequential dispatch). It holds its capability
     from the start and hands it to ``dispatch``, which releases it when the work is over."""
 
+    sequential = False  # True: always wait for the producers, whatever the run's mode
+
     def __init__(self):
         self.caps: dict = {}
 
     def on_start(self, ctx, t):
         self.caps[t] = ctx.hold()
-        if ctx.arg.mode != "sequential":
+        if not (self.sequential or ctx.arg.mode == "sequential"):
             self.dispatch(ctx, t, self.caps.pop(t))
 
     def on_complete(self, ctx, t):
-        if ctx.arg.mode == "sequential":
+        if self.sequential or ctx.arg.mode == "sequential":
             self.dispatch(ctx, t, self.caps.pop(t))
 
     def dispatch(self, ctx, t, cap) -> None:

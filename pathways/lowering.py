@@ -91,10 +91,8 @@ def rebuild(nodes, edges, blob: bytes, live_workers: list[int]) -> plaque.Graph:
 
 @dataclass
 class LoweredProgram:
-    program: Program
     graph: plaque.Graph
     gangs: list[tuple[int, ...]]  # devices of each equation, in equation order
-    hosts: list[int]  # worker ids involved
     islands: list[int]  # island of each gang
 
 
@@ -148,10 +146,9 @@ class _Builder:
         for e, eqn in enumerate(self.program.eqns):
             self._kernel(e, eqn)
         g = self.graph
-        hosts = sorted({w for n in g.nodes for w in n.placement})
         gangs = [e.fn.mesh.devices for e in self.program.eqns]
         islands = [self.island_of[d[0]] for d in gangs]
-        return LoweredProgram(self.program, g, gangs, hosts, islands)
+        return LoweredProgram(g, gangs, islands)
 
     def _kernel(self, e, eqn):
         g, fn = self.graph, eqn.fn
@@ -164,7 +161,7 @@ class _Builder:
             elif v.id not in self.keep:
                 releases.append((v.id, self.uses[v.id]))
         spec = KernelSpec(e, fn, tuple(v.id for v in eqn.inputs), tuple(v.id for v in eqn.outputs),
-                          tuple(v.aval for v in eqn.inputs), tuple(releases), incoming)
+                          tuple(releases), incoming)
         node = g.node(f"{e}:{fn.name}", functools.partial(KernelOp, spec), fn.mesh.size,
                       placement=self.hosts(fn.mesh.devices, fn.name), notify=self.notify)
         self._connect(e, eqn, range(len(eqn.inputs)), node)
@@ -244,7 +241,7 @@ class _Builder:
         for p in resharding.plan(v.aval.shape, have.mesh, have.spec, need.mesh, need.spec):
             link = self._link(have.devices[p.src], m.devices[p.dst])
             per_src[p.src].append((p.dst, p.src_slices, p.dst_slices, link))
-        spec = SendSpec(v.id, e, i, have.devices, tuple(map(tuple, per_src)),
+        spec = SendSpec(v.id, have.devices, tuple(map(tuple, per_src)),
                         0 if v.id in self.keep else self.uses[v.id])
         node = self.graph.node(f"{e}:send{i}:v{v.id}", functools.partial(SendOp, spec),
                                len(have.devices), placement=self.hosts(have.devices, "a send"),

@@ -156,7 +156,7 @@ def program_order(orders: list[list[tuple[str, int]]]) -> list[tuple[str, int, i
 # ---- kernel bodies: closures over the user's functions, shipped to the hosts ------------------
 
 # The activation (or its gradient) is argument 0 of every kernel: it is the one input that
-# arrives from another slice, and the runtime currently delivers transfers to input 0 only.
+# arrives from another slice.
 
 def _forward_body(forward, pdef):
     def stage_forward(x, *params):

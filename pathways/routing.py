@@ -33,8 +33,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import plaque
-
 from . import cost as cost_model
 from .compiled import Aval, CompiledFunction
 from .errors import ProgramError, RemoteError, ShardingError
@@ -323,18 +321,17 @@ class RouteOp(DispatchedOp):
         cap.release()
 
 
-class ExpertOp(plaque.Operator):
+class ExpertOp(DispatchedOp):
     """On each expert device: collect the rows routed here until progress tracking says no
     more can come, then run this device's experts at its place in the device's order."""
 
+    sequential = True  # how many rows arrive is known only once the route shards are done
+
     def __init__(self, spec: RouteSpec):
+        super().__init__()
         self.spec = spec
-        self.caps: dict = {}
         self.rows: dict = {}  # t -> [pieces], or an error message
         self.assembler = Assembler(spec.index, spec.incoming, spec.fn.mesh.devices)
-
-    def on_start(self, ctx, t):
-        self.caps[t] = ctx.hold()
 
     def on_input(self, ctx, t, port, piece):
         if port != len(self.spec.inputs):
@@ -349,8 +346,7 @@ class ExpertOp(plaque.Operator):
             now = time.perf_counter()
             got.append((src, slots, local, rows, now + _link_time(link, nbytes), now))
 
-    def on_complete(self, ctx, t):
-        cap = self.caps.pop(t)
+    def dispatch(self, ctx, t, cap):
         host, arg = ctx.services["host"], ctx.arg
         device = self.spec.fn.mesh.devices[ctx.shard]
         seq = arg.seqs[self.spec.index][device]
@@ -472,17 +468,16 @@ class ExpertKernel:
         self.cap.post(fail)
 
 
-class GatherOp(plaque.Operator):
+class GatherOp(DispatchedOp):
     """On each token device: put the rows the experts sent back into place; once no more can
     come, publish the ``[T/D, k, ...]`` row outputs (zeros for dropped slots)."""
 
-    def __init__(self, spec: RouteSpec):
-        self.spec = spec
-        self.caps: dict = {}
-        self.rows: dict = {}
+    sequential = True
 
-    def on_start(self, ctx, t):
-        self.caps[t] = ctx.hold()
+    def __init__(self, spec: RouteSpec):
+        super().__init__()
+        self.spec = spec
+        self.rows: dict = {}
 
     def on_input(self, ctx, t, port, piece):
         got = self.rows.setdefault(t, [])
@@ -493,8 +488,7 @@ class GatherOp(plaque.Operator):
             nbytes = sum(r.nbytes for r in rows)
             got.append((slots, rows, time.perf_counter() + _link_time(link, nbytes)))
 
-    def on_complete(self, ctx, t):
-        cap = self.caps.pop(t)
+    def dispatch(self, ctx, t, cap):
         host, arg = ctx.services["host"], ctx.arg
         fn, spec = self.spec.fn, self.spec
         device = fn.token_mesh.devices[ctx.shard]
