@@ -285,7 +285,7 @@ def test_garbage_on_worker_sockets_is_dropped_and_worker_keeps_serving():
                         s.send_multipart(frames)
                     s.close()
         finally:
-            ctx.term()
+            ctx.destroy(linger=1000)  # closes what an exception left open, then terminates
         time.sleep(0.5)
         assert ig.run(7).result(30).outputs["collect"] == expected_sparse(7)
         dropped = sum(c.get("dropped", 0) for w, peers in cluster.counters().items() if w >= 0
@@ -303,7 +303,8 @@ def test_worker_started_by_hand_joins_and_exits_when_coordinator_vanishes():
                                  cluster.address.split("|")[0], "--coordinator-timeout", "1.5"])
         cluster.processes.append(proc)
         cluster.wait_for_workers(1, timeout=30)
-        assert cluster.install(sparse_graph(2, 3)).run(2).result(30).values("collect")
+        assert cluster.install(sparse_graph(2, 3)).run(2).result(30).outputs["collect"] == \
+            expected_sparse(2, 2, 3)
         cluster._call(lambda: cluster._endpoint.stop("vanish"))  # no goodbye to the worker
         assert proc.wait(timeout=15) == 0
     finally:

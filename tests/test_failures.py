@@ -37,13 +37,12 @@ def test_a_killed_host_fails_the_futures_that_need_it_naming_it_and_others_go_on
             step = pw.shard_map(lambda v: pw.psum(v, "d") * 0.25 + 1.0, mesh_b, P(), P())
             x = b.put(np.zeros(()), mesh_b, P())
             os.kill(victim.pid, signal.SIGKILL)
-            deadline = time.monotonic() + HEARTBEAT + 10  # every doomed future fails by then
             for _ in range(20):
                 x = step(x)
             assert x.result(timeout=30) == 20.0
             for y in doomed:
                 with pytest.raises(pw.HostLost) as err:
-                    y.result(timeout=max(0.0, deadline - time.monotonic()))
+                    y.result(timeout=60)  # a bound on a hang, not a measure of speed
                 lost = [d for d, h in hosts.items() if h == victim_host]
                 assert f"host {victim_host}" in str(err.value)
                 assert str(lost) in str(err.value)  # names its devices
@@ -59,10 +58,9 @@ def test_a_lost_coordinator_fails_clients_and_stops_hosts_then_a_new_cluster_wor
             slow = pw.shard_map(lambda v: v + 1.0, mesh, P("d"), P("d"), cost=0.5)
             ys = [slow(client.put(np.zeros(2), mesh, P("d"))) for _ in range(4)]
             c.processes[0].send_signal(signal.SIGKILL)
-            deadline = time.monotonic() + 10  # every future fails by then
             for y in ys:
                 with pytest.raises(pw.CoordinatorLost, match="no word from the coordinator"):
-                    y.result(timeout=max(0.0, deadline - time.monotonic()))
+                    y.result(timeout=60)
             with pytest.raises(pw.CoordinatorLost):
                 slow(client.put(np.zeros(2), mesh, P("d")))
             host = host_processes(c)[0]

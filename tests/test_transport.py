@@ -11,7 +11,6 @@ has a deadline so that a lost message fails the test instead of hanging it.
 
 import asyncio
 import random
-import time
 
 import numpy as np
 import pytest
@@ -167,8 +166,8 @@ def test_control_not_stuck_behind_bulk(net):
         assert data_before_control < n
     else:
         # In-process delivery is one loop callback per send in call order, so control comes
-        # right after the data queued before it (observed: exactly n), never any later.
-        assert data_before_control <= n
+        # right after the data queued before it.
+        assert data_before_control == n
 
 
 def test_fan_in_keeps_per_sender_order(net):
@@ -190,10 +189,10 @@ def test_fifo_through_backlog_at_high_water_mark(net, monkeypatch):
     monkeypatch.setattr(plaque.zmq_transport, "HWM", 4)
     a, b = pair(net)
     n = 400
-    start = time.perf_counter()
     for i in range(n):
         a.send(1, DATA, [b"a", i.to_bytes(4, "big"), bytes(4096)])
-    assert time.perf_counter() - start < 1.0
+    if net.kind in ZMQ:  # send returned without waiting: what ZeroMQ refused is queued here
+        assert sum(map(len, a._backlog.values())) > 0 and b.inbox == []
     net.run_until(lambda: len(b.inbox) >= n)
     assert seqs(b.inbox) == list(range(n))
 
@@ -227,11 +226,9 @@ def test_send_to_closed_peer_neither_raises_nor_blocks(net):
     a.send(1, DATA, [b"before"])
     net.run_until(lambda: b.inbox)
     b.close()
-    start = time.perf_counter()
-    for i in range(2000):
+    for i in range(2000):  # a blocking send would hang here until the test's time limit
         a.send(1, DATA, msg(b"a", i))
         a.send(1, CONTROL, msg(b"a", i))
-    assert time.perf_counter() - start < 1.0
     # The loop keeps turning: a timer set now fires on time.
     fired = []
     net.loop.call_later(0.01, fired.append, True)
