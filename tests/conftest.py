@@ -1,6 +1,7 @@
 """Shared fixtures: clusters that are always torn down, on each transport."""
 
 import threading
+import time
 
 import pytest
 
@@ -20,14 +21,14 @@ def tcp_cluster3():
         yield c
 
 
-def wait_until(predicate, timeout=5.0):
-    """Poll a condition another thread will make true; fails the test instead of hanging."""
-    event = threading.Event()
-    for _ in range(int(timeout / 0.001)):
-        if predicate():
-            return
-        event.wait(0.001)
-    raise AssertionError("condition never became true")
+def wait_until(predicate, timeout=5.0, interval=0.001):
+    """Poll a condition another thread or process will make true, until a deadline; fails
+    the test instead of hanging. Use a longer ``interval`` when checking costs a round trip."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition never became true")
+        time.sleep(interval)
 
 
 @pytest.fixture

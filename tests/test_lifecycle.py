@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
 import pathways as pw
 from pathways import P
@@ -33,19 +34,10 @@ def stored(client):
     return nbytes, entries
 
 
-def poll(predicate, timeout):
-    """Wait for a condition that needs a round trip to check; fail the test, never hang."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition never became true")
-        time.sleep(0.05)
-
-
 def assert_store_empties(cluster, timeout=10.0):
     with pw.connect(cluster.address) as probe:
         try:
-            poll(lambda: stored(probe) == (0, 0), timeout)
+            wait_until(lambda: stored(probe) == (0, 0), timeout, interval=0.05)
         except AssertionError:
             raise AssertionError(f"stores not empty: {probe.host_status()}") from None
 
@@ -88,7 +80,7 @@ def test_a_failing_program_frees_its_intermediates(cluster):
         y = chain_program(mesh, n=6, fail_at=3)(x)
         with pytest.raises(pw.RemoteError, match="kernel exploded"):
             y.result(timeout=30)
-        poll(lambda: stored(c)[0] == 64 * 8, 10)  # only x is left
+        wait_until(lambda: stored(c)[0] == 64 * 8, 10, interval=0.05)  # only x is left
         z = chain_program(mesh, n=2)(x)  # the devices still work
         np.testing.assert_allclose(z.result(timeout=30), (np.ones(64) * 1.5 + 1) * 1.5 + 1)
     assert_store_empties(cluster)
@@ -141,7 +133,7 @@ def test_a_killed_client_is_freed_and_others_see_no_error(cluster):
             x = step(x)
         np.testing.assert_array_equal(x.result(timeout=30), np.full(16, 5.0))
         # once the coordinator gives up on the dead client, only other's buffers remain
-        poll(lambda: stored(other)[0] == 16 * 8, timeout=CLIENT_TIMEOUT + 10)
+        wait_until(lambda: stored(other)[0] == 16 * 8, CLIENT_TIMEOUT + 10, interval=0.05)
         x = step(x)  # the island is not blocked by the dead client's queued gangs
         np.testing.assert_array_equal(x.result(timeout=30), np.full(16, 6.0))
     assert_store_empties(cluster)

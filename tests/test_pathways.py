@@ -225,10 +225,14 @@ def test_modelled_cost_occupies_the_devices(client):
     after = device_busy(client)
     for d in mesh.devices:
         assert after[d] - before[d] >= 5 * 0.02 - 1e-6  # float sums of the durations
-    shapes = []
+    # A cost function gets each device's input shard shapes (it runs on the hosts): a wrong
+    # shape makes it return a negative cost, which fails the run.
     by_shape = pw.shard_map(lambda v: v * 2, mesh, P("data"), P("data"),
-                            cost=lambda in_shapes: shapes.append(in_shapes) or 0.001)
+                            cost=lambda in_shapes: 0.001 if list(in_shapes) == [(2, 2)] else -1)
     assert by_shape(client.put(np.ones((4, 2)), mesh, P("data"))).result(30).sum() == 16
+    refused = pw.shard_map(lambda v: v * 2, mesh, P("data"), P("data"), cost=lambda s: -1.0)
+    with pytest.raises(pw.RemoteError):  # so the function really is consulted
+        refused(client.put(np.ones((4, 2)), mesh, P("data"))).result(30)
 
 
 def test_helpers_reached_through_closures_and_partials_are_shipped(client):
