@@ -21,7 +21,7 @@ def test_benchmark_runs_quickly(script, tmp_path):
     png = tmp_path / "sweep.png"
     extra = ["--plot", str(png)] if script in PLOTS else []
     out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick", *extra],
-                         capture_output=True, text=True, timeout=180, cwd=ROOT)
+                         capture_output=True, text=True, timeout=110, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "nothing appended" in out.stdout
     assert (results.read_bytes() if results.exists() else b"") == before

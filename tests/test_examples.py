@@ -29,7 +29,7 @@ def test_two_clients_example_shares_the_island_by_weight():
 
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "two_clients.py"),
                           "--programs", "40"],
-                         capture_output=True, text=True, timeout=180, check=True).stdout
+                         capture_output=True, text=True, timeout=110, check=True).stdout
     assert out.count("results correct") == 2
     got = [int(p) for p in re.findall(r"= (\d+)% \(weight share", out)]
     assert len(got) == 2 and abs(got[0] - 25) <= 5 and abs(got[1] - 75) <= 5, out

@@ -88,11 +88,13 @@ def test_a_failing_program_frees_its_intermediates(cluster):
 
 def test_closing_with_runs_in_flight_frees_their_outputs_too(cluster):
     c = pw.connect(cluster.address)
-    mesh = c.mesh((4,), ("d",))
-    x = c.put(np.ones(1024), mesh, P("d"))
-    chain = chain_program(mesh, n=4, cost=0.01)
-    outs = [chain(x) for _ in range(10)]  # ~0.4 s of device time queued
-    c.close()
+    try:
+        mesh = c.mesh((4,), ("d",))
+        x = c.put(np.ones(1024), mesh, P("d"))
+        chain = chain_program(mesh, n=4, cost=0.01)
+        outs = [chain(x) for _ in range(10)]  # ~0.4 s of device time queued
+    finally:
+        c.close()
     with pytest.raises(pw.ClientClosed):
         outs[-1].result(timeout=5)
     assert_store_empties(cluster)

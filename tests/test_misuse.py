@@ -30,7 +30,11 @@ def test_more_devices_than_exist_is_a_resource_error(client):
 
 
 def test_arrays_of_a_closed_client_or_another_client(pw_cluster, client):
-    other = pw.connect(pw_cluster.address)
+    with pw.connect(pw_cluster.address) as other:  # closed below too: close is idempotent
+        arrays_of_another_and_a_closed_client(client, other)
+
+
+def arrays_of_another_and_a_closed_client(client, other):
     mesh_o = other.mesh((2,), ("d",))
     x_other = other.put(np.ones(2), mesh_o, P("d"))
     mesh = client.mesh((2,), ("d",))

@@ -51,7 +51,7 @@ def test_tokens_per_expert_and_drops_are_reported_and_consistent(trained):
 def test_the_script_runs_experts_on_another_island_and_checks_itself():
     out = subprocess.run([sys.executable, str(EXAMPLE), "--islands", "2", "--steps", "12",
                           "--every", "4", "--check", "4", "--capacity", "none"],
-                         capture_output=True, text=True, timeout=180, check=True).stdout
+                         capture_output=True, text=True, timeout=110, check=True).stdout
     assert "island(s) [1]" in out
     assert "capacity factor none (dropless)" in out
     assert re.search(r"layer 0: .* dropped 0\.0%", out)

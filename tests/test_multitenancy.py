@@ -1,6 +1,8 @@
 """Several clients sharing one island: scheduling policies checked from the devices' own
 busy-time records, and every client's results correct."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -20,10 +22,12 @@ def policy_cluster(request):
         yield request.param, c
 
 
+@contextlib.contextmanager
 def connect_all(address, **per_client):
-    """One client per value of the keyword lists, e.g. weight=[1, 2, 4]."""
+    """One client per value of the keyword list, e.g. weight=[1, 2, 4]; all closed after."""
     (key, values), = per_client.items()
-    return [pw.connect(address, **{key: v}) for v in values]
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(pw.connect(address, **{key: v})) for v in values]
 
 
 def streams(clients, n):
@@ -39,17 +43,11 @@ def streams(clients, n):
     return outs
 
 
-def close_all(clients):
-    for c in clients:
-        c.close()
-
-
 @pytest.mark.parametrize("policy_cluster", ["share"], indirect=True)
 def test_proportional_share_gives_device_time_by_weight(policy_cluster):
     _, cluster = policy_cluster
     weights = [1, 2, 4]
-    clients = connect_all(cluster.address, weight=weights)
-    try:
+    with connect_all(cluster.address, weight=weights) as clients:
         outs = streams(clients, 60)
         for out in outs:
             for o in out:
@@ -60,15 +58,12 @@ def test_proportional_share_gives_device_time_by_weight(policy_cluster):
         total = sum(busy.values())
         for cid, w in zip(ids, weights):
             assert busy[cid] / total == pytest.approx(w / sum(weights), rel=0.10), busy
-    finally:
-        close_all(clients)
 
 
 @pytest.mark.parametrize("policy_cluster", ["priority"], indirect=True)
 def test_priority_serves_the_high_priority_client_first(policy_cluster):
     _, cluster = policy_cluster
-    low, high = connect_all(cluster.address, priority=[0, 5])
-    try:
+    with connect_all(cluster.address, priority=[0, 5]) as (low, high):
         (low_out,) = streams([low], 40)
         (high_out,) = streams([high], 10)
         for o in low_out + high_out:
@@ -80,15 +75,12 @@ def test_priority_serves_the_high_priority_client_first(policy_cluster):
         overtaking = [s for s in low_starts if lo < s < hi]
         assert len(overtaking) <= WINDOW  # only what was admitted before high arrived
         assert max(low_starts) > hi  # low still had work queued: high really went first
-    finally:
-        close_all([low, high])
 
 
 @pytest.mark.parametrize("policy_cluster", ["share", "priority", "fifo"], indirect=True)
 def test_clients_sharing_an_island_all_get_correct_results(policy_cluster):
     _, cluster = policy_cluster
-    clients = connect_all(cluster.address, weight=[1, 1, 3])
-    try:
+    with connect_all(cluster.address, weight=[1, 1, 3]) as clients:
         meshes = [c.mesh((2, 2), ("a", "b")) for c in clients]
         results = []
         for k, (c, m) in enumerate(zip(clients, meshes)):
@@ -104,15 +96,12 @@ def test_clients_sharing_an_island_all_get_correct_results(policy_cluster):
             results.append((chain(c.put(x0, m, P("a"))), pw.reference(chain)(x0)))
         for got, want in results:
             np.testing.assert_allclose(got.result(timeout=60), want)
-    finally:
-        close_all(clients)
 
 
 def test_runs_spanning_two_islands_under_a_small_window_all_finish():
     with pw.local_cluster(islands=2, hosts_per_island=1, devices_per_host=2, policy="share",
                           window=1) as cluster:
-        clients = connect_all(cluster.address, weight=[1, 2])
-        try:
+        with connect_all(cluster.address, weight=[1, 2]) as clients:
             outs = []
             for c in clients:
                 m0, m1 = c.mesh((2,), ("d",), island=0), c.mesh((2,), ("d",), island=1)
@@ -127,5 +116,3 @@ def test_runs_spanning_two_islands_under_a_small_window_all_finish():
                 outs += [across(x) for _ in range(15)]
             for o in outs:
                 np.testing.assert_array_equal(o.result(timeout=60), np.full(4, 4.0))
-        finally:
-            close_all(clients)

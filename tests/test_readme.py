@@ -19,7 +19,7 @@ def tour_script() -> str:
 
 def test_the_readme_tour_runs_and_its_trace_plots(tmp_path):
     out = subprocess.run([sys.executable, "-c", tour_script()], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=180, check=True).stdout
+                         capture_output=True, text=True, timeout=110, check=True).stdout
     assert "traced to tour.json" in out
     trace = json.loads((tmp_path / "tour.json").read_text())
     kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]

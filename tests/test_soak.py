@@ -12,6 +12,8 @@ import threading
 import time
 
 import numpy as np
+import pytest
+from conftest import wait_until
 
 import pathways as pw
 from pathways import P
@@ -21,6 +23,13 @@ WAIT = 30.0  # no future may take longer than this to end, whatever happens
 
 
 def client_loop(address, seed, stop, tally, problems):
+    try:
+        run_client(address, seed, stop, tally, problems)
+    except BaseException as exc:  # a client that dies is a finding, not a silent pass
+        problems.append(f"client {seed} died: {exc!r}")
+
+
+def run_client(address, seed, stop, tally, problems):
     rng = random.Random(seed)
     with pw.connect(address) as c:
         while not stop.is_set():
@@ -58,6 +67,7 @@ def client_loop(address, seed, stop, tally, problems):
                         problems.append(f"wrong value {got} != {want}")
 
 
+@pytest.mark.timeout(SECONDS + 150)
 def test_soak_with_host_kills_and_restarts():
     with pw.local_cluster(islands=1, hosts_per_island=3, devices_per_host=2,
                           heartbeat_timeout=1.5, client_timeout=3.0) as cluster:
@@ -70,7 +80,6 @@ def test_soak_with_host_kills_and_restarts():
         for t in threads:
             t.start()
         rng = random.Random(0)
-        kills = 0
         deadline = time.monotonic() + SECONDS
         try:
             while time.monotonic() < deadline:
@@ -78,27 +87,26 @@ def test_soak_with_host_kills_and_restarts():
                 hosts = [p for p in cluster.processes[1:] if p.poll() is None]
                 if len(hosts) > 1:
                     rng.choice(hosts).send_signal(signal.SIGKILL)
-                    kills += 1
                 time.sleep(rng.uniform(0.5, 1.5))
                 cluster.add_host(0, 2)
         finally:
             stop.set()
             for t in threads:
-                t.join(WAIT * 5)
+                t.join(WAIT * 2)
         assert not any(t.is_alive() for t in threads), "a client hung"
         assert not problems, problems[:5]
         total = {k: sum(t[k] for t in tallies) for k in ("ok", "failed", "refused")}
-        assert total["ok"] > 0 and kills > 0, total
+        assert total["ok"] > 0, total
         errors = set().union(*(t["errors"] for t in tallies))
         assert errors <= {"HostLost", "RemoteError", "PathwaysError", "ResourceError",
                           "CollectiveTimeout", "ProgramError"}, errors
-        # the hosts left hold nothing once every client is gone
         with pw.connect(cluster.address) as probe:
-            deadline = time.monotonic() + 15
-            while True:
-                status = probe.host_status()
-                held = sum(sum(s["store"]["bytes"].values()) for s in status.values())
-                if held == 0:
-                    break
-                assert time.monotonic() < deadline, f"stores still hold {held} bytes"
-                time.sleep(0.1)
+            # membership followed the kills and restarts: exactly the live hosts are listed
+            live = {p.pid for p in cluster.processes[1:] if p.poll() is None}
+            wait_until(lambda: {h["pid"] for h in probe._request(
+                probe.address, ("status", None)).result(10)["hosts"].values()} == live,
+                15, interval=0.1)
+            # the hosts left hold nothing once every client is gone
+            wait_until(lambda: sum(sum(s["store"]["bytes"].values())
+                                   for s in probe.host_status().values()) == 0,
+                       15, interval=0.1)
