@@ -85,7 +85,6 @@ class ObjectStore:
         self._devices = devices
         self._lock = threading.Lock()
         self._entries: dict[Key, _Entry] = {}
-        self._bytes: dict[int, int] = {}
         # keys deleted before their producer created them (a client may drop an output of a
         # failed run while other shards are still being written): freed as soon as they come
         self._deleted_early: OrderedDict[Key, None] = OrderedDict()
@@ -266,7 +265,7 @@ class ObjectStore:
     def used_bytes(self, device_id: int) -> int:
         """HBM bytes the store holds on ``device_id``, tombstones awaiting their producer too."""
         with self._lock:
-            return self._bytes.get(device_id, 0)
+            return self._devices[device_id].hbm.used if device_id in self._devices else 0
 
     def stats(self) -> dict:
         """``{"entries": {state or "deleting" or "awaited": count}, "bytes": {device: n}}``."""
@@ -277,7 +276,7 @@ class ObjectStore:
                 kind = "awaited" if entry.awaited else "deleting" if entry.deleted else None
                 counts[kind or entry.state.value] += 1
             devices = list(self._devices)  # the host may be adding devices meanwhile
-            return {"entries": counts, "bytes": {d: self._bytes.get(d, 0) for d in devices}}
+            return {"entries": counts, "bytes": {d: self._devices[d].hbm.used for d in devices}}
 
     def __len__(self) -> int:
         """Number of live entries (not deleted, not merely awaited)."""
@@ -344,7 +343,6 @@ class ObjectStore:
         with self._lock:
             entry.allocating = False
             entry.allocated = True
-            self._bytes[key[1]] = self._bytes.get(key[1], 0) + entry.nbytes
             self._release_if_done_locked(key, entry)
 
     def _resolve(self, key: Key, entry: _Entry, state: BufferState, value=None, error=None,
@@ -371,7 +369,6 @@ class ObjectStore:
         entry.value = None
         if entry.allocated:
             entry.allocated = False
-            self._bytes[key[1]] -= entry.nbytes
             self._devices[key[1]].hbm.free(entry.nbytes)
 
     def _device(self, key: Key) -> EmulatedDevice:
