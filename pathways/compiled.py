@@ -138,13 +138,18 @@ class CompiledFunction:
                                f" match out_specs, got {type(outs).__name__}")
         return tuple(np.asarray(o) for o in outs)
 
-    def run_shard(self, env, shards) -> tuple[tuple, float]:
-        """Run the body on one device's shards under ``env``; (outputs, modelled seconds)."""
+    def run_shard(self, env, shards, spec) -> tuple[tuple, float]:
+        """Run the body on one device's shards under ``env``; (outputs, modelled seconds on
+        a device of ``spec``)."""
         with collectives.kernel_env(env):
             outs = self._as_tuple(self.body(*shards))
-        default = cost_model.estimate_kernel(shards, outs, env_spec(env))
-        seconds = cost_model.resolve_cost(self.cost, [s.shape for s in shards], default)
-        return outs, seconds
+        return outs, self.cost_of(shards, outs, spec)
+
+    def cost_of(self, inputs, outputs, spec) -> float:
+        """Modelled seconds of one execution: ``cost`` if given (a number, or a function of
+        the input shapes), else the roofline estimate for a device of ``spec``."""
+        default = cost_model.estimate_kernel(list(inputs), list(outputs), spec)
+        return cost_model.resolve_cost(self.cost, [a.shape for a in inputs], default)
 
     def __call__(self, *args):
         from .tracer import current_trace, run_op_by_op
@@ -153,11 +158,6 @@ class CompiledFunction:
         if trace is not None:
             return trace.record(self, args)
         return run_op_by_op(self, args)
-
-
-def env_spec(env):
-    spec = getattr(env, "device_spec", None)
-    return spec if spec is not None else cost_model.DeviceSpec()
 
 
 def shard_map(body, mesh: Mesh, in_specs, out_specs, cost=None, name=None) -> CompiledFunction:

@@ -201,10 +201,9 @@ class Kernel:
                        (self.arg.client, self.arg.run_id, self.spec.index),
                        self.host.rendezvous, send=self.host.send_ici,
                        is_local=self.host.is_local, flush=self.host.flush_ici)
-        env.device_spec = device.spec
-        outs, seconds = fn.run_shard(env, shards)
+        outs, seconds = fn.run_shard(env, shards, device.spec)
         self._outputs = outs
-        remote = getattr(env, "bytes_sent_remote", 0)
+        remote = env.bytes_sent_remote
         return seconds + (cost_model.transfer_time(remote, cost_model.ICI) if remote else 0.0)
 
     def on_done(self):

@@ -62,6 +62,7 @@ class Slice:
     island: int
     devices: tuple[int, ...]
     version: int
+    kind: str | None = None  # the device kind asked for (None: any), kept for remap
 
 
 class ResourceManager:
@@ -74,7 +75,6 @@ class ResourceManager:
         self._known_hosts: set[int] = set()
         self._islands: set[int] = set()  # every island that ever had a host
         self._slices: dict[int, Slice] = {}
-        self._slice_kind: dict[int, str | None] = {}  # the kind asked for, for remap
         self._load: Counter[int] = Counter()
         self._next_device = 0
         self._next_slice = 0
@@ -160,10 +160,10 @@ class ResourceManager:
             island = self._choose_island(what, n, kind)
         pool = self._island_pool(what, n, island, kind)
         chosen = sorted(_choose(pool, n, self._load, Counter()), key=_layout_key)
-        new = Slice(self._next_slice, client, shape, island, tuple(d.id for d in chosen), 0)
+        new = Slice(self._next_slice, client, shape, island, tuple(d.id for d in chosen), 0,
+                    kind)
         self._next_slice += 1
         self._slices[new.slice_id] = new
-        self._slice_kind[new.slice_id] = kind
         self._load.update(new.devices)
         return new
 
@@ -177,7 +177,7 @@ class ResourceManager:
     def release(self, slice_id: int) -> None:
         """Free a slice: its devices' loads drop by one."""
         released = self.slice(slice_id)
-        del self._slices[slice_id], self._slice_kind[slice_id]
+        del self._slices[slice_id]
         self._load.subtract(released.devices)
 
     def devices_of(self, client: object) -> set[int]:
@@ -206,7 +206,7 @@ class ResourceManager:
         if not lost:
             return old
         pool = [
-            d for d in self._pool(old.island, self._slice_kind[slice_id]) if d.id not in old.devices
+            d for d in self._pool(old.island, old.kind) if d.id not in old.devices
         ]
         if len(pool) < len(lost):
             raise ResourceError(

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import cost as cost_model
 from .compiled import Aval, CompiledFunction
 from .errors import ProgramError, RemoteError, ShardingError
 from .kernel import INPUT_TIMEOUT, Assembler, DispatchedOp, _link_time, input_key
@@ -186,11 +185,6 @@ class RoutedFunction(CompiledFunction):
                 raise ProgramError(f"{self.name}: row output {i} has shape {o.shape}; it must"
                                    f" have one row per input row ({n})")
         return row_outs, expert_outs
-
-    def cost_of(self, rows, params, outs, spec) -> float:
-        default = cost_model.estimate_kernel(list(rows) + list(params), list(outs), spec)
-        return cost_model.resolve_cost(self.cost, [a.shape for a in (*rows, *params)],
-                                       default)
 
     # ---- the reference: the same routing, in one process ----------------------------------
     def evaluate(self, args) -> list:
@@ -415,7 +409,7 @@ class ExpertKernel:
                 o[mine] = r
             for o, r in zip(expert_outs, extra):
                 o[e] = r
-            seconds += fn.cost_of(these, one, (*outs, *extra), device.spec)
+            seconds += fn.cost_of((*these, *one), (*outs, *extra), device.spec)
         self._results = (sources, slots, row_outs, expert_outs)
         return seconds
 
