@@ -46,7 +46,7 @@ class KernelSpec:
     fn: CompiledFunction
     inputs: tuple[int, ...]  # var ids
     outputs: tuple[int, ...]
-    releases: tuple[tuple[int, int], ...]  # (intermediate var, its users here) used in place
+    releases: tuple  # per input: users sharing it where it lives (0: kept; None: moved)
     incoming: dict  # input index -> Incoming, for inputs that arrive by transfer
 
 
@@ -63,6 +63,16 @@ def input_key(spec, arg, i: int, device: int):
     if i in spec.incoming:
         return transfer_key(arg, spec.index, i, device)
     return (arg.array_id(spec.inputs[i]), device)
+
+
+def release_input(spec, arg, host, i: int, device: int) -> None:
+    """This user is done with input ``i``: free a transfer buffer, or count one use of a
+    value shared by ``spec.releases[i]`` users (the last frees it); kept values stay."""
+    key = input_key(spec, arg, i, device)
+    if i in spec.incoming:
+        host.store.delete(key)
+    elif spec.releases[i]:
+        host.release(key, spec.releases[i])
 
 
 class DispatchedOp(plaque.Operator):
@@ -216,11 +226,8 @@ class Kernel:
         self.cap.post(lambda c: c.release())
 
     def _release_inputs(self):
-        store = self.host.store
-        for i in self.spec.incoming:
-            store.delete(transfer_key(self.arg, self.spec.index, i, self.device_id))
-        for v, uses in self.spec.releases:
-            self.host.release(self.key(v), uses)
+        for i in range(len(self.spec.inputs)):
+            release_input(self.spec, self.arg, self.host, i, self.device_id)
 
     def on_error(self, exc):
         err = exc if isinstance(exc, RemoteError) else RemoteError(

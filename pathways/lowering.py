@@ -154,19 +154,26 @@ class _Builder:
         g, fn = self.graph, eqn.fn
         if getattr(fn, "routed", False):
             return self._routed(e, eqn)
-        incoming, releases = {}, []
-        for i, v in enumerate(eqn.inputs):
-            if (e, i) in self.transfers:
-                incoming[i] = self._incoming(e, i, v)
-            elif v.id not in self.keep:
-                releases.append((v.id, self.uses[v.id]))
+        incoming, releases = self._inputs(e, eqn)
         spec = KernelSpec(e, fn, tuple(v.id for v in eqn.inputs), tuple(v.id for v in eqn.outputs),
-                          tuple(releases), incoming)
+                          releases, incoming)
         node = g.node(f"{e}:{fn.name}", functools.partial(KernelOp, spec), fn.mesh.size,
                       placement=self.hosts(fn.mesh.devices, fn.name), notify=self.notify)
         self._connect(e, eqn, range(len(eqn.inputs)), node)
         for v in eqn.outputs:
             self.producer[v.id] = node
+
+    def _inputs(self, e, eqn):
+        """(inputs arriving by transfer, and for each input how many users share it where it
+        lives: 0 when it is kept, None when it is moved, so its transfer buffer is freed)."""
+        incoming, releases = {}, []
+        for i, v in enumerate(eqn.inputs):
+            if (e, i) in self.transfers:
+                incoming[i] = self._incoming(e, i, v)
+                releases.append(None)
+            else:
+                releases.append(0 if v.id in self.keep else self.uses[v.id])
+        return incoming, tuple(releases)
 
     def _connect(self, e, eqn, inputs, node):
         """Edges into ``node`` from the producers of these inputs, or transfers."""
@@ -181,16 +188,10 @@ class _Builder:
         """A routed call: route (token devices) -> experts -> gather (token devices)."""
         fn, g = eqn.fn, self.graph
         tm, em = fn.token_mesh, fn.mesh
-        releases, incoming = [], {}
-        for i, v in enumerate(eqn.inputs):
-            if (e, i) in self.transfers:
-                incoming[i] = self._incoming(e, i, v)
-                releases.append(None)
-            else:
-                releases.append(0 if v.id in self.keep else self.uses[v.id])
+        incoming, releases = self._inputs(e, eqn)
         links = tuple(tuple(self._link(a, b) for b in em.devices) for a in tm.devices)
         spec = RouteSpec(e, fn, tuple(v.id for v in eqn.inputs),
-                         tuple(v.id for v in eqn.outputs), tuple(releases), incoming, links,
+                         tuple(v.id for v in eqn.outputs), releases, incoming, links,
                          tuple(v.aval for v in eqn.outputs),
                          tuple(fn.split_avals([v.aval for v in eqn.inputs])[2]))
         token_hosts, expert_hosts = self.hosts(tm.devices, fn.name), self.hosts(em.devices,

@@ -35,7 +35,7 @@ import numpy as np
 
 from .compiled import Aval, CompiledFunction
 from .errors import ProgramError, RemoteError, ShardingError
-from .kernel import INPUT_TIMEOUT, Assembler, DispatchedOp, _link_time, input_key
+from .kernel import INPUT_TIMEOUT, Assembler, DispatchedOp, _link_time, input_key, release_input
 from .mesh import Mesh
 from .sharding import P
 
@@ -254,14 +254,6 @@ class RouteSpec:
     row_avals: tuple[Aval, ...]  # one row (per slot) of each token argument
 
 
-def _release_input(spec, arg, host, i, device):
-    key = input_key(spec, arg, i, device)
-    if i in spec.incoming:
-        host.store.delete(key)
-    elif spec.releases[i]:
-        host.release(key, spec.releases[i])
-
-
 class RouteOp(DispatchedOp):
     """On each token device: once the route and token buffers are ready, send every expert
     device exactly the rows routed to it (none at all to the others)."""
@@ -311,7 +303,7 @@ class RouteOp(DispatchedOp):
                 cap.emit(("rows", shard, sel.astype(np.int32), local, rows,
                           spec.links[shard][dst]), ROUTED_PORT, shard=dst)
         for i in range(1 + fn.token_args):
-            _release_input(spec, arg, host, i, device)
+            release_input(spec, arg, host, i, device)
         cap.release()
 
 
@@ -437,7 +429,7 @@ class ExpertKernel:
 
     def _release_params(self):
         for i in self._param_indices():
-            _release_input(self.spec, self.arg, self.host, i, self.device_id)
+            release_input(self.spec, self.arg, self.host, i, self.device_id)
 
     def on_error(self, exc):
         err = exc if isinstance(exc, RemoteError) else RemoteError(
