@@ -196,12 +196,7 @@ class Kernel:
     def prepare(self, device) -> None:
         """Wait for the inputs, and for the modelled arrival of transferred ones (neither is
         the kernel's time on the device)."""
-        keys = self.input_keys()
-        self._inputs = [self.host.wait_buffer(k, INPUT_TIMEOUT) for k in keys]
-        arrival = max((self.host.store.arrival(k) for k in keys), default=0.0)
-        remaining = arrival - time.perf_counter()
-        if remaining > 0:
-            time.sleep(remaining)
+        self._inputs = wait_inputs(self.host, self.input_keys())
 
     def execute(self, device) -> float:
         shards, self._inputs = self._inputs, None
@@ -230,16 +225,8 @@ class Kernel:
             release_input(self.spec, self.arg, self.host, i, self.device_id)
 
     def on_error(self, exc):
-        err = exc if isinstance(exc, RemoteError) else RemoteError(
-            f"{self.name} failed on device {self.device_id}: {exc!r}\n"
-            + "".join(traceback.format_exception(exc)))
-        for v in self.spec.outputs:
-            try:
-                self.host.store.fail(self.key(v), err, self.owner)
-            except ValueError:
-                pass  # already resolved (e.g. failed for its waiting readers)
-            except Exception:
-                log.exception("could not poison output %s", self.key(v))
+        err = kernel_error(self.name, self.device_id, exc)
+        poison(self.host, [self.key(v) for v in self.spec.outputs], err, self.owner)
         self._release_inputs()
         gang = (self.arg.client, self.arg.run_id, self.spec.index)
         self.host.abort_gang(gang, self.spec.fn.mesh.devices, f"{self.name} failed on device"
@@ -249,6 +236,36 @@ class Kernel:
             raise err
 
         self.cap.post(fail)
+
+
+def wait_inputs(host, keys, arrivals=()) -> list:
+    """Device thread: the buffers of ``keys``, then the wait until the last of them (and of
+    ``arrivals``) would have come over its modelled link; neither is the kernel's time."""
+    values = [host.wait_buffer(k, INPUT_TIMEOUT) for k in keys]
+    arrival = max([host.store.arrival(k) for k in keys] + list(arrivals), default=0.0)
+    remaining = arrival - time.perf_counter()
+    if remaining > 0:
+        time.sleep(remaining)
+    return values
+
+
+def kernel_error(name: str, device: int, exc: BaseException) -> RemoteError:
+    """What the readers of a failed kernel's outputs get: where it failed, and why."""
+    if isinstance(exc, RemoteError):
+        return exc
+    return RemoteError(f"{name} failed on device {device}: {exc!r}\n"
+                       + "".join(traceback.format_exception(exc)))
+
+
+def poison(host, keys, err: Exception, owner) -> None:
+    """Fail these output buffers, so their readers get ``err`` instead of waiting."""
+    for key in keys:
+        try:
+            host.store.fail(key, err, owner)
+        except ValueError:
+            pass  # already resolved (e.g. failed for its waiting readers)
+        except Exception:
+            log.exception("could not poison output %s", key)
 
 
 def _link_time(link: str, nbytes: int) -> float:

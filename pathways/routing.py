@@ -28,14 +28,22 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback
 from dataclasses import dataclass
 
 import numpy as np
 
 from .compiled import Aval, CompiledFunction
 from .errors import ProgramError, RemoteError, ShardingError
-from .kernel import INPUT_TIMEOUT, Assembler, DispatchedOp, _link_time, input_key, release_input
+from .kernel import (
+    Assembler,
+    DispatchedOp,
+    _link_time,
+    input_key,
+    kernel_error,
+    poison,
+    release_input,
+    wait_inputs,
+)
 from .mesh import Mesh
 from .sharding import P
 
@@ -366,12 +374,7 @@ class ExpertKernel:
             raise RemoteError(self.received)
         keys = [input_key(self.spec, self.arg, i, self.device_id)
                 for i in self._param_indices()]
-        self._params = [self.host.wait_buffer(k, INPUT_TIMEOUT) for k in keys]
-        arrival = max([self.host.store.arrival(k) for k in keys]
-                      + [p[4] for p in self.received], default=0.0)
-        remaining = arrival - time.perf_counter()
-        if remaining > 0:
-            time.sleep(remaining)
+        self._params = wait_inputs(self.host, keys, [p[4] for p in self.received])
 
     def execute(self, device) -> float:
         fn = self.spec.fn
@@ -432,18 +435,11 @@ class ExpertKernel:
             release_input(self.spec, self.arg, self.host, i, self.device_id)
 
     def on_error(self, exc):
-        err = exc if isinstance(exc, RemoteError) else RemoteError(
-            f"{self.name} failed on device {self.device_id}: {exc!r}\n"
-            + "".join(traceback.format_exception(exc)))
+        err = kernel_error(self.name, self.device_id, exc)
         fn = self.spec.fn
-        for v in self.spec.outputs[fn.row_outputs:]:
-            try:
-                self.host.store.fail((self.arg.array_id(v), self.device_id), err,
-                                     (self.arg.client, self.arg.run_id))
-            except ValueError:
-                pass  # already resolved (e.g. failed for its waiting readers)
-            except Exception:
-                log.exception("could not poison output %s", v)
+        poison(self.host, [(self.arg.array_id(v), self.device_id)
+                           for v in self.spec.outputs[fn.row_outputs:]], err,
+               (self.arg.client, self.arg.run_id))
         self._release_params()
 
         def fail(cap):
