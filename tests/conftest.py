@@ -99,3 +99,34 @@ def procs():
             p.wait(5)
         if p.stdout:
             p.stdout.close()
+
+
+def read_until(proc, needle: str, timeout: float = 60.0) -> list[str]:
+    """Lines of ``proc``'s text stdout up to the one containing ``needle``; fails, never
+    hangs, if that line does not come within ``timeout`` (a reader thread does the waiting)."""
+    import queue
+
+    lines = getattr(proc, "_test_lines", None)
+    if lines is None:
+        lines = proc._test_lines = queue.Queue()
+
+        def pump():
+            try:
+                for line in proc.stdout:
+                    lines.put(line)
+            except (OSError, ValueError):  # the test closed the pipe: its output is over
+                pass
+            lines.put(None)  # end of output
+
+        threading.Thread(target=pump, daemon=True).start()
+    seen, deadline = [], time.monotonic() + timeout
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            line = None
+        if line is None:
+            raise AssertionError(f"{needle!r} not seen; output so far:\n{''.join(seen)}")
+        seen.append(line)
+        if needle in line:
+            return seen

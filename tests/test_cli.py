@@ -6,24 +6,12 @@ import subprocess
 import sys
 import time
 
+from conftest import read_until
+
 
 def start(*args, **kw):
     return subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **kw)
-
-
-def read_until(proc, needle, timeout=60):
-    """Lines of ``proc``'s output up to the one containing ``needle``."""
-    deadline = time.monotonic() + timeout
-    lines = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if needle in line:
-            return lines
-    raise AssertionError(f"{needle!r} not seen; output so far:\n{''.join(lines)}")
 
 
 def status(address):

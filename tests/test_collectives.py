@@ -255,7 +255,7 @@ def test_rendezvous_timeout_names_missing_and_abort_wakes():
         box.collect("k2", "me", ["a"], timeout=30)
 
 
-def test_local_env_two_hosts_with_send_hook():
+def test_local_env_two_hosts_with_send_hook(threads):
     """Devices 10, 11 on host 1 and 20, 21 on host 2: cross-host values go through ``send``."""
     devices = {0: 10, 1: 11, 2: 20, 3: 21}
     boxes = {1: Rendezvous(), 2: Rendezvous()}
@@ -283,11 +283,9 @@ def test_local_env_two_hosts_with_send_hook():
         with kernel_env(envs[i]):
             results[i] = (psum(np.full(3, float(i)), "x"), all_gather(np.int32(i), "x"))
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
+    for t in [threads(run, i) for i in range(4)]:
         t.join(10)
+        assert not t.is_alive(), "a device never finished its collectives"
     for total, gathered in results:
         assert np.array_equal(total, np.full(3, 6.0))
         assert np.array_equal(gathered, [0, 1, 2, 3])

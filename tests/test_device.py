@@ -91,17 +91,16 @@ def make_device():
     st.floats(0, 2, allow_nan=False), min_size=8, max_size=8))
 def test_kernels_run_in_seq_order_one_at_a_time(make_device, order, durations):
     fake, ran = FakeTime(), []
-    active, overlaps = [0], []
+    kernels, overlaps = {}, []
 
-    def body(_device):
-        active[0] += 1
-        overlaps.append(active[0] > 1)
-        active[0] -= 1
+    def body(_device):  # a kernel starts only once every earlier one has finished (on_done)
+        overlaps.append(not all(kernels[s].completed for s in range(ran[-1])))
 
     device = make_device(clock=fake.clock, sleep=fake.sleep)
     with device:
         for seq in order:
-            device.enqueue(seq, Kernel(seq, ran, durations[seq], body))
+            kernels[seq] = Kernel(seq, ran, durations[seq], body)
+            device.enqueue(seq, kernels[seq])
         assert device.wait_idle(WAIT)
         assert ran == list(range(8))
         assert not any(overlaps)

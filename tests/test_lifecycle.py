@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import wait_until
+from conftest import read_until, wait_until
 
 import pathways as pw
 from pathways import P
@@ -121,7 +121,7 @@ def test_a_killed_client_is_freed_and_others_see_no_error(cluster):
         proc = subprocess.Popen([sys.executable, "-c", KILLED_CLIENT, cluster.address],
                                 stdout=subprocess.PIPE, text=True)
         try:
-            assert proc.stdout.readline().strip() == "submitted"
+            read_until(proc, "submitted")
             time.sleep(0.2)
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)

@@ -168,7 +168,7 @@ def test_sequential_dispatch_gives_the_same_results(pw_cluster):
                                    pw.reference(chain)(x0))
 
 
-def test_concurrent_clients_on_overlapping_slices_all_finish_correctly(pw_cluster):
+def test_concurrent_clients_on_overlapping_slices_all_finish_correctly(pw_cluster, threads):
     """Several clients run collective programs at once on slices sharing devices: the island
     scheduler puts their gangs in one order on every device, so none deadlocks."""
     errors, results = [], {}
@@ -195,11 +195,9 @@ def test_concurrent_clients_on_overlapping_slices_all_finish_correctly(pw_cluste
         except Exception as exc:  # reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    for t in [threads(run, k) for k in range(4)]:
+        t.join(100)
+        assert not t.is_alive(), "a client hung"
     assert not errors, errors
     assert results == {k: True for k in range(4)}
 

@@ -11,6 +11,7 @@ import uuid
 import numpy as np
 import pytest
 import zmq
+from conftest import read_until
 
 import pathways as pw
 from pathways import P, protocol
@@ -132,7 +133,7 @@ def test_hosts_in_separate_network_namespaces_run_a_program_with_curve(namespace
                               "tcp://10.77.0.1"], stdout=subprocess.PIPE, text=True,
                              env=env)
     procs.append(coord)
-    line = coord.stdout.readline()
+    line = read_until(coord, "pathways coordinator at")[-1]
     assert line.startswith("pathways coordinator at tcp://10.77.0.1:"), line
     address = line.split()[-1]
     for i, ns in enumerate(namespaces):

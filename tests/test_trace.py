@@ -86,21 +86,23 @@ def test_plot_renders_a_png_with_utilization(traced, tmp_path):
     assert len(util) == len(kernels(traced[1])) and all(0 < u <= 1 for u in util.values())
 
 
-def test_trace_plot_and_status_commands(pw_cluster, tmp_path):
+def test_trace_plot_and_status_commands(pw_cluster, tmp_path, threads):
     out, png = tmp_path / "cli.json", tmp_path / "cli.png"
-    stop = threading.Event()
+    stop, errors = threading.Event(), []
 
     def work():
-        with pw.connect(pw_cluster.address) as c:
-            m = c.mesh((2,), ("d",))
-            f = pw.shard_map(lambda v: v + 1.0, m, P("d"), P("d"), cost=0.002)
-            x = c.put(np.zeros(4), m, P("d"))
-            while not stop.is_set():
-                x = f(x)
-                x.result(timeout=30)
+        try:
+            with pw.connect(pw_cluster.address) as c:
+                m = c.mesh((2,), ("d",))
+                f = pw.shard_map(lambda v: v + 1.0, m, P("d"), P("d"), cost=0.002)
+                x = c.put(np.zeros(4), m, P("d"))
+                while not stop.is_set():
+                    x = f(x)
+                    x.result(timeout=30)
+        except Exception as exc:  # reported below
+            errors.append(exc)
 
-    t = threading.Thread(target=work)
-    t.start()
+    t = threads(work)
     try:
         res = subprocess.run([sys.executable, "-m", "pathways", "trace", pw_cluster.address,
                               "--seconds", "1", "-o", str(out)], capture_output=True,
@@ -111,6 +113,7 @@ def test_trace_plot_and_status_commands(pw_cluster, tmp_path):
     finally:
         stop.set()
         t.join(30)
+    assert not errors, errors
     assert "wrote" in res.stdout and kernels(json.loads(out.read_text()))
     assert "weight 1, priority 0" in status and status.count("busy") == 8
     res = subprocess.run([sys.executable, "-m", "pathways", "plot", str(out), "-o", str(png)],
