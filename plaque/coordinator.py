@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 
 from . import wire
@@ -122,9 +123,12 @@ class CoordinatorCore:
     def uninstall(self, gid: int) -> None:
         g = self.graphs.pop(gid, None)
         if g is not None:
-            for w in g.workers:
-                if self.workers[w].alive:
-                    self._send(w, Kind.UNINSTALL, gid)
+            self._send_uninstall(gid, g)
+
+    def _send_uninstall(self, gid, g) -> None:
+        for w in g.workers:
+            if self.workers[w].alive:
+                self._send(w, Kind.UNINSTALL, gid)
 
     def start(self, gid: int, arg=None):
         """Begin a run of graph ``gid``; returns its timestamp."""
@@ -220,7 +224,7 @@ class CoordinatorCore:
                 self._check_done(gid, g, t)
 
     def _on_output(self, sender, outputs):
-        touched = set()
+        consumed = Counter()  # (gid, t) -> outputs taken, applied once per batch
         for gid, node, shard, t, value in outputs:
             g = self.graphs.get(gid)
             run = g.runs.get(t) if g else None
@@ -228,10 +232,11 @@ class CoordinatorCore:
                 continue
             name = g.node_names[node]
             run.result.outputs.setdefault(name, {}).setdefault(shard, []).append(value)
-            g.tracker.update((((INPUT, SINK, 0, t), -1),))
-            touched.add((gid, t))
-        for gid, t in touched:
-            self._check_done(gid, self.graphs[gid], t)
+            consumed[(gid, t)] += 1
+        for (gid, t), n in consumed.items():
+            g = self.graphs[gid]
+            g.tracker.update((((INPUT, SINK, 0, t), -n),))
+            self._check_done(gid, g, t)
 
     def _check_done(self, gid, g, t):
         run = g.runs.get(t)
@@ -308,8 +313,6 @@ class CoordinatorCore:
             if g.awaiting:
                 self._events.append(("installed", gid, err))
                 g.awaiting.clear()
-            for other in g.workers:
-                if other != w and self.workers[other].alive:
-                    self._send(other, Kind.UNINSTALL, gid)
+            self._send_uninstall(gid, g)  # w is no longer alive: it gets nothing
         self._broadcast_peers()
         self._events.append(("membership", self.live_workers()))

@@ -25,7 +25,6 @@ class HeartbeatThread:
                  stale_after: float = 60.0, clock=time.monotonic):
         self.core, self.ctx = core, ctx
         self.interval, self.stale_after, self.clock = interval, stale_after, clock
-        self.beats = 0  # heartbeats this thread sent (the loop was busy)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="plaque-heartbeat", daemon=True)
 
@@ -55,7 +54,6 @@ class HeartbeatThread:
                 try:
                     sock.send_multipart(wire.encode(Kind.HEARTBEAT, core.id, self.clock()),
                                         zmq.NOBLOCK)
-                    self.beats += 1
                 except zmq.Again:
                     pass
         finally:
