@@ -201,13 +201,7 @@ class Cluster:
     def install(self, graph: Graph, timeout: float = 30.0) -> InstalledGraph:
         """Ship ``graph`` to its workers and wait until every one has installed it."""
         fut: cf.Future = cf.Future()
-
-        def job():
-            gid = self._core.install(graph)
-            self._pending[("install", gid)] = _resolver(fut)
-            return gid
-
-        self._call(job)
+        self._call(lambda: self.install_async(graph, _resolver(fut)))
         gid = fut.result(timeout)
         return InstalledGraph(self, gid, graph)
 
@@ -219,11 +213,10 @@ class Cluster:
 
         def job():
             try:
-                t = self._core.start(gid, arg)
+                self.start_async(gid, arg, _resolver(fut))
             except BaseException as exc:
                 fut.set_exception(exc)
                 return
-            self._pending[("run", gid, t)] = _resolver(fut)
             self._endpoint.turn()
 
         self._loop.call_soon_threadsafe(job)
