@@ -71,17 +71,23 @@ class LocalCluster:
                 time.sleep(0.05)
 
     def close(self) -> None:
-        for p in reversed(self.processes):
-            if p.poll() is None:
-                p.terminate()
-        for p in self.processes:
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-            if p.stdout:
-                p.stdout.close()
+        stop_processes(list(reversed(self.processes)))
+
+
+def stop_processes(processes, grace: float = 5.0) -> None:
+    """SIGTERM every process still running, wait ``grace`` seconds each, then SIGKILL; close
+    their output pipes. Safe to call on processes that already exited."""
+    for p in processes:
+        if p.poll() is None:
+            p.terminate()
+    for p in processes:
+        try:
+            p.wait(grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+        if p.stdout:
+            p.stdout.close()
 
 
 @contextlib.contextmanager

@@ -83,22 +83,11 @@ def load_example(name: str):
 @pytest.fixture
 def procs():
     """Processes a test starts (append them): always stopped when it ends, even on failure."""
-    import signal
-    import subprocess
+    from pathways.cluster import stop_processes
 
     started = []
     yield started
-    for p in started:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in started:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
-        if p.stdout:
-            p.stdout.close()
+    stop_processes(started, grace=10.0)
 
 
 def read_until(proc, needle: str, timeout: float = 60.0) -> list[str]:
