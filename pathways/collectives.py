@@ -7,7 +7,9 @@ one *exchange* with that group and computes its result locally from what it rece
 member receives the same values in the same source order and reduces them in that order, so
 results are bitwise identical on every member (psum of float32 included).
 
-Collectives find their device through a thread-local kernel environment (``kernel_env``).
+Collectives find their device through the kernel environment of the running context
+(``kernel_env``: a context variable, so each thread, and each greenlet of a host's executor,
+has its own).
 An environment knows the mesh and the device's flat index and implements ``exchange``:
 
     exchange(members, position, outgoing, expect_from) -> {source position: value}
@@ -18,14 +20,16 @@ members of a group, calling the same collectives in the same order, agree on whi
 message belongs to. ``axis_index`` exchanges nothing and takes no number.
 
 Environments here: ``LocalEnv`` (threads sharing an in-memory ``Rendezvous``, plus a ``send``
-hook a host uses for devices elsewhere), ``AbstractEnv`` (no peers: zeros of the right shapes,
+hook for devices elsewhere), ``AbstractEnv`` (no peers: zeros of the right shapes,
 for finding output shapes and dtypes) and ``run_spmd``, which runs a body on every device of a
-mesh in threads, for tests and the reference interpreter.
+mesh in threads, for tests and the reference interpreter. A host runs its kernels with
+``pathways.executor.ExecutorEnv``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 import math
 import threading
@@ -53,23 +57,23 @@ __all__ = [
     "run_spmd",
 ]
 
-_local = threading.local()
+_env: contextvars.ContextVar[KernelEnv | None] = contextvars.ContextVar("kernel_env",
+                                                                       default=None)
 
 
 def current_env() -> KernelEnv | None:
-    """The kernel environment of this thread, or None outside a compiled function."""
-    return getattr(_local, "env", None)
+    """The kernel environment of this context, or None outside a compiled function."""
+    return _env.get()
 
 
 @contextlib.contextmanager
 def kernel_env(env: KernelEnv) -> Iterator[KernelEnv]:
-    """Make ``env`` this thread's kernel environment for the ``with`` block (nests)."""
-    previous = current_env()
-    _local.env = env
+    """Make ``env`` the kernel environment of this context for the ``with`` block (nests)."""
+    token = _env.set(env)
     try:
         yield env
     finally:
-        _local.env = previous
+        _env.reset(token)
 
 
 class KernelEnv:

@@ -1,31 +1,26 @@
-"""Emulated TPUs: one thread per device runs kernels one at a time, in scheduler order.
+"""Emulated TPUs: a device is a queue of kernels in scheduler order, an HBM and a timeline.
 
 There are no real TPUs here, so each device is emulated faithfully in the ways that matter to
-Pathways (DESIGN.md, mechanism 8):
+Pathways (DESIGN.md, mechanism 8). The kernels of every device of a host are run by one
+``Executor`` thread (``pathways.executor``), in virtual time; a device made on its own gets an
+executor of its own.
 
 - **Order.** The island scheduler gives every kernel a per-device sequence number. Hosts may
-  ``enqueue`` kernels from any thread in any order; the device thread runs seq 0, 1, 2, ...
+  ``enqueue`` kernels from any thread in any order; the device runs seq 0, 1, 2, ...
   strictly, waiting for the next one even when later ones are already queued. ``skip(seq)``
   cancels a seq (a dropped gang) so the device does not wait for it forever.
-- **Non-preemptive.** A kernel runs to completion before the next starts. Its ``execute``
-  may block (waiting for inputs, or for peers in a collective) and the device stays occupied
-  meanwhile, so an inconsistent gang order across devices deadlocks exactly as on TPUs;
-  collectives time out (``CollectiveTimeout``) rather than hang.
+- **Non-preemptive.** A kernel runs to completion before the next starts. While it waits for
+  peers in a collective the device stays occupied, so an inconsistent gang order across
+  devices deadlocks exactly as on TPUs; collectives time out (``CollectiveTimeout``).
 - **Modelled time.** ``execute(device)`` returns the kernel's modelled duration; the device
-  is occupied for ``max(real elapsed, modelled)``, sleeping the remainder, then calls the
-  kernel's optional ``on_done()``: a kernel that publishes its outputs there makes them
-  visible at the modelled end, not before.
+  is occupied for ``max(real elapsed, modelled)`` from its start, and the kernel's optional
+  ``on_done()`` runs once real time has reached that end: a kernel that publishes its outputs
+  there makes them visible at the modelled end, not before.
 - **HBM.** ``device.hbm`` enforces capacity. An allocation that does not fit waits for
   frees (back-pressure); one larger than the whole HBM fails at once.
 
-A kernel is any object with ``execute(device) -> float`` and attributes ``name`` and
-``labels`` (a dict such as ``{"client": 3, "program": 7}``, copied into the timeline);
-``on_error(exc)`` and ``on_done()`` are optional; if ``on_done`` raises, the kernel counts as
-failed. A failing kernel is recorded and the
-device carries on with the next seq: the device thread never dies of a kernel's error.
-
-Time comes from an injectable ``clock`` and ``sleep`` so tests can check the accounting with a
-fake clock instead of wall time.
+A failing kernel is recorded and the device carries on with the next seq. Time comes from an
+injectable ``clock`` and ``sleep`` so tests can check the accounting with a fake clock.
 """
 
 from __future__ import annotations
@@ -38,16 +33,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .cost import DeviceSpec, check_seconds
+from .cost import DeviceSpec
 from .errors import DeviceOutOfMemory, PathwaysError
 
 log = logging.getLogger("pathways.device")
 
-# Remainders shorter than this are not slept: OS sleeps overshoot by tens of microseconds, so
-# sleeping them would make the device slower than modelled. The skipped time is not lost: the
-# next kernel's record starts no earlier than this one's modelled end, and the debt is slept
-# once it grows past the threshold.
-MIN_SLEEP = 50e-6
 TIMELINE_LENGTH = 10_000
 
 
@@ -76,6 +66,25 @@ class HbmAccount:
         self._waiting = 0
         self._closed = False
         self._cond = threading.Condition(threading.Lock())  # not re-entered: a plain lock
+        self.on_free: Callable[[], object] | None = None  # told after every free
+
+    def try_allocate(self, nbytes: int) -> bool:
+        """Take ``nbytes`` if they fit now; False if not. DeviceOutOfMemory if ``nbytes``
+        exceeds the whole capacity (it never fits)."""
+        nbytes = self._check_fits(nbytes)
+        with self._cond:
+            if self._closed or self._used + nbytes > self.capacity:
+                return False
+            self._used += nbytes
+            self._peak = max(self._peak, self._used)
+            return True
+
+    def _check_fits(self, nbytes) -> int:
+        nbytes = _check_nbytes(nbytes)
+        if nbytes > self.capacity:
+            raise DeviceOutOfMemory(f"{self.name}: cannot allocate {nbytes} bytes, more than "
+                                    f"its whole HBM capacity of {self.capacity} bytes")
+        return nbytes
 
     def allocate(self, nbytes: int, timeout: float | None = None) -> None:
         """Take ``nbytes``, waiting up to ``timeout`` seconds (None: forever) for room.
@@ -85,10 +94,7 @@ class HbmAccount:
         that fits goes ahead of a large one still waiting, which avoids head-of-line
         deadlocks but can starve a large request while small ones keep coming.
         """
-        nbytes = _check_nbytes(nbytes)
-        if nbytes > self.capacity:
-            raise DeviceOutOfMemory(f"{self.name}: cannot allocate {nbytes} bytes, more than "
-                                    f"its whole HBM capacity of {self.capacity} bytes")
+        nbytes = self._check_fits(nbytes)
         with self._cond:
             if not self._closed and self._used + nbytes <= self.capacity:  # room: no wait
                 self._used += nbytes
@@ -119,6 +125,8 @@ class HbmAccount:
             self._used -= nbytes
             if self._waiting:
                 self._cond.notify_all()
+        if self.on_free is not None:
+            self.on_free()
 
     def close(self) -> None:
         """Fail every waiting and future allocation; frees still work (for clean-up)."""
@@ -141,32 +149,37 @@ class HbmAccount:
 
 
 class EmulatedDevice:
-    """One emulated accelerator: a thread that runs enqueued kernels strictly by seq."""
+    """One emulated accelerator: kernels run strictly by seq, by its host's executor."""
 
     def __init__(self, device_id: int, spec: DeviceSpec | None = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 name: str | None = None, sleep: Callable[[float], object] | None = None):
+                 name: str | None = None, sleep: Callable[[float], object] | None = None,
+                 executor=None):
         self.device_id = device_id
         self.spec = spec if spec is not None else DeviceSpec()
         self.name = name if name is not None else f"{self.spec.kind}:{device_id}"
         self.hbm = HbmAccount(self.spec.hbm_bytes, self.name)
-        self._clock = clock
-        self._closing = threading.Event()
-        # Default sleep is a real sleep that close() interrupts, so closing a device in the
-        # middle of a long modelled kernel does not wait out the model.
-        self._sleep = sleep if sleep is not None else self._closing.wait
-        self._cond = threading.Condition(threading.Lock())  # not re-entered: a plain lock
-        self._queue: dict[int, object] = {}
+        self._own = executor is None
+        if executor is None:  # a device on its own: an executor of its own
+            from .executor import Executor
+
+            executor = Executor(self.name, clock=clock, sleep=sleep)
+            executor.devices[device_id] = self
+        self.executor = executor
+        self._clock = executor.clock
+        self.hbm.on_free = executor.hbm_freed
+        self._lock = executor.lock
+        self._queue: dict[int, tuple] = {}  # seq -> (kernel, real time it was enqueued)
         self._skipped: set[int] = set()
         self._next_seq = 0
-        self._running: int | None = None
         self._max_enqueued = -1
-        self._free_at = float("-inf")  # modelled end of the previous kernel
+        self._closing = False
+        self.current = None  # the executor's record of the kernel that left the queue
+        self.free_at = float("-inf")  # modelled end of the previous kernel
         self._busy = 0.0
         self._timeline: deque[KernelRecord] = deque(maxlen=TIMELINE_LENGTH)
-        self._thread = threading.Thread(target=self._loop, name=f"device-{self.name}",
-                                         daemon=True)
-        self._thread.start()
+        if self._own:
+            executor.start()
 
     def __repr__(self) -> str:
         return f"EmulatedDevice({self.name}, next_seq={self._next_seq})"
@@ -183,51 +196,89 @@ class EmulatedDevice:
         """Queue ``kernel`` to run as this device's ``seq``-th kernel. Any thread, any order."""
         if not callable(getattr(kernel, "execute", None)):
             raise TypeError(f"kernel {kernel!r} has no execute(device) method")
-        with self._cond:
+        with self._lock:
             self._check_new_seq(seq)
-            self._queue[seq] = kernel
-            self._max_enqueued = max(self._max_enqueued, seq)
-            self._cond.notify_all()
+            self._queue[seq] = (kernel, self._clock())
+            if seq > self._max_enqueued:
+                self._max_enqueued = seq
+        if seq == self._next_seq:
+            self.executor.wake()
 
     def skip(self, seq: int) -> bool:
         """Cancel ``seq`` so the device does not wait for it; False if it already ran or was
         skipped. A kernel already queued at ``seq`` is dropped and told via ``on_error``."""
-        with self._cond:
-            if seq < self._next_seq or seq == self._running or seq in self._skipped:
+        with self._lock:
+            if seq < self._next_seq or self._is_current(seq) or seq in self._skipped:
                 return False
             dropped = self._queue.pop(seq, None)
             self._skipped.add(seq)
             self._max_enqueued = max(self._max_enqueued, seq)
-            self._cond.notify_all()
+        self.executor.wake()
         if dropped is not None:
-            _report_error(dropped, PathwaysError(f"{self.name}: seq {seq} was skipped"))
+            report_error(dropped[0], PathwaysError(f"{self.name}: seq {seq} was skipped"))
         return True
 
     def close(self, timeout: float = 5.0) -> bool:
-        """Stop the device thread; kernels still queued are told via ``on_error``. Idempotent.
+        """Stop taking kernels; kernels still queued are told via ``on_error``. Idempotent.
 
-        Waits up to ``timeout`` for the thread. A kernel blocked inside ``execute`` is the
-        kernel's business (collectives time out on their own): close returns after
-        ``timeout`` regardless, and the thread exits once that kernel returns. Returns
-        whether the thread has stopped.
+        A device made on its own stops its executor too, waiting up to ``timeout`` for its
+        thread, and returns whether it has stopped.
         """
-        with self._cond:
-            self._closing.set()
-            dropped = list(self._queue.items())
+        if self._own:
+            return self.executor.close(timeout)
+        self.close_queue()
+        return True
+
+    def close_queue(self) -> None:
+        with self._lock:
+            self._closing = True
+            dropped = sorted(self._queue.items(), key=lambda item: item[0])
             self._queue.clear()
-            self._cond.notify_all()
+            self.executor.idle.notify_all()
         self.hbm.close()
-        for seq, kernel in sorted(dropped, key=lambda item: item[0]):
-            _report_error(kernel, PathwaysError(f"{self.name} closed before seq {seq} ran"))
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
-        return not self._thread.is_alive()
+        for seq, (kernel, _) in dropped:
+            report_error(kernel, PathwaysError(f"{self.name} closed before seq {seq} ran"))
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until every seq enqueued (or skipped) so far has run; False on timeout."""
-        with self._cond:
+        ex = self.executor
+        with ex.idle:
             target = self._max_enqueued
-            return self._cond.wait_for(lambda: self._next_seq > target, timeout)
+            ex.idle_waiters += 1
+            try:
+                return ex.idle.wait_for(lambda: self._next_seq > target or
+                                        (self._closing and self.current is None), timeout)
+            finally:
+                ex.idle_waiters -= 1
+
+    # -- the executor's side ---------------------------------------------------------------
+
+    def take_next(self):
+        """The next seq's kernel as ``(seq, kernel, enqueued at)``, or None if not queued."""
+        with self._lock:
+            while self._next_seq in self._skipped:
+                self._skipped.discard(self._next_seq)
+                self._next_seq += 1
+                if self.executor.idle_waiters:
+                    self.executor.idle.notify_all()
+            if self._closing:
+                return None
+            item = self._queue.pop(self._next_seq, None)
+            return None if item is None else (self._next_seq, *item)
+
+    def finished(self, shard, record: KernelRecord) -> None:
+        """The executor is done with the current kernel: record it, free the device."""
+        with self._lock:
+            self._timeline.append(record)
+            self._busy += record.end - record.start
+            self.free_at = record.end
+            self.current = None
+            self._next_seq = record.seq + 1
+            if self.executor.idle_waiters:
+                self.executor.idle.notify_all()
+
+    def _is_current(self, seq: int) -> bool:
+        return self.current is not None and self.current.seq == seq
 
     # -- what can be observed --------------------------------------------------------------
 
@@ -244,7 +295,7 @@ class EmulatedDevice:
     @property
     def timeline(self) -> list[KernelRecord]:
         """The last ``TIMELINE_LENGTH`` finished kernels, oldest first."""
-        with self._cond:
+        with self._lock:
             return list(self._timeline)
 
     def utilization(self, since: float | None = None, until: float | None = None) -> float:
@@ -265,98 +316,18 @@ class EmulatedDevice:
         busy = sum(max(0.0, min(r.end, until) - max(r.start, since)) for r in records)
         return busy / (until - since)
 
-    # -- the device thread -----------------------------------------------------------------
-
     def _check_new_seq(self, seq: int) -> None:
         if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
             raise ValueError(f"{self.name}: seq must be an int >= 0, got {seq!r}")
-        if self._closing.is_set():
+        if self._closing:
             raise PathwaysError(f"{self.name} is closed; cannot enqueue seq {seq}")
-        if seq < self._next_seq or seq == self._running:
+        if seq < self._next_seq or self._is_current(seq):
             raise ValueError(f"{self.name}: seq {seq} already ran (next is {self._next_seq})")
         if seq in self._queue or seq in self._skipped:
             raise ValueError(f"{self.name}: seq {seq} is already enqueued or skipped")
 
-    def _take_next(self):
-        """Block until the next seq's kernel is queued; (seq, kernel), or None once closing."""
-        with self._cond:
-            while not self._closing.is_set():
-                seq = self._next_seq
-                if seq in self._skipped:
-                    self._skipped.discard(seq)
-                    self._next_seq += 1
-                    self._cond.notify_all()
-                elif seq in self._queue:
-                    self._running = seq
-                    return seq, self._queue.pop(seq)
-                else:
-                    self._cond.wait()
-            return None
 
-    def _loop(self) -> None:
-        while (item := self._take_next()) is not None:
-            seq, kernel = item
-            try:
-                record = self._run(seq, kernel)
-            except BaseException:  # a bug in the device itself; keep serving the queue
-                log.exception("%s: internal error running seq %d", self.name, seq)
-                record = None
-            with self._cond:
-                if record is not None:
-                    self._timeline.append(record)
-                    self._busy += record.end - record.start
-                    self._free_at = record.end
-                self._running = None
-                self._next_seq = seq + 1
-                self._cond.notify_all()
-
-    def _run(self, seq: int, kernel) -> KernelRecord:
-        """Execute one kernel, occupy the device for its modelled time, and record it."""
-        error: BaseException | None = None
-        modelled = 0.0
-        prepare = getattr(kernel, "prepare", None)
-        try:
-            if prepare is not None:
-                prepare(self)  # e.g. wait for inputs: the device waits, it does not compute
-        except Exception as exc:
-            error = exc
-        begin = self._clock()
-        try:
-            if error is None:
-                modelled = check_seconds(kernel.execute(self),
-                                         f"duration returned by {kernel!r}")
-        except Exception as exc:
-            error = exc
-        # Never start before the previous kernel's modelled end: see MIN_SLEEP.
-        start = max(begin, self._free_at)
-        end = start + max(self._clock() - begin, modelled)
-        if error is None:
-            self._occupy_until(end)
-            error = _done(kernel)
-        if error is not None:
-            _report_error(kernel, error)
-        return KernelRecord(seq, str(getattr(kernel, "name", type(kernel).__name__)),
-                            dict(getattr(kernel, "labels", None) or {}), start, end,
-                            error is not None)
-
-    def _occupy_until(self, end: float) -> None:
-        remaining = end - self._clock()
-        if remaining >= MIN_SLEEP and not self._closing.is_set():
-            self._sleep(remaining)
-
-
-def _done(kernel) -> Exception | None:
-    on_done = getattr(kernel, "on_done", None)
-    if on_done is None:
-        return None
-    try:
-        on_done()
-    except Exception as exc:
-        return exc
-    return None
-
-
-def _report_error(kernel, error: BaseException) -> None:
+def report_error(kernel, error: BaseException) -> None:
     """Tell the kernel it failed (so it can fail its outputs); its own errors are only logged."""
     log.debug("kernel %r failed: %r", kernel, error)
     on_error = getattr(kernel, "on_error", None)

@@ -3,8 +3,9 @@
 The host joins the coordinator's Plaque cluster (it is a Plaque worker whose operators are
 kernel shards), learns its global device ids from the resource manager, and serves clients
 directly on its own data socket (put, get, delete) so that array data never passes through
-the coordinator. Collectives between devices of different hosts travel as Plaque USER
-messages straight from host to host; within a host they are memory handoffs.
+the coordinator. One executor thread runs all of the host's devices (``pathways.executor``);
+collectives between devices of different hosts travel over the ICI link straight from
+executor to executor; within a host they are memory handoffs.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from plaque.worker import WorkerCore
 from plaque.zmq_transport import ZmqTransport
 
 from . import protocol
-from .collectives import Rendezvous
 from .cost import DeviceSpec
 from .device import EmulatedDevice
 from .errors import ClientGone, ProgramError, RemoteError
+from .executor import Executor, ExecutorEnv
 from .ici import IciLink
 from .object_store import ObjectStore
 from .service import RouterService
@@ -49,8 +50,11 @@ class Host:
         self.spec = spec or DeviceSpec()
         self.devices: dict[int, EmulatedDevice] = {}
         self.store = ObjectStore(self.devices)
-        self.rendezvous = Rendezvous()
-        self.worker_of: dict[int, int] = {}
+        self.executor = Executor("host", store=self.store)
+        self.worker_of: dict[int, int] = {}  # device -> host worker id (kept in place)
+        self._flat: dict[tuple, dict] = {}  # mesh devices -> {flat index: device}
+        self._released: deque = deque()  # capabilities to release on the loop
+        self._release_posted = False
         self.core: WorkerCore | None = None
         self.loop = None
         self.started = time.monotonic()
@@ -59,24 +63,39 @@ class Host:
         self.transfers: deque = deque(maxlen=TRANSFERS_KEPT)  # (device, name, labels, start, end)
         self._uses_lock = threading.Lock()
 
-    # ---- devices and kernels (called from the loop or device threads) ---------------------
+    # ---- devices and kernels (called from the loop or the executor thread) ---------------
     def enqueue(self, device: int, seq: int, kernel) -> None:
         self.devices[device].enqueue(seq, kernel)
 
-    def is_local(self, device: int) -> bool:
-        return device in self.devices
+    def kernel_env(self, mesh, flat_index: int, gang_key, device) -> ExecutorEnv:
+        """Executor thread: where the collectives of the kernel running on ``device`` go."""
+        flat = self._flat.get(mesh.devices)
+        if flat is None:
+            flat = self._flat[mesh.devices] = dict(enumerate(mesh.devices))
+        return ExecutorEnv(mesh.shape, mesh.axis_names, flat_index, flat, gang_key,
+                           self.executor, device.current)
 
-    def send_ici(self, dst_device, key, src_device, value) -> None:
-        """Device thread: queue a collective contribution for the host of ``dst_device``."""
-        self.ici.send(self.worker_of[dst_device], key, src_device, dst_device, value)
+    def current_end(self, device: int) -> float:
+        """Executor thread: the modelled end of the kernel finishing on ``device``."""
+        return self.devices[device].current.end
 
-    def flush_ici(self) -> None:
-        """Device thread: send what this device queued (before it waits for its peers)."""
-        self.ici.flush()
+    def post_release(self, cap) -> None:
+        """Executor thread: release ``cap`` on the loop; one loop wake for a whole turn's."""
+        self._released.append(cap)
+        if not self._release_posted:
+            self._release_posted = True
+            self.core.call_soon(self._release_all)
+
+    def _release_all(self) -> None:
+        self._release_posted = False
+        while self._released:
+            cap = self._released.popleft()
+            if self.core.graphs.get(cap._graph.gid) is cap._graph:  # not uninstalled
+                cap.release()
 
     def abort_gang(self, gang_key, devices, reason) -> None:
-        """Device thread: stop this gang's collectives here and on its other hosts."""
-        self.rendezvous.abort_gang(gang_key, reason)
+        """Executor thread: stop this gang's collectives here and on its other hosts."""
+        self.executor.abort_gang(gang_key, reason)
         workers = {self.worker_of[d] for d in devices if d in self.worker_of} - {self.core.id}
         msg = ("abort_gang", gang_key, reason)
         for w in workers:
@@ -92,18 +111,15 @@ class Host:
             self._uses.pop(key, None)
         self.store.delete(key)
 
-    def wait_buffer(self, key, timeout):
-        return self.store.get(key, timeout)
-
     # ---- messages from the coordinator and peers (loop thread) ----------------------------
     def on_user(self, sender, payload) -> None:
         kind = payload[0]
         if kind == "abort_gang":
-            self.rendezvous.abort_gang(payload[1], payload[2])
+            self.executor.abort_gang(payload[1], payload[2])
         elif kind == "abort_gangs":
             runs = set()
             for gang in payload[1]:
-                self.rendezvous.abort_gang(gang, payload[2])
+                self.executor.abort_gang(gang, payload[2])
                 runs.add(tuple(gang[:2]))
             # kernels of these runs waiting for inputs that will never come must not hold
             # their devices: fail the run's buffers nobody has produced yet
@@ -112,10 +128,11 @@ class Host:
         elif kind == "devices":
             for d in payload[1]:
                 if d not in self.devices:
-                    self.devices[d] = EmulatedDevice(d, self.spec, name=f"tpu{d}")
+                    self.devices[d] = self.executor.add_device(d, self.spec, name=f"tpu{d}")
             log.info("host %s owns devices %s", self.core.id, sorted(self.devices))
         elif kind == "topology":
-            self.worker_of = dict(payload[1])
+            self.worker_of.clear()
+            self.worker_of.update(payload[1])
             self.ici.peers = dict(payload[2])
         elif kind == "client_gone":
             _, client, reason = payload
@@ -173,8 +190,7 @@ class Host:
         return {"plaque": plaque_total, "ici": ici}
 
     def close(self) -> None:
-        for dev in self.devices.values():
-            dev.close(timeout=1.0)
+        self.executor.close(timeout=1.0)
         if self.ici is not None:
             self.ici.close()
 
@@ -291,16 +307,16 @@ def _coordinator_info(address: str, ctx: zmq.Context, timeout: float = 30.0) -> 
 async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
                      spec: DeviceSpec | None = None, coordinator_timeout: float = 10.0) -> str:
     loop = asyncio.get_running_loop()
-    # Device threads and the event loop take turns on the GIL; Python's default 5 ms switch
-    # interval would add up to 5 ms to every hand-off between them (a collective's message
+    # The executor thread and the event loop take turns on the GIL; Python's default 5 ms
+    # switch interval would add up to 5 ms to every hand-off between them (a dispatch
     # arriving, a kernel finishing), so hand over far more often.
     sys.setswitchinterval(SWITCH_INTERVAL)
     ctx = zmq.Context()
     info = await loop.run_in_executor(None, _coordinator_info, coordinator, ctx)
     host = Host(island, num_devices, spec)
     host.loop = loop
-    host.ici = IciLink(ctx, bind, host.rendezvous)
-    host.ici.start()
+    host.ici = host.executor.link = IciLink(ctx, bind, host.worker_of)
+    host.executor.start()
     data = DataService(host, bind, ctx)
     transport = ZmqTransport(bind, context=ctx)
     core = WorkerCore(transport.address, info["plaque"],

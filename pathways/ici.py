@@ -1,98 +1,154 @@
-"""The inter-chip links between hosts: collective contributions go host to host directly.
+"""The inter-chip links between hosts: collective values go host to host, executor to executor.
 
-Each host binds one PULL socket; a receiver thread puts what arrives straight into the host's
-Rendezvous, where the waiting device thread picks it up. Device threads send on their own
-PUSH sockets (ZeroMQ sockets belong to one thread), gathering what one exchange sends to each
-host into one message that leaves just before the device starts waiting. Neither direction
-passes through an event loop, so a collective between hosts costs one network hop.
+Each host binds one PULL socket and keeps one PUSH socket per peer host, all used only by the
+host's executor thread, which reads the PULL socket itself (no receiver thread, no hand-off).
+What the executor's devices send to one peer host during one executor turn leaves as one
+message: a fixed binary header describing every value, then each value's raw bytes as its own
+frame (no pickle). A value sent to several devices of the same host (psum, all_gather) travels
+once, with the list of its destinations.
+
+Header layout (little-endian): ``u32`` item count, then per item ``u8`` gang-key length,
+``u8`` dtype-string length, ``u16`` destination count, ``u8`` ndim, then that many ``i64``:
+gang key, exchange seq, source device, destinations, shape; then the dtype string
+(``numpy.dtype.str``). Exchange keys are ``(gang key, seq)`` with a gang key of ints.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+import struct
 
+import numpy as np
 import zmq
 
-from plaque import security, wire
+from plaque import security
 from plaque.logutil import dropped
+from plaque.wire import ProtocolError
 from plaque.zmq_transport import bind_socket
 
-from . import protocol
+from .errors import ProgramError
 
 log = logging.getLogger("pathways.ici")
 
+_COUNT = struct.Struct("<I")
+_ITEM = struct.Struct("<BBHB")
+RECEIVE_BATCH = 256  # messages read per executor turn, so sending is never starved
+
+
+def encode(items) -> list:
+    """Frames for ``[(key, src, dsts, value), ...]``: the header, then one frame per value."""
+    head = [_COUNT.pack(len(items))]
+    frames: list = []
+    for (gang, seq), src, dsts, value in items:
+        a = np.asarray(value)
+        if not a.flags.c_contiguous:
+            a = a.copy()  # (ascontiguousarray would make a 0-d array 1-d)
+        if a.dtype.hasobject:
+            raise ProgramError(f"a collective can only carry numeric arrays, got {a.dtype}")
+        dt = a.dtype.str.encode()
+        ints = (*gang, seq, src, *dsts, *a.shape)
+        try:
+            head.append(_ITEM.pack(len(gang), len(dt), len(dsts), a.ndim))
+            head.append(struct.pack(f"<{len(ints)}q", *ints))
+        except struct.error as exc:
+            raise ProgramError(f"exchange key {(gang, seq)!r} cannot travel between hosts: "
+                               f"gang keys must be ints ({exc})") from None
+        head.append(dt)
+        frames.append(a.reshape(-1).data)
+    return [b"".join(head), *frames]
+
+
+def decode(frames) -> list:
+    """``[(key, src, dsts, value), ...]`` from ``encode``'s frames; ProtocolError if malformed.
+    Values are fresh writable arrays (a receiver never shares memory with the network)."""
+    try:
+        meta = bytes(frames[0])
+        (count,) = _COUNT.unpack_from(meta, 0)
+        if len(frames) != count + 1:
+            raise ProtocolError(f"ICI message with {count} items has {len(frames)} frames")
+        off, items = _COUNT.size, []
+        for i in range(count):
+            ngang, ndt, ndst, ndim = _ITEM.unpack_from(meta, off)
+            off += _ITEM.size
+            n = ngang + 2 + ndst + ndim
+            ints = struct.unpack_from(f"<{n}q", meta, off)
+            off += 8 * n
+            dtype = np.dtype(meta[off:off + ndt].decode())
+            off += ndt
+            gang, seq, src = ints[:ngang], ints[ngang], ints[ngang + 1]
+            dsts, shape = ints[ngang + 2:ngang + 2 + ndst], ints[ngang + 2 + ndst:]
+            value = np.frombuffer(frames[1 + i], dtype).reshape(shape).copy()
+            items.append(((gang, seq), src, dsts, value))
+        if off != len(meta):
+            raise ProtocolError(f"ICI header has {len(meta) - off} bytes left over")
+        return items
+    except ProtocolError:
+        raise
+    except Exception as exc:
+        raise ProtocolError(f"malformed ICI message: {exc!r}") from None
+
 
 class IciLink:
-    def __init__(self, ctx: zmq.Context, bind: str, rendezvous):
-        self.ctx, self.rendezvous = ctx, rendezvous
+    """The host's end of the ICI network. ``worker_of`` (device -> host worker id) and
+    ``peers`` (worker id -> ICI address) are filled in by the host as the topology arrives."""
+
+    def __init__(self, ctx: zmq.Context, bind: str, worker_of: dict):
+        self.ctx, self.worker_of = ctx, worker_of
         self._pull = ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
         self.address = bind_socket(self._pull, bind)
-        self.peers: dict[int, str] = {}  # worker id -> ICI address
-        self._local = threading.local()
-        self._sockets: list[zmq.Socket] = []
-        self._sockets_lock = threading.Lock()
-        self.sent = {"messages": 0, "bytes": 0}  # what left for other hosts (under the lock)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._receive, name="ici-receiver",
-                                        daemon=True)
+        self.fd = self._pull.getsockopt(zmq.FD)
+        self.peers: dict[int, str] = {}
+        self._push: dict[int, zmq.Socket] = {}
+        self._out: dict[int, list] = {}
+        self.sent = {"messages": 0, "bytes": 0}  # what left for other hosts
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def _receive(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._pull, zmq.POLLIN)
-        while not self._stop.is_set():
-            if not poller.poll(100):
-                continue
-            try:
-                items = protocol.unpack(self._pull.recv_multipart(copy=False))[1]
-                for key, src, dst, value in items:
-                    self.rendezvous.deliver(key, src, dst, value)
-            except Exception as exc:  # a bad message must not stop the link
-                dropped(log, "an ICI message", repr(exc))
-
-    # ---- device threads -------------------------------------------------------------------
-    def send(self, worker: int, key, src, dst, value) -> None:
-        """Queue one contribution for ``worker``; it leaves at this thread's next flush."""
-        out = getattr(self._local, "out", None)
-        if out is None:
-            out = self._local.out = {}
-        out.setdefault(worker, []).append((key, src, dst, value))
+    def queue(self, key, src, dsts, value) -> None:
+        """Send ``value`` from device ``src`` to devices ``dsts`` at the next ``flush``."""
+        by_worker: dict[int, list] = {}
+        for d in dsts:
+            by_worker.setdefault(self.worker_of[d], []).append(d)
+        for worker, ds in by_worker.items():
+            self._out.setdefault(worker, []).append((key, src, ds, value))
 
     def flush(self) -> None:
-        """Send this thread's queued contributions, one message per destination host."""
-        out = getattr(self._local, "out", None)
-        if not out:
+        """One message per peer host with everything queued for it."""
+        if not self._out:
             return
-        self._local.out = {}
+        out, self._out = self._out, {}
         for worker, items in out.items():
-            frames = protocol.pack(("ici", items))
+            frames = encode(items)
             self._socket(worker).send_multipart(frames, copy=False)
-            with self._sockets_lock:
-                self.sent["messages"] += 1
-                self.sent["bytes"] += wire.frame_bytes(frames)
+            self.sent["messages"] += 1
+            self.sent["bytes"] += sum(memoryview(f).nbytes for f in frames)
+
+    def readable(self) -> bool:
+        return bool(self._pull.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+
+    def receive(self) -> list:
+        """What has arrived, without waiting: ``[(key, src, dsts, value), ...]``."""
+        items: list = []
+        for _ in range(RECEIVE_BATCH):
+            try:
+                frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            try:
+                items.extend(decode([f.buffer for f in frames]))
+            except ProtocolError as exc:  # a bad message must not stop the link
+                dropped(log, "an ICI message", str(exc))
+        return items
 
     def _socket(self, worker: int) -> zmq.Socket:
-        socks = getattr(self._local, "socks", None)
-        if socks is None:
-            socks = self._local.socks = {}
-        s = socks.get(worker)
+        s = self._push.get(worker)
         if s is None:
-            s = socks[worker] = self.ctx.socket(zmq.PUSH)
+            s = self._push[worker] = self.ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 0)
             security.client(s)
             s.connect(self.peers[worker])
-            with self._sockets_lock:
-                self._sockets.append(s)
         return s
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        with self._sockets_lock:
-            for s in self._sockets:
-                s.close(0)
+        for s in self._push.values():
+            s.close(0)
         self._pull.close(0)

@@ -2,7 +2,7 @@
 
 Parallel dispatch (the default): when run t starts on a host, each kernel shard at once
 enqueues its kernel on its device, at the sequence number the island scheduler fixed, with
-its inputs as object-store futures; the kernel waits for them on the device, not on the host.
+its inputs as object-store keys; the host's executor starts it once they are ready.
 Sequential dispatch: a shard enqueues only when Plaque tells it that every producer shard is
 done ("complete for t"). Either way the shard holds its Plaque capability until the kernel has
 finished, so consumers and the coordinator learn completion through progress tracking.
@@ -20,15 +20,11 @@ import numpy as np
 import plaque
 
 from . import cost as cost_model
-from .collectives import LocalEnv
 from .compiled import CompiledFunction
 from .errors import RemoteError
 from .protocol import transfer_key
 
 log = logging.getLogger("pathways.kernel")
-
-INPUT_TIMEOUT = 600.0  # a kernel waits this long for an input buffer before failing
-
 
 @dataclass(frozen=True)
 class Incoming:
@@ -177,13 +173,15 @@ class _Assembly:
 class Kernel:
     """One shard of one equation of one run, as its device executes it."""
 
+    __slots__ = ("spec", "shard", "device_id", "arg", "host", "cap", "name", "labels", "owner",
+                 "_outputs")
+
     def __init__(self, spec: KernelSpec, shard: int, device: int, arg, host, cap):
         self.spec, self.shard, self.device_id, self.arg = spec, shard, device, arg
         self.host, self.cap = host, cap
         self.name = spec.fn.name
         self.labels = {"client": arg.client, "run": arg.run_id, "eqn": spec.index}
         self.owner = (arg.client, arg.run_id)
-        self._inputs = None
         self._outputs = None
 
     def key(self, var_id):
@@ -193,32 +191,29 @@ class Kernel:
         return [input_key(self.spec, self.arg, i, self.device_id)
                 for i in range(len(self.spec.inputs))]
 
-    def prepare(self, device) -> None:
-        """Wait for the inputs, and for the modelled arrival of transferred ones (neither is
-        the kernel's time on the device)."""
-        self._inputs = wait_inputs(self.host, self.input_keys())
-
     def execute(self, device) -> float:
-        shards, self._inputs = self._inputs, None
+        store = self.host.store
+        shards = [store.get(k, 0) for k in self.input_keys()]
         fn = self.spec.fn
-        m = fn.mesh
-        env = LocalEnv(m.shape, m.axis_names, self.shard, dict(enumerate(m.devices)),
-                       (self.arg.client, self.arg.run_id, self.spec.index),
-                       self.host.rendezvous, send=self.host.send_ici,
-                       is_local=self.host.is_local, flush=self.host.flush_ici)
+        env = self.host.kernel_env(fn.mesh, self.shard, (self.arg.client, self.arg.run_id,
+                                                         self.spec.index), device)
         outs, seconds = fn.run_shard(env, shards, device.spec)
         self._outputs = outs
         remote = env.bytes_sent_remote
         return seconds + (cost_model.transfer_time(remote, cost_model.ICI) if remote else 0.0)
 
+    def output_bytes(self) -> int:
+        return sum(o.nbytes for o in self._outputs)
+
     def on_done(self):
-        """The device has been occupied for the kernel's time: publish its outputs."""
-        store = self.host.store
+        """The device has been occupied for the kernel's time: publish its outputs (their
+        HBM is already taken), available from the kernel's modelled end."""
+        store, end = self.host.store, self.host.current_end(self.device_id)
         for v, o in zip(self.spec.outputs, self._outputs):
-            store.put(self.key(v), o, self.owner)
+            store.put(self.key(v), o, self.owner, arrival=end, allocated=True)
         self._release_inputs()
         self._outputs = None
-        self.cap.post(lambda c: c.release())
+        self.host.post_release(self.cap)
 
     def _release_inputs(self):
         for i in range(len(self.spec.inputs)):
@@ -236,17 +231,6 @@ class Kernel:
             raise err
 
         self.cap.post(fail)
-
-
-def wait_inputs(host, keys, arrivals=()) -> list:
-    """Device thread: the buffers of ``keys``, then the wait until the last of them (and of
-    ``arrivals``) would have come over its modelled link; neither is the kernel's time."""
-    values = [host.wait_buffer(k, INPUT_TIMEOUT) for k in keys]
-    arrival = max([host.store.arrival(k) for k in keys] + list(arrivals), default=0.0)
-    remaining = arrival - time.perf_counter()
-    if remaining > 0:
-        time.sleep(remaining)
-    return values
 
 
 def kernel_error(name: str, device: int, exc: BaseException) -> RemoteError:

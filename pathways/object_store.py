@@ -33,6 +33,7 @@ import enum
 import logging
 import operator
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ class _Entry:
     deleted: bool = False  # a tombstone: gone for readers, freed once resolved
     allocating: bool = False  # reserve() is waiting for HBM
     allocated: bool = False
-    arrival: float = 0.0  # modelled arrival of data that came over a link (perf_counter)
+    arrival: float = 0.0  # when the data is available on its device (perf_counter)
     # made only when a reader must wait: most buffers are resolved before anyone asks
     done: threading.Event | None = None
 
@@ -104,13 +105,15 @@ class ObjectStore:
         self._allocate(key, entry, timeout)
 
     def put(self, key: Key, value, owner: Owner, timeout: float | None = None,
-            arrival: float = 0.0) -> None:
+            arrival: float | None = None, allocated: bool = False) -> None:
         """Make ``key`` READY with ``value`` (a numpy array), reserving first if needed.
 
         For a reserved key, ``owner`` and ``value.nbytes`` must match the reservation. Putting
         into a tombstone (deleted while pending) resolves it, and its memory is freed.
-        ``arrival``: for data that came over a modelled link, when it would have arrived
-        (``time.perf_counter``); readers that model time wait for it (``arrival``).
+        ``arrival``: when the data is available on its device (``time.perf_counter``): a
+        kernel output's modelled end, a transfer's modelled arrival; now by default. Kernels
+        start no earlier (``arrival``). ``allocated``: the caller has already taken the
+        value's HBM on the key's device (an executor that made room before publishing).
         ValueError if the key is already READY or FAILED.
         """
         value = np.asarray(value)
@@ -118,18 +121,23 @@ class ObjectStore:
             entry = self._entries.get(key)
         if entry is None or entry.awaited:
             entry = self._claim(key, value.nbytes, owner)
-            self._allocate(key, entry, timeout)
+            if allocated:
+                with self._lock:
+                    entry.allocating, entry.allocated = False, True
+            else:
+                self._allocate(key, entry, timeout)
         elif entry.owner != owner:
             raise ValueError(f"object {key!r} is owned by {entry.owner!r}, not {owner!r}")
         elif entry.nbytes != value.nbytes:
             raise ValueError(f"object {key!r} was reserved with {entry.nbytes} bytes but the "
                              f"value has {value.nbytes}")
-        entry.arrival = arrival
+        elif allocated:  # the reservation holds the memory already: give back the caller's
+            self._device(key).hbm.free(value.nbytes)
+        entry.arrival = time.perf_counter() if arrival is None else arrival
         self._resolve(key, entry, BufferState.READY, value=value)
 
     def arrival(self, key: Key) -> float:
-        """When ``key``'s data would have arrived over its modelled link (0: not transferred,
-        unknown or gone)."""
+        """When ``key``'s data is available on its device (0: unknown or gone)."""
         with self._lock:
             entry = self._entries.get(key)
             return entry.arrival if entry is not None else 0.0

@@ -42,7 +42,6 @@ from .kernel import (
     kernel_error,
     poison,
     release_input,
-    wait_inputs,
 )
 from .mesh import Mesh
 from .sharding import P
@@ -369,14 +368,21 @@ class ExpertKernel:
     def _param_indices(self):
         return range(1 + self.spec.fn.token_args, len(self.spec.inputs))
 
-    def prepare(self, device) -> None:
-        if isinstance(self.received, str):
-            raise RemoteError(self.received)
-        keys = [input_key(self.spec, self.arg, i, self.device_id)
+    def input_keys(self):
+        return [input_key(self.spec, self.arg, i, self.device_id)
                 for i in self._param_indices()]
-        self._params = wait_inputs(self.host, keys, [p[4] for p in self.received])
+
+    @property
+    def not_before(self) -> float:
+        """The modelled arrival of the last rows routed here."""
+        if isinstance(self.received, str):
+            return 0.0
+        return max((p[4] for p in self.received), default=0.0)
 
     def execute(self, device) -> float:
+        if isinstance(self.received, str):
+            raise RemoteError(self.received)
+        self._params = [self.host.store.get(k, 0) for k in self.input_keys()]
         fn = self.spec.fn
         row_avals = self.spec.row_avals
         pieces = sorted(self.received, key=lambda p: p[0])  # source order = global slot order
@@ -408,13 +414,18 @@ class ExpertKernel:
         self._results = (sources, slots, row_outs, expert_outs)
         return seconds
 
+    def output_bytes(self) -> int:
+        return sum(o.nbytes for o in self._results[3])  # what stays in HBM: expert outputs
+
     def on_done(self):
         sources, slots, row_outs, expert_outs = self._results
         self._results = None
         owner = (self.arg.client, self.arg.run_id)
         fn, spec = self.spec.fn, self.spec
+        end = self.host.current_end(self.device_id)
         for v, o in zip(spec.outputs[fn.row_outputs:], expert_outs):
-            self.host.store.put((self.arg.array_id(v), self.device_id), o, owner)
+            self.host.store.put((self.arg.array_id(v), self.device_id), o, owner, arrival=end,
+                                allocated=True)
         self._release_params()
         replies = []
         for src in np.unique(sources).tolist():
@@ -484,7 +495,7 @@ class GatherOp(DispatchedOp):
             n = fn.token_mesh.size
             outs = [np.zeros((a.shape[0] // n, *a.shape[1:]), a.dtype)
                     for a in spec.out_avals[:fn.row_outputs]]
-            arrival = 0.0
+            arrival = time.perf_counter()  # rows put together now, or modelled later
             for slots, rows, at in got:
                 arrival = max(arrival, at)
                 for o, r in zip(outs, rows):

@@ -1,0 +1,508 @@
+"""One executor per host: a single thread runs every emulated device of the host as a timeline.
+
+A device is a record (``EmulatedDevice``): a queue of kernels by sequence number, the modelled
+time it is free again (``free_at``), its HBM and its timeline. The executor thread takes each
+device's next kernel in sequence order and runs it when it can start, in *virtual* time:
+
+    start = max(device free_at, real time its dispatch reached the host, inputs ready)
+    end   = max(start + modelled, when its last collective completed + the real time after it)
+
+where an input is ready at its producer's modelled end (same host) or at its real arrival
+(data from another host or a client, plus its modelled link time). A kernel's body runs only
+once real time has reached its start, and what it produces (``on_done``: store puts,
+capability releases, progress) happens only once real time has reached its end: one timer
+heap and one precise wait for the whole host, never a sleep per kernel. A late wake-up of the
+executor delays publication but is not booked as device time, so utilization means what the
+paper means: the dispatch arrived before the device was free.
+
+Bodies run in greenlets. A collective (``exchange``) hands local values to the peers' mailboxes
+in memory, queues values for devices of other hosts on the ICI link (one message per peer host
+per executor turn), and parks the shard -- not a thread -- until every source has delivered.
+The device stays occupied meanwhile, so an inconsistent gang order deadlocks as on TPUs and
+ends in ``CollectiveTimeout`` (a timer). HBM back-pressure is "not finished yet": a kernel
+whose outputs do not fit keeps its device until frees make room.
+
+Kernels are objects with ``execute(device) -> modelled seconds`` and ``name``/``labels``;
+optional: ``input_keys()`` (object-store keys to wait for), ``not_before`` (a modelled arrival
+of data pushed to it), ``output_bytes()`` (HBM its outputs need, taken before ``on_done``),
+``on_done()`` and ``on_error(exc)``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import select
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+
+import greenlet
+
+from .collectives import KernelEnv, _Abandoned
+from .cost import check_seconds
+from .device import EmulatedDevice, KernelRecord, report_error
+from .errors import CollectiveTimeout, PathwaysError, ProgramError
+
+log = logging.getLogger("pathways.executor")
+
+COLLECTIVE_TIMEOUT = 60.0
+FAILED_GANGS_KEPT = 10_000
+
+
+class _Shard:
+    """A kernel that has left its device's queue: waiting for inputs, running or finishing."""
+
+    __slots__ = ("device", "seq", "kernel", "arrived", "keys", "pending", "start", "cursor", "segment",
+                 "glet", "end", "error", "nbytes", "waiting", "done")
+
+    def __init__(self, device, seq, kernel, arrived):
+        self.device, self.seq, self.kernel, self.arrived = device, seq, kernel, arrived
+        self.keys = _input_keys(kernel)  # object-store keys of its inputs
+        self.pending = 0  # inputs not resolved yet
+        self.start = self.cursor = self.segment = self.end = 0.0
+        self.glet = None
+        self.error: BaseException | None = None
+        self.nbytes = 0
+        self.waiting = None  # (mailbox key, sources) while parked in an exchange
+        self.done = False  # the body has returned or raised
+
+
+class Executor:
+    """Runs the kernels of a set of devices on one thread (see the module docstring).
+
+    ``store``: the host's object store, for kernels with ``input_keys``. ``link``: what carries
+    collective values to other hosts (``queue(device, key, src, dsts, value)``, ``flush()``,
+    ``receive() -> [(key, src, dsts, value)]`` and ``fd``). ``clock``/``sleep``: injectable
+    for tests (a fake ``sleep`` is used for every timed wait).
+    """
+
+    def __init__(self, name: str = "host", store=None, link=None,
+                 clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], object] | None = None,
+                 collective_timeout: float = COLLECTIVE_TIMEOUT):
+        self.name, self.store, self.link = name, store, link
+        self.clock, self._sleep = clock, sleep
+        self.collective_timeout = collective_timeout
+        self.devices: dict[int, EmulatedDevice] = {}
+        self.lock = threading.Lock()  # device queues (enqueued from other threads)
+        self.idle = threading.Condition(self.lock)  # wait_idle waiters
+        self.idle_waiters = 0
+        self._inbox: deque = deque()
+        self._wake_pending = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._timers: list = []
+        self._tick = itertools.count()
+        self._resumable: deque = deque()
+        self._mail: dict = {}  # (key, dst) -> {src: (value, available at)}
+        self._parked: dict = {}  # (key, dst) -> _Shard
+        self._failed_gangs: OrderedDict = OrderedDict()
+        self._hbm_waiting: list = []
+        self._closing = False
+        self._main = None
+        self._thread = threading.Thread(target=self._run, name=f"executor-{name}", daemon=True)
+        self._started = False
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+
+    def add_device(self, device_id: int, spec=None, name: str | None = None) -> EmulatedDevice:
+        """A new device run by this executor (any thread)."""
+        device = EmulatedDevice(device_id, spec, name=name, executor=self)
+        with self.lock:
+            self.devices[device_id] = device
+        self.wake()
+        return device
+
+    # -- any thread ------------------------------------------------------------------------
+
+    def call_soon(self, fn: Callable[[], object]) -> None:
+        """Run ``fn()`` on the executor thread at its next turn (one wake per batch)."""
+        self._inbox.append(fn)
+        self.wake()
+
+    def wake(self) -> None:
+        if not self._wake_pending:
+            self._wake_pending = True
+            try:
+                os.write(self._wake_w, b"\0")
+            except OSError:
+                pass  # closed
+
+    def abort_gang(self, gang_key, reason: str) -> None:
+        """Fail every exchange, present and future, of ``gang_key`` on this executor."""
+        self.call_soon(lambda: self._abort_gang(gang_key, reason))
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """Stop the thread; queued kernels of every device are told via ``on_error``."""
+        for device in list(self.devices.values()):
+            device.close_queue()
+        self._closing = True
+        self.wake()
+        if self._started and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        stopped = not self._thread.is_alive()
+        if stopped:
+            for fd in (self._wake_r, self._wake_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        return stopped
+
+    def on_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    # -- the thread ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        self._main = greenlet.getcurrent()
+        while not self._closing:
+            try:
+                self._turn()
+            except BaseException:  # a bug in the executor itself: keep serving
+                log.exception("executor %s: internal error", self.name)
+            self._wait(self._next_deadline())
+        for shard in [d.current for d in self.devices.values() if d.current is not None]:
+            if shard.glet is not None and not shard.glet.dead:
+                shard.glet.throw(greenlet.GreenletExit)
+            report_error(shard.kernel, PathwaysError(
+                f"{shard.device.name} closed while seq {shard.seq} ran"))
+
+    def _turn(self) -> None:
+        self._wake_pending = False
+        while self._inbox:
+            fn = self._inbox.popleft()
+            try:
+                fn()
+            except Exception:
+                log.exception("executor %s: a queued call failed", self.name)
+        if self.link is not None:
+            now = self.clock()
+            for key, src, dsts, value in self.link.receive():
+                for dst in dsts:
+                    self._deliver(key, src, dst, value, now)
+        busy = True
+        while busy:
+            busy = self._fire_timers()
+            while self._resumable:
+                self._resume(*self._resumable.popleft())
+                busy = True
+            for device in list(self.devices.values()):
+                if device.current is None:
+                    busy |= self._take_next(device)
+        if self.link is not None:
+            self.link.flush()
+
+    def _next_deadline(self) -> float | None:
+        if self._inbox or self._resumable:
+            return 0.0
+        return self._timers[0][0] if self._timers else None
+
+    def _wait(self, deadline: float | None) -> None:
+        timeout = None if deadline is None else max(0.0, deadline - self.clock())
+        if timeout == 0.0:
+            return
+        if self.link is not None and self.link.readable():
+            return
+        if self._sleep is not None and timeout is not None and not self._inbox:
+            self._sleep(timeout)  # injected (fake) time
+            return
+        fds = [self._wake_r] + ([self.link.fd] if self.link is not None else [])
+        try:
+            ready, _, _ = select.select(fds, [], [], timeout)
+        except (OSError, ValueError):
+            return  # closed meanwhile
+        if self._wake_r in ready:
+            try:
+                os.read(self._wake_r, 4096)
+            except OSError:
+                pass
+
+    def _at(self, when: float, fn: Callable[[], object]) -> None:
+        heapq.heappush(self._timers, (when, next(self._tick), fn))
+
+    def _fire_timers(self) -> bool:
+        fired = False
+        now = self.clock()
+        while self._timers and self._timers[0][0] <= now:
+            _, _, fn = heapq.heappop(self._timers)
+            fn()
+            fired = True
+        return fired
+
+    # -- a device's next kernel --------------------------------------------------------------
+
+    def _take_next(self, device: EmulatedDevice) -> bool:
+        item = device.take_next()
+        if item is None:
+            return False
+        seq, kernel, arrived = item
+        shard = device.current = _Shard(device, seq, kernel, arrived)
+        keys = shard.keys
+        if keys:
+            if self.store is None:
+                return self._failed_early(shard, PathwaysError(
+                    f"{device.name}: kernel {kernel!r} has inputs but no object store"))
+            shard.pending = len(keys) + 1  # +1: released below, once all are registered
+            for key in keys:
+                try:
+                    self.store.add_done_callback(key, lambda _k, s=shard: self._input_done(s))
+                except Exception as exc:  # e.g. the input was deleted
+                    shard.error = exc
+                    self._input_done(shard)
+            self._input_done(shard)
+        else:
+            self._inputs_ready(shard)
+        return True
+
+    def _input_done(self, shard: _Shard) -> None:
+        if not self.on_thread():
+            self.call_soon(lambda: self._input_done(shard))
+            return
+        shard.pending -= 1
+        if shard.pending == 0:
+            self._inputs_ready(shard)
+
+    def _inputs_ready(self, shard: _Shard) -> None:
+        if shard.error is not None:
+            self._failed_early(shard, shard.error)
+            return
+        device, kernel = shard.device, shard.kernel
+        ready = max(device.free_at, shard.arrived, getattr(kernel, "not_before", 0.0) or 0.0)
+        for key in shard.keys:
+            ready = max(ready, self.store.arrival(key))
+        shard.start = ready
+        if ready > self.clock():
+            self._at(ready, lambda: self._begin(shard))
+        else:
+            self._begin(shard)
+
+    def _failed_early(self, shard: _Shard, error: BaseException) -> bool:
+        shard.start = shard.end = max(shard.device.free_at, shard.arrived)
+        shard.error, shard.done = error, True
+        self._finish(shard)
+        return True
+
+    def _begin(self, shard: _Shard) -> None:
+        shard.cursor = shard.start
+        shard.segment = self.clock()
+        shard.glet = greenlet.greenlet(self._body, parent=self._main)
+        self._switch(shard, shard.glet.switch, shard)
+
+    def _body(self, shard: _Shard):
+        device = shard.device
+        try:
+            modelled = check_seconds(shard.kernel.execute(device),
+                                     f"duration returned by {shard.kernel!r}")
+            shard.nbytes = int(getattr(shard.kernel, "output_bytes", _zero)())
+        except greenlet.GreenletExit:
+            raise
+        except Exception as exc:
+            shard.error, modelled = exc, 0.0
+        shard.cursor += self.clock() - shard.segment
+        shard.end = max(shard.cursor, shard.start + modelled)
+        shard.done = True
+
+    def _switch(self, shard: _Shard, switch, *args) -> None:
+        """Run the shard's greenlet until it parks or ends; then schedule its end."""
+        switch(*args)
+        if shard.done:
+            shard.glet = None
+            if shard.end > self.clock():
+                self._at(shard.end, lambda: self._finish(shard))
+            else:
+                self._finish(shard)
+
+    def _resume(self, shard: _Shard, error: BaseException | None) -> None:
+        if shard.glet is None or shard.glet.dead:
+            return
+        if error is None:
+            self._switch(shard, shard.glet.switch)
+        else:
+            self._switch(shard, shard.glet.throw, error)
+
+    def _finish(self, shard: _Shard) -> None:
+        """Real time has reached the kernel's modelled end: publish, record, free the device."""
+        device, kernel = shard.device, shard.kernel
+        error = shard.error
+        if error is None and shard.nbytes:
+            try:
+                if not device.hbm.try_allocate(shard.nbytes):
+                    self._hbm_waiting.append(shard)  # keeps its device until room is made
+                    return
+            except Exception as exc:  # more than the whole HBM
+                error = exc
+            else:
+                shard.end = max(shard.end, self.clock())
+        if error is None:
+            try:
+                on_done = getattr(kernel, "on_done", None)
+                if on_done is not None:
+                    on_done()
+            except Exception as exc:
+                error = exc
+        if error is not None:
+            report_error(kernel, error)
+        device.finished(shard, KernelRecord(
+            shard.seq, str(getattr(kernel, "name", type(kernel).__name__)),
+            dict(getattr(kernel, "labels", None) or {}), shard.start, shard.end,
+            error is not None))
+
+    def hbm_freed(self) -> None:
+        """Some device's HBM has room again: retry kernels waiting to publish (any thread)."""
+        if self._hbm_waiting:
+            self.call_soon(self._retry_hbm)
+
+    def _retry_hbm(self) -> None:
+        waiting, self._hbm_waiting = self._hbm_waiting, []
+        for shard in waiting:
+            self._finish(shard)
+
+    # -- collectives -------------------------------------------------------------------------
+
+    def exchange(self, shard: _Shard, key, me, outgoing: dict, sources: list) -> dict:
+        """In the shard's greenlet: send ``outgoing`` {device: value}, wait for ``sources``;
+        {source device: value}. The shard's virtual time moves to when the last value was
+        available (a local peer's arrival at the exchange, or a remote value's real arrival)."""
+        gang = key[0]
+        if gang in self._failed_gangs:
+            raise _Abandoned(f"exchange {key!r} at {me!r} abandoned: {self._failed_gangs[gang]}")
+        shard.cursor += self.clock() - shard.segment
+        at = shard.cursor
+        remote: dict = {}
+        for dst, value in outgoing.items():
+            if dst == me:
+                continue
+            if dst in self.devices:
+                self._deliver(key, me, dst, _copy(value), at)
+            else:
+                remote.setdefault(id(value), (value, []))[1].append(dst)
+        if remote:
+            if self.link is None:
+                raise ProgramError(f"devices {[d for _, ds in remote.values() for d in ds]} are"
+                                   " not on this host and it has no ICI link")
+            for value, dsts in remote.values():
+                self.link.queue(key, me, dsts, value)
+        box = self._mail.setdefault((key, me), {})
+        need = [s for s in sources if s != me]
+        if any(s not in box for s in need):
+            shard.waiting = ((key, me), need)
+            self._parked[(key, me)] = shard
+            deadline = self.clock() + self.collective_timeout
+            self._at(deadline, lambda: self._time_out(shard, key, me))
+            try:
+                self._main.switch()  # parked; resumed when every source has delivered
+            finally:
+                shard.waiting = None
+                self._parked.pop((key, me), None)
+        got = {s: box.pop(s) for s in need}
+        if not box:
+            self._mail.pop((key, me), None)
+        shard.cursor = max([at] + [when for _, when in got.values()])
+        shard.segment = self.clock()
+        return {s: v for s, (v, _) in got.items()}
+
+    def _deliver(self, key, src, dst, value, at: float) -> None:
+        if key[0] in self._failed_gangs:
+            return
+        box = self._mail.setdefault((key, dst), {})
+        if src in box:
+            log.warning("exchange %r: %r delivered to %r twice; dropped", key, src, dst)
+            return
+        box[src] = (value, at)
+        shard = self._parked.get((key, dst))
+        if shard is not None and all(s in box for s in shard.waiting[1]):
+            del self._parked[(key, dst)]
+            self._resumable.append((shard, None))
+
+    def _time_out(self, shard: _Shard, key, me) -> None:
+        if shard.waiting is None or shard.waiting[0] != (key, me):
+            return
+        box = self._mail.get((key, me), {})
+        missing = [s for s in shard.waiting[1] if s not in box]
+        self._parked.pop((key, me), None)
+        self._resumable.append((shard, CollectiveTimeout(
+            f"exchange {key!r} at {me!r}: no value from {missing} after "
+            f"{self.collective_timeout}s (a peer skipped this collective, called another one,"
+            " or is lost)")))
+
+    def _abort_gang(self, gang, reason: str) -> None:
+        self._failed_gangs[gang] = reason
+        while len(self._failed_gangs) > FAILED_GANGS_KEPT:
+            self._failed_gangs.popitem(last=False)
+        for k in [k for k in self._mail if k[0][0] == gang]:
+            del self._mail[k]
+        for k, shard in list(self._parked.items()):
+            if k[0][0] == gang:
+                del self._parked[k]
+                self._resumable.append((shard, _Abandoned(
+                    f"exchange {k[0]!r} at {k[1]!r} abandoned: {reason}")))
+
+
+class ExecutorEnv(KernelEnv):
+    """Where a kernel shard's collectives go: its executor's mailboxes and ICI link.
+
+    ``devices`` maps the mesh's flat index to the physical device id; exchange keys are
+    ``(gang_key, sequence number)``. ``bytes_sent_remote`` counts array bytes sent to other
+    hosts, for the ICI cost model.
+    """
+
+    def __init__(self, mesh_shape, axis_names, flat_index: int, devices, gang_key, executor,
+                 shard: _Shard):
+        # the mesh was checked when it was made: no KernelEnv checks per kernel
+        self.mesh_shape, self.axis_names, self.flat_index = mesh_shape, axis_names, flat_index
+        self._seq = 0
+        self.devices, self.gang_key = devices, gang_key
+        self.executor, self.shard = executor, shard
+        self.bytes_sent_remote = 0
+
+    def exchange(self, members, position, outgoing, expect_from):
+        key = (self.gang_key, self.next_collective())
+        devices, local = self.devices, self.executor.devices
+        me = devices[self.flat_index]
+        out = {}
+        for p, value in outgoing.items():
+            dst = devices[members[p]]
+            out[dst] = value
+            if dst not in local:
+                self.bytes_sent_remote += getattr(value, "nbytes", 0)
+        sources = [devices[members[s]] for s in expect_from]
+        got = self.executor.exchange(self.shard, key, me, out, sources)
+        result = {}
+        for s in expect_from:
+            if s == position:
+                if position not in outgoing:
+                    raise ProgramError(f"exchange {key!r} expects a value from itself but sends"
+                                       " none")
+                result[s] = _copy(outgoing[position])
+            else:
+                result[s] = got[devices[members[s]]]
+        return result
+
+
+def current_shard(executor: Executor, device: EmulatedDevice) -> _Shard:
+    """The shard a kernel's ``execute`` runs as (for building its ExecutorEnv)."""
+    shard = device.current
+    if shard is None or shard.device.executor is not executor:
+        raise PathwaysError(f"{device.name} is running no kernel")
+    return shard
+
+
+def _input_keys(kernel) -> list:
+    keys = getattr(kernel, "input_keys", None)
+    return keys() if keys is not None else []
+
+
+def _zero() -> int:
+    return 0
+
+
+def _copy(value):
+    return value.copy() if hasattr(value, "copy") else value
