@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import itertools
 import math
 import threading
@@ -297,15 +298,25 @@ class AbstractEnv(KernelEnv):
 
 
 def _group(name: str, axes) -> tuple[KernelEnv, list[int], int]:
-    """This thread's environment and its group over ``axes``; errors name the collective."""
+    """This context's environment and its group over ``axes``; errors name the collective."""
     env = current_env()
     if env is None:
         raise ProgramError(
             f"{name} called outside a compiled function: collectives only run inside a body "
             "executed on a mesh (run_spmd, or a program compiled for a mesh)"
         )
-    members, position = axis_group(env.mesh_shape, env.axis_names, axes, env.flat_index)
+    if not isinstance(axes, str):
+        axes = tuple(axes)
+    members, position = _cached_group(tuple(env.mesh_shape), tuple(env.axis_names), axes,
+                                      env.flat_index)
     return env, members, position
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_group(mesh_shape, axis_names, axes, flat_index):
+    # every kernel of a body asks the same few questions: answer each once
+    members, position = axis_group(mesh_shape, axis_names, axes, flat_index)
+    return tuple(members), position
 
 
 def _gather(name: str, x, axes) -> tuple[list, int]:

@@ -51,6 +51,8 @@ class KernelRecord:
     start: float
     end: float
     error: bool
+    arrived: float = 0.0  # real time its dispatch reached the host (start >= arrived)
+    published: float = 0.0  # real time its outputs were published (>= end)
 
 
 class HbmAccount:

@@ -353,7 +353,7 @@ class Executor:
         device.finished(shard, KernelRecord(
             shard.seq, str(getattr(kernel, "name", type(kernel).__name__)),
             dict(getattr(kernel, "labels", None) or {}), shard.start, shard.end,
-            error is not None))
+            error is not None, shard.arrived, self.clock()))
 
     def hbm_freed(self) -> None:
         """Some device's HBM has room again: retry kernels waiting to publish (any thread)."""
@@ -377,11 +377,15 @@ class Executor:
         shard.cursor += self.clock() - shard.segment
         at = shard.cursor
         remote: dict = {}
+        copies: dict = {}  # one copy per value sent, however many local peers get it
         for dst, value in outgoing.items():
             if dst == me:
                 continue
             if dst in self.devices:
-                self._deliver(key, me, dst, _copy(value), at)
+                c = copies.get(id(value))
+                if c is None:
+                    c = copies[id(value)] = _copy(value)
+                self._deliver(key, me, dst, c, at)
             else:
                 remote.setdefault(id(value), (value, []))[1].append(dst)
         if remote:
@@ -392,8 +396,9 @@ class Executor:
                 self.link.queue(key, me, dsts, value)
         box = self._mail.setdefault((key, me), {})
         need = [s for s in sources if s != me]
-        if any(s not in box for s in need):
-            shard.waiting = ((key, me), need)
+        missing = sum(s not in box for s in need)
+        if missing:
+            shard.waiting = [(key, me), frozenset(need), missing]
             self._parked[(key, me)] = shard
             deadline = self.clock() + self.collective_timeout
             self._at(deadline, lambda: self._time_out(shard, key, me))
@@ -418,9 +423,11 @@ class Executor:
             return
         box[src] = (value, at)
         shard = self._parked.get((key, dst))
-        if shard is not None and all(s in box for s in shard.waiting[1]):
-            del self._parked[(key, dst)]
-            self._resumable.append((shard, None))
+        if shard is not None and src in shard.waiting[1]:
+            shard.waiting[2] -= 1
+            if not shard.waiting[2]:
+                del self._parked[(key, dst)]
+                self._resumable.append((shard, None))
 
     def _time_out(self, shard: _Shard, key, me) -> None:
         if shard.waiting is None or shard.waiting[0] != (key, me):
