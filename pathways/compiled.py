@@ -20,6 +20,9 @@ from .mesh import Mesh
 from .sharding import P, global_shape_of, normalize_spec, shard_shape
 
 
+COSTS_KEPT = 1024  # signatures whose modelled cost a compiled function remembers
+
+
 @dataclass(frozen=True)
 class Aval:
     """The abstract value of a global array: shape and dtype."""
@@ -62,6 +65,7 @@ class CompiledFunction:
         self.in_specs, self._broadcast_in = _specs(in_specs, "in_specs")
         self.out_specs, self.single_output = _specs(out_specs, "out_specs")
         self._avals: dict[tuple, tuple[Aval, ...]] = {}
+        self._costs: dict[tuple, float] = {}  # (shapes and dtypes, device spec) -> seconds
 
     def __repr__(self):
         return f"<compiled {self.name} on {self.mesh}>"
@@ -141,15 +145,26 @@ class CompiledFunction:
     def run_shard(self, env, shards, spec) -> tuple[tuple, float]:
         """Run the body on one device's shards under ``env``; (outputs, modelled seconds on
         a device of ``spec``)."""
-        with collectives.kernel_env(env):
+        token = collectives._env.set(env)
+        try:
             outs = self._as_tuple(self.body(*shards))
+        finally:
+            collectives._env.reset(token)
         return outs, self.cost_of(shards, outs, spec)
 
     def cost_of(self, inputs, outputs, spec) -> float:
         """Modelled seconds of one execution: ``cost`` if given (a number, or a function of
-        the input shapes), else the roofline estimate for a device of ``spec``."""
-        default = cost_model.estimate_kernel(list(inputs), list(outputs), spec)
-        return cost_model.resolve_cost(self.cost, [a.shape for a in inputs], default)
+        the input shapes), else the roofline estimate for a device of ``spec``. Worked out
+        once per signature (shapes and dtypes in and out) and device spec."""
+        key = (tuple((a.shape, a.dtype) for a in inputs),
+               tuple((a.shape, a.dtype) for a in outputs), spec)
+        seconds = self._costs.get(key)
+        if seconds is None:
+            default = cost_model.estimate_kernel(list(inputs), list(outputs), spec)
+            seconds = cost_model.resolve_cost(self.cost, [a.shape for a in inputs], default)
+            if len(self._costs) < COSTS_KEPT:
+                self._costs[key] = seconds
+        return seconds
 
     def __call__(self, *args):
         from .tracer import current_trace, run_op_by_op

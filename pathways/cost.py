@@ -56,6 +56,8 @@ def check_seconds(value, what: str = "cost") -> float:
 
     Accepts ints, floats and numpy scalars; rejects bools, NaN, infinities and negatives.
     """
+    if type(value) is float and 0.0 <= value < math.inf:  # the common case, checked cheaply
+        return value
     # bool is an Integral, but ``cost=True`` is certainly a mistake, not one second.
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{what} must be a number of seconds, got {type(value).__name__}: "

@@ -50,6 +50,7 @@ from .errors import CollectiveTimeout, PathwaysError, ProgramError
 log = logging.getLogger("pathways.executor")
 
 COLLECTIVE_TIMEOUT = 60.0
+RUNNERS_KEPT = 64  # idle body greenlets kept for reuse
 FAILED_GANGS_KEPT = 10_000
 
 
@@ -57,7 +58,7 @@ class _Shard:
     """A kernel that has left its device's queue: waiting for inputs, running or finishing."""
 
     __slots__ = ("device", "seq", "kernel", "arrived", "keys", "pending", "start", "cursor", "segment",
-                 "glet", "end", "error", "nbytes", "waiting", "done")
+                 "glet", "end", "error", "nbytes", "waiting", "deadline", "done")
 
     def __init__(self, device, seq, kernel, arrived):
         self.device, self.seq, self.kernel, self.arrived = device, seq, kernel, arrived
@@ -67,7 +68,8 @@ class _Shard:
         self.glet = None
         self.error: BaseException | None = None
         self.nbytes = 0
-        self.waiting = None  # (mailbox key, sources) while parked in an exchange
+        self.waiting = None  # [mailbox key, sources, how many missing] while parked
+        self.deadline = 0.0  # when a parked exchange times out
         self.done = False  # the body has returned or raised
 
 
@@ -102,6 +104,8 @@ class Executor:
         self._parked: dict = {}  # (key, dst) -> _Shard
         self._failed_gangs: OrderedDict = OrderedDict()
         self._hbm_waiting: list = []
+        self._runners: list = []  # idle greenlets that run bodies
+        self._watchdog_armed = False  # one timer for every parked exchange's timeout
         self._closing = False
         self._main = None
         self._thread = threading.Thread(target=self._run, name=f"executor-{name}", daemon=True)
@@ -293,8 +297,20 @@ class Executor:
     def _begin(self, shard: _Shard) -> None:
         shard.cursor = shard.start
         shard.segment = self.clock()
-        shard.glet = greenlet.greenlet(self._body, parent=self._main)
-        self._switch(shard, shard.glet.switch, shard)
+        glet = self._runners.pop() if self._runners else greenlet.greenlet(
+            self._runner, parent=self._main)
+        shard.glet = glet
+        self._switch(shard, glet.switch, shard)
+
+    def _runner(self, shard: _Shard) -> None:
+        """A greenlet that runs bodies, one after the other (made once, reused)."""
+        while True:
+            self._body(shard)
+            if len(self._runners) < RUNNERS_KEPT:
+                self._runners.append(greenlet.getcurrent())
+                shard = self._main.switch()  # resumed with the next shard to run
+            else:
+                return
 
     def _body(self, shard: _Shard):
         device = shard.device
@@ -321,7 +337,7 @@ class Executor:
                 self._finish(shard)
 
     def _resume(self, shard: _Shard, error: BaseException | None) -> None:
-        if shard.glet is None or shard.glet.dead:
+        if shard.glet is None or shard.glet.dead or shard.done:
             return
         if error is None:
             self._switch(shard, shard.glet.switch)
@@ -336,11 +352,13 @@ class Executor:
             try:
                 if not device.hbm.try_allocate(shard.nbytes):
                     self._hbm_waiting.append(shard)  # keeps its device until room is made
+                    shard.waiting = "hbm"
                     return
             except Exception as exc:  # more than the whole HBM
                 error = exc
             else:
-                shard.end = max(shard.end, self.clock())
+                if shard.waiting == "hbm":  # the device was held until now
+                    shard.end, shard.waiting = max(shard.end, self.clock()), None
         if error is None:
             try:
                 on_done = getattr(kernel, "on_done", None)
@@ -399,9 +417,11 @@ class Executor:
         missing = sum(s not in box for s in need)
         if missing:
             shard.waiting = [(key, me), frozenset(need), missing]
+            shard.deadline = self.clock() + self.collective_timeout
             self._parked[(key, me)] = shard
-            deadline = self.clock() + self.collective_timeout
-            self._at(deadline, lambda: self._time_out(shard, key, me))
+            if not self._watchdog_armed:  # later deadlines never precede an armed one
+                self._watchdog_armed = True
+                self._at(shard.deadline, self._watchdog)
             try:
                 self._main.switch()  # parked; resumed when every source has delivered
             finally:
@@ -429,16 +449,22 @@ class Executor:
                 del self._parked[(key, dst)]
                 self._resumable.append((shard, None))
 
-    def _time_out(self, shard: _Shard, key, me) -> None:
-        if shard.waiting is None or shard.waiting[0] != (key, me):
-            return
-        box = self._mail.get((key, me), {})
-        missing = [s for s in shard.waiting[1] if s not in box]
-        self._parked.pop((key, me), None)
-        self._resumable.append((shard, CollectiveTimeout(
-            f"exchange {key!r} at {me!r}: no value from {missing} after "
-            f"{self.collective_timeout}s (a peer skipped this collective, called another one,"
-            " or is lost)")))
+    def _watchdog(self) -> None:
+        """Time out the exchanges parked past their deadline; re-arm for the next one."""
+        self._watchdog_armed = False
+        now = self.clock()
+        for (key, me), shard in list(self._parked.items()):
+            if shard.deadline <= now:
+                box = self._mail.get((key, me), {})
+                missing = [s for s in shard.waiting[1] if s not in box]
+                del self._parked[(key, me)]
+                self._resumable.append((shard, CollectiveTimeout(
+                    f"exchange {key!r} at {me!r}: no value from {missing} after "
+                    f"{self.collective_timeout}s (a peer skipped this collective, called"
+                    " another one, or is lost)")))
+        if self._parked:
+            self._watchdog_armed = True
+            self._at(min(s.deadline for s in self._parked.values()), self._watchdog)
 
     def _abort_gang(self, gang, reason: str) -> None:
         self._failed_gangs[gang] = reason
