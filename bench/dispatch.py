@@ -312,8 +312,8 @@ def main(argv=None) -> int:
         f" each output into the next input. Hosts are processes of {PER_HOST} emulated devices"
         f" on one {os.cpu_count()}-core machine (a Pathways cluster: coordinator + hosts +"
         f" this client; the multi-controller: one process per host, bench/multicontroller.py,"
-        f" same EmulatedDevice/Rendezvous/LocalEnv, same modelled cost incl. ICI time, ZeroMQ"
-        f" tcp loopback, no coordinator).",
+        f" same host Executor/ExecutorEnv/IciLink as a Pathways host, same modelled cost incl."
+        f" ICI time, ZeroMQ tcp loopback, no coordinator).",
         f"OpByOp: N calls of step, then wait for the last. Chained: one @pw.program of {CHAIN}"
         f" calls, run repeatedly. Fused: one shard_map looping {CHAIN}x psum+1, cost {CHAIN}x;"
         f" counts {CHAIN} computations per call. Figure 5 rows use a modelled cost of"

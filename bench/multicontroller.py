@@ -3,34 +3,42 @@
 In JAX's multi-controller model there is no coordinator: every host runs the same user
 program, and each call of a compiled function is enqueued straight onto that host's local
 devices, which run their kernels in program order; collectives meet over ICI. Here that is
-built from the very pieces a Pathways host uses -- ``EmulatedDevice`` executors, a
-``Rendezvous`` per host, ``LocalEnv`` kernel environments, the same modelled cost (body cost
-plus ICI transfer time of the bytes sent off-host) and ZeroMQ over tcp loopback with Plaque's
-wire framing. The two differ in how work reaches the devices (here: straight from the user
-loop, no coordinator, no per-run messages or progress tracking) and in the host-to-host path
-of collective contributions: here device threads send them directly, batched per destination
-host, and a dedicated thread receives them, as the runtime of a multi-controller system would;
-a Pathways host relays each one as its own Plaque message through its event loop
-(``--no-batch`` sends one message per contribution here too, for comparison).
+built from exactly the pieces a Pathways host runs its kernels with: one
+``pathways.executor.Executor`` per host owning all of the host's ``EmulatedDevice`` records
+(one thread, every device a timeline in virtual time, bodies in greenlets that park at
+collectives), ``ExecutorEnv`` kernel environments, the host's ``pathways.ici.IciLink`` for
+collective values bound for other hosts, and the same modelled cost (body cost plus ICI
+transfer time of the bytes sent off-host). So the two systems share the executor and the
+whole collective path, and a benchmark ratio compares only how work reaches the devices:
+here straight from the user loop, with no coordinator, no per-run messages, no object store
+and no progress tracking.
 
 One process per host (multiprocessing, spawn), ``devices_per_host`` devices each; device ids
 are global (``host * devices_per_host + k``) and flat mesh index = device id. Each process:
 
-- binds one PULL socket; a receiver thread decodes batches of ``(key, src, dst, value)`` and
-  delivers them into the host's Rendezvous;
-- gives every device one PUSH socket per peer host. Through the LocalEnv ``send`` hook a device
-  thread buffers its contributions per destination host, and sends each buffer as one message
-  when it starts waiting for its own contributions (``collect``): one message per (device,
-  peer host) per collective, not one per peer device;
+- makes an ``IciLink`` (its own PULL socket; ``worker_of`` maps every device id to its host
+  index) and an ``Executor`` with that link, which owns the host's devices
+  (``add_device(d, name=f"mc-tpu{d}")``); the processes exchange their links' addresses
+  through the parent and fill in ``link.peers`` (host index -> ICI address). The process
+  has two threads, its main one (the user loop) and the executor's: no per-device threads,
+  no receiver. The executor thread reads the link's PULL socket itself, and sends what
+  its devices contribute to a collective as one message per peer host per executor turn
+  (a value for several devices of a host travels once). The former ``--no-batch`` option
+  (one message per contribution) is gone: the executor always batches this way, as it does
+  on a Pathways host;
 - runs the user loop itself: after a barrier with the other hosts, ``for i in range(n)`` it
-  enqueues, on each local device at the next sequence number, a kernel running ``body`` on the
-  device's current value (kept on the device: the previous kernel's output), then waits for
-  its devices to go idle.
+  enqueues, on each local device at the next sequence number, a kernel running ``body`` on
+  the device's current value (kept on the device: the previous kernel's output) under an
+  ``ExecutorEnv`` with gang key ``(run number, i)``, then waits for its devices to go idle.
+  A failing kernel aborts its gang on its own host's executor (the peers' exchanges of that
+  gang then time out: there is nobody to tell them, as in a multi-controller job).
 
 Throughput is n / (latest device finish - earliest barrier exit), over all hosts (monotonic
-clocks are system-wide on Linux); utilization is each device's busy time over that window.
+clocks are system-wide on Linux; a device "finishes" when its last kernel's output is
+published, i.e. when real time reaches the kernel's modelled end); utilization is each
+device's busy (virtual) time over that window.
 
-Run: ``python bench/multicontroller.py --hosts 2 --n 2000 --cost 0.0005 [--no-batch]``.
+Run: ``python bench/multicontroller.py --hosts 2 --n 2000 --cost 0.0005``.
 """
 
 from __future__ import annotations
@@ -39,7 +47,6 @@ import argparse
 import multiprocessing as mp
 import os
 import sys
-import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -53,13 +60,15 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable in spawned
 
 from pathways import cost as cost_model  # noqa: E402
 from pathways import host as pathways_host  # noqa: E402
-from pathways.collectives import LocalEnv, Rendezvous, kernel_env, psum  # noqa: E402
-from pathways.device import EmulatedDevice  # noqa: E402
-from plaque import wire  # noqa: E402
+from pathways.collectives import kernel_env, psum  # noqa: E402
+from pathways.executor import Executor, ExecutorEnv  # noqa: E402
+from pathways.ici import IciLink  # noqa: E402
+from plaque import security  # noqa: E402
 
 AXIS = "d"
 START_TIMEOUT = 60.0  # seconds for a host process to start, bind and connect
 BARRIER_TIMEOUT = 60.0
+ICI_BIND = "tcp://127.0.0.1"  # where each host's IciLink binds its PULL socket
 
 
 def trivial_body(steps: int = 1):
@@ -94,47 +103,13 @@ def expected_value(devices: int, steps: int, x0: float = 0.0) -> float:
 
 # ---- inside a host process --------------------------------------------------------------------
 
-class _OutboxRendezvous(Rendezvous):
-    """A Rendezvous whose remote sends are buffered per (source device, destination host) and
-    leave, one message per host, when the source device starts to collect."""
-
-    def __init__(self, host: int, per_host: int, push: dict[int, dict[int, zmq.Socket]],
-                 batch: bool = True):
-        super().__init__()
-        self.host, self.per_host, self.push, self.batch = host, per_host, push, batch
-        self._outbox: dict[int, dict[int, list]] = {d: {} for d in push}
-
-    def send(self, dst_device, key, src_device, value) -> None:
-        """The LocalEnv ``send`` hook; runs on ``src_device``'s thread only."""
-        if not self.batch:  # one message per contribution (the ablation)
-            item = [(key, src_device, dst_device, value)]
-            self.push[src_device][dst_device // self.per_host].send_multipart(
-                wire.encode(wire.Kind.USER, self.host, item), copy=False)
-            return
-        box = self._outbox[src_device]
-        items = box.get(dst_device // self.per_host)
-        if items is None:
-            items = box[dst_device // self.per_host] = []
-        items.append((key, src_device, dst_device, value))
-
-    def collect(self, key, dst, sources, timeout):
-        box = self._outbox.get(dst)
-        if box:
-            socks = self.push[dst]
-            for peer, items in box.items():
-                socks[peer].send_multipart(wire.encode(wire.Kind.USER, self.host, items),
-                                           copy=False)
-            box.clear()
-        return super().collect(key, dst, sources, timeout)
-
-
 class _StepKernel:
     """One call of the step function on one device: reads the device's current value, runs
     the body, and makes the output the device's current value when the device is done."""
 
     __slots__ = ("node", "device_id", "gang", "body", "cost", "name", "labels", "_out")
 
-    def __init__(self, node: _HostNode, device_id: int, gang, body, cost: float):
+    def __init__(self, node: _HostNode, device_id: int, gang: tuple, body, cost: float):
         self.node, self.device_id, self.gang = node, device_id, gang
         self.body, self.cost = body, cost
         self.name = body.__name__
@@ -142,9 +117,10 @@ class _StepKernel:
         self._out = None
 
     def execute(self, device) -> float:
+        """On the executor thread, in the shard's greenlet (``device.current`` is the shard)."""
         node = self.node
-        env = LocalEnv(node.mesh_shape, (AXIS,), self.device_id, node.flat_devices, self.gang,
-                       node.rendezvous, send=node.rendezvous.send, is_local=node.is_local)
+        env = ExecutorEnv(node.mesh_shape, (AXIS,), self.device_id, node.flat_devices,
+                          self.gang, node.executor, device.current)
         with kernel_env(env):
             self._out = self.body(node.values[self.device_id])
         remote = env.bytes_sent_remote
@@ -159,53 +135,31 @@ class _StepKernel:
         node = self.node
         if node.error is None:
             node.error = f"device {self.device_id} gang {self.gang}: {exc!r}"
-        node.rendezvous.abort(f"device {self.device_id} failed: {exc!r}")
+        node.executor.abort_gang(self.gang, f"device {self.device_id} failed: {exc!r}")
 
 
 class _HostNode:
-    """One emulated host of the multi-controller job: its devices, sockets and receiver."""
+    """One emulated host of the multi-controller job: its ICI link and its executor, which
+    owns the host's devices (``connect`` gives the link its peers and starts the executor)."""
 
-    def __init__(self, host: int, hosts: int, per_host: int, ctx: zmq.Context,
-                 pull: zmq.Socket, peer_addresses: list[str], batch: bool):
+    def __init__(self, host: int, hosts: int, per_host: int, ctx: zmq.Context):
         self.host, self.per_host = host, per_host
         self.mesh_shape = (hosts * per_host,)
         self.flat_devices = {i: i for i in range(hosts * per_host)}
         self.local = range(host * per_host, (host + 1) * per_host)
-        push: dict[int, dict[int, zmq.Socket]] = {}
-        for d in self.local:
-            push[d] = {}
-            for peer, address in enumerate(peer_addresses):
-                if peer != host:
-                    s = ctx.socket(zmq.PUSH)
-                    s.setsockopt(zmq.LINGER, 0)
-                    s.setsockopt(zmq.SNDHWM, 100_000)
-                    s.connect(address)
-                    push[d][peer] = s
-        self.sockets = [s for per_peer in push.values() for s in per_peer.values()]
-        self.rendezvous = _OutboxRendezvous(host, per_host, push, batch)
-        self.devices = {d: EmulatedDevice(d, name=f"mc-tpu{d}") for d in self.local}
+        worker_of = {d: d // per_host for d in range(hosts * per_host)}
+        self.link = IciLink(ctx, ICI_BIND, worker_of)
+        self.executor = Executor(f"mc-host{host}", link=self.link)
+        self.devices = {d: self.executor.add_device(d, name=f"mc-tpu{d}") for d in self.local}
         self.values = {d: np.zeros(()) for d in self.local}
         self.finished_at = {d: 0.0 for d in self.local}
         self.next_seq = 0
         self.error: str | None = None
-        self._pull = pull
-        self._stop = threading.Event()
-        self._receiver = threading.Thread(target=self._receive, name="mc-receiver", daemon=True)
-        self._receiver.start()
 
-    def is_local(self, device) -> bool:
-        return device in self.devices
-
-    def _receive(self) -> None:
-        pull, deliver = self._pull, self.rendezvous.deliver
-        pull.setsockopt(zmq.RCVTIMEO, 100)
-        while not self._stop.is_set():
-            try:
-                frames = pull.recv_multipart()
-            except zmq.Again:
-                continue
-            for key, src, dst, value in wire.decode(frames)[2]:
-                deliver(key, src, dst, value)
+    def connect(self, addresses: list[str]) -> None:
+        """``addresses[h]``: host ``h``'s ICI address; then start running kernels."""
+        self.link.peers = dict(enumerate(addresses))
+        self.executor.start()
 
     def run(self, barrier, run_no: int, n: int, cost: float, steps: int, x0: float,
             timeout: float) -> dict:
@@ -236,30 +190,26 @@ class _HostNode:
                 "values": {d: float(v) for d, v in self.values.items()}}
 
     def close(self) -> None:
-        self._stop.set()
-        for dev in self.devices.values():
-            dev.close(timeout=1.0)
-        self._receiver.join(2.0)
-        for s in self.sockets:
-            s.close(0)
+        """Stop the executor (its thread uses the link), then close the link."""
+        if not self.executor.close(timeout=2.0):
+            print(f"mc-host{self.host}: executor thread still running at close",
+                  file=sys.stderr, flush=True)
+        self.link.close()
 
 
-def _host_main(conn, barrier, host: int, hosts: int, per_host: int, batch: bool) -> None:
+def _host_main(conn, barrier, host: int, hosts: int, per_host: int) -> None:
     """A host process: bind, learn the peers, then serve run requests from the parent."""
-    # Same interpreter setting as a Pathways host (device threads and the receiver hand the
-    # GIL to each other constantly), whatever pathways.host currently chooses.
+    # Same interpreter setting as a Pathways host (the user loop and the executor thread hand
+    # the GIL to each other constantly), whatever pathways.host currently chooses.
     sys.setswitchinterval(getattr(pathways_host, "SWITCH_INTERVAL", sys.getswitchinterval()))
     ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    pull.setsockopt(zmq.LINGER, 0)
-    pull.setsockopt(zmq.RCVHWM, 100_000)
-    pull.bind_to_random_port("tcp://127.0.0.1")
     node = None
     try:
-        conn.send(("bound", pull.getsockopt_string(zmq.LAST_ENDPOINT)))
+        node = _HostNode(host, hosts, per_host, ctx)
+        conn.send(("bound", node.link.address))
         if not conn.poll(START_TIMEOUT):
             return
-        node = _HostNode(host, hosts, per_host, ctx, pull, conn.recv(), batch)
+        node.connect(conn.recv())
         conn.send(("ready", os.getpid()))
         while conn.poll(3600):
             msg = conn.recv()
@@ -275,7 +225,7 @@ def _host_main(conn, barrier, host: int, hosts: int, per_host: int, batch: bool)
     finally:
         if node is not None:
             node.close()
-        pull.close(0)
+        security.release(ctx)  # its CURVE authenticator, if any (ctx.term() would wait for it)
         ctx.term()
 
 
@@ -305,8 +255,8 @@ class McResult:
 class MultiController:
     """``hosts`` processes ready to run the trivial computation; use as a context manager."""
 
-    def __init__(self, hosts: int, devices_per_host: int = 4, batch: bool = True):
-        self.hosts, self.per_host, self.batch = hosts, devices_per_host, batch
+    def __init__(self, hosts: int, devices_per_host: int = 4):
+        self.hosts, self.per_host = hosts, devices_per_host
         ctx = mp.get_context("spawn")
         self._barrier = ctx.Barrier(hosts)
         self._conns, self.processes = [], []
@@ -315,7 +265,7 @@ class MultiController:
             for h in range(hosts):
                 parent, child = ctx.Pipe()
                 p = ctx.Process(target=_host_main, name=f"mc-host{h}", daemon=True,
-                                args=(child, self._barrier, h, hosts, devices_per_host, batch))
+                                args=(child, self._barrier, h, hosts, devices_per_host))
                 p.start()
                 child.close()
                 self._conns.append(parent)
@@ -397,10 +347,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cost", type=float, default=0.0, help="modelled seconds per computation")
     ap.add_argument("--steps", type=int, default=1, help="psum+1 steps inside one kernel")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--no-batch", action="store_true",
-                    help="send each collective contribution as its own message")
     args = ap.parse_args(argv)
-    with MultiController(args.hosts, args.devices_per_host, batch=not args.no_batch) as mc:
+    with MultiController(args.hosts, args.devices_per_host) as mc:
         mc.run(min(args.n, 100), args.cost, args.steps)  # warm-up: connections, first calls
         for _ in range(args.reps):
             r = mc.run(args.n, args.cost, args.steps)

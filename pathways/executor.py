@@ -5,7 +5,7 @@ time it is free again (``free_at``), its HBM and its timeline. The executor thre
 device's next kernel in sequence order and runs it when it can start, in *virtual* time:
 
     start = max(device free_at, real time its dispatch reached the host, inputs ready)
-    end   = max(start + modelled, when its last collective completed + the real time after it)
+    end   = start + max(real compute, modelled) + time spent waiting for peers in collectives
 
 where an input is ready at its producer's modelled end (same host) or at its real arrival
 (data from another host or a client, plus its modelled link time). A kernel's body runs only
@@ -58,13 +58,14 @@ class _Shard:
     """A kernel that has left its device's queue: waiting for inputs, running or finishing."""
 
     __slots__ = ("device", "seq", "kernel", "arrived", "keys", "pending", "start", "cursor", "segment",
-                 "glet", "end", "error", "nbytes", "waiting", "deadline", "done")
+                 "waited", "glet", "end", "error", "nbytes", "waiting", "deadline", "done")
 
     def __init__(self, device, seq, kernel, arrived):
         self.device, self.seq, self.kernel, self.arrived = device, seq, kernel, arrived
         self.keys = _input_keys(kernel)  # object-store keys of its inputs
         self.pending = 0  # inputs not resolved yet
         self.start = self.cursor = self.segment = self.end = 0.0
+        self.waited = 0.0  # modelled time spent waiting for peers in collectives
         self.glet = None
         self.error: BaseException | None = None
         self.nbytes = 0
@@ -323,7 +324,8 @@ class Executor:
         except Exception as exc:
             shard.error, modelled = exc, 0.0
         shard.cursor += self.clock() - shard.segment
-        shard.end = max(shard.cursor, shard.start + modelled)
+        # occupied for its compute (real or modelled, whichever is longer) plus its waits
+        shard.end = max(shard.cursor, shard.start + shard.waited + modelled)
         shard.done = True
 
     def _switch(self, shard: _Shard, switch, *args) -> None:
@@ -431,6 +433,7 @@ class Executor:
         if not box:
             self._mail.pop((key, me), None)
         shard.cursor = max([at] + [when for _, when in got.values()])
+        shard.waited += shard.cursor - at
         shard.segment = self.clock()
         return {s: v for s, (v, _) in got.items()}
 
