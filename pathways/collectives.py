@@ -98,6 +98,16 @@ class KernelEnv:
         """Send ``outgoing[p]`` to ``members[p]``; return {source position: value received}."""
         raise NotImplementedError
 
+    def gather_all(self, members, position: int, x) -> list:
+        """Every member's ``x`` in position order (the exchange of all_gather and psum)."""
+        everyone = list(range(len(members)))
+        got = self.exchange(members, position, {p: x for p in everyone}, everyone)
+        return [got[p] for p in everyone]
+
+    def reduce_all(self, members, position: int, x) -> np.ndarray:
+        """psum's answer on this member: every member's ``x`` added in position order."""
+        return _ordered_sum(self.gather_all(members, position, x))
+
 
 class Rendezvous:
     """A thread-safe mailbox: values keyed by (exchange key, destination, source).
@@ -322,9 +332,7 @@ def _cached_group(mesh_shape, axis_names, axes, flat_index):
 def _gather(name: str, x, axes) -> tuple[list, int]:
     """Every member's ``x`` in position order, and this device's position."""
     env, members, position = _group(name, axes)
-    everyone = list(range(len(members)))
-    got = env.exchange(members, position, {p: x for p in everyone}, everyone)
-    return [got[p] for p in everyone], position
+    return env.gather_all(members, position, x), position
 
 
 def _check_axis(name: str, what: str, axis: int, ndim: int) -> int:
@@ -339,7 +347,8 @@ def psum(x, axes):
 
     >>> total = pw.shard_map(lambda x: pw.psum(x, "data"), mesh, P("data"), P())
     """
-    return _ordered_sum(_gather("psum", np.asarray(x), axes)[0])
+    env, members, position = _group("psum", axes)
+    return env.reduce_all(members, position, np.asarray(x))
 
 
 def pmean(x, axes):
@@ -348,8 +357,8 @@ def pmean(x, axes):
     >>> col_mean = pw.shard_map(lambda x: pw.pmean(x.mean(axis=0), "data"), mesh,
     ...                         P("data"), P())
     """
-    values, _ = _gather("pmean", np.asarray(x), axes)
-    return np.asarray(_ordered_sum(values) / len(values))
+    env, members, position = _group("pmean", axes)
+    return np.asarray(env.reduce_all(members, position, np.asarray(x)) / len(members))
 
 
 def _ordered_sum(values: list) -> np.ndarray:

@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 import greenlet
 
-from .collectives import KernelEnv, _Abandoned
+from .collectives import KernelEnv, _Abandoned, _ordered_sum
 from .cost import check_seconds
 from .device import EmulatedDevice, KernelRecord, report_error
 from .errors import CollectiveTimeout, PathwaysError, ProgramError
@@ -51,6 +51,7 @@ log = logging.getLogger("pathways.executor")
 
 COLLECTIVE_TIMEOUT = 60.0
 RUNNERS_KEPT = 64  # idle body greenlets kept for reuse
+PLANS_KEPT = 4096  # collective groups whose local/remote split an executor remembers
 FAILED_GANGS_KEPT = 10_000
 
 
@@ -106,6 +107,8 @@ class Executor:
         self._failed_gangs: OrderedDict = OrderedDict()
         self._hbm_waiting: list = []
         self._runners: list = []  # idle greenlets that run bodies
+        self._plans: dict = {}  # gather_plan's answers
+        self._reduced: dict = {}  # (key, group) -> [fold result, local members yet to take it]
         self._watchdog_armed = False  # one timer for every parked exchange's timeout
         self._closing = False
         self._main = None
@@ -391,11 +394,7 @@ class Executor:
         """In the shard's greenlet: send ``outgoing`` {device: value}, wait for ``sources``;
         {source device: value}. The shard's virtual time moves to when the last value was
         available (a local peer's arrival at the exchange, or a remote value's real arrival)."""
-        gang = key[0]
-        if gang in self._failed_gangs:
-            raise _Abandoned(f"exchange {key!r} at {me!r} abandoned: {self._failed_gangs[gang]}")
-        shard.cursor += self.clock() - shard.segment
-        at = shard.cursor
+        at = self._arrive(shard, key, me)
         remote: dict = {}
         copies: dict = {}  # one copy per value sent, however many local peers get it
         for dst, value in outgoing.items():
@@ -408,14 +407,77 @@ class Executor:
                 self._deliver(key, me, dst, c, at)
             else:
                 remote.setdefault(id(value), (value, []))[1].append(dst)
+        for value, dsts in remote.values():
+            self._queue_remote(key, me, dsts, value)
+        return self._collect(shard, key, me, [s for s in sources if s != me], at)
+
+    def gather(self, shard: _Shard, key, plan, value) -> list:
+        """The exchange in which every member sends ``value`` to every other (psum,
+        all_gather): every member's value, in member order. ``plan`` is ``gather_plan``'s."""
+        me, devs, local_peers, remote, _ = plan
+        at = self._arrive(shard, key, me)
+        if local_peers:
+            c = _copy(value)
+            for d in local_peers:
+                self._deliver(key, me, d, c, at)
         if remote:
-            if self.link is None:
-                raise ProgramError(f"devices {[d for _, ds in remote.values() for d in ds]} are"
-                                   " not on this host and it has no ICI link")
-            for value, dsts in remote.values():
-                self.link.queue(key, me, dsts, value)
+            self._queue_remote(key, me, remote, value)
+        got = self._collect(shard, key, me, [d for d in devs if d != me], at)
+        return [_copy(value) if d == me else got[d] for d in devs]
+
+    def reduce(self, shard: _Shard, key, plan, value, fold):
+        """``fold(gather(...))``, worked out once for all of this host's members of the
+        group (they receive the same values in the same order); each gets its own copy."""
+        values = self.gather(shard, key, plan, value)
+        group = (key, plan[1])  # an exchange key is shared by every group of the mesh
+        cached = self._reduced.get(group)
+        if cached is None:
+            result = fold(values)
+            if plan[4] > 1:
+                self._reduced[group] = [result, plan[4] - 1]
+                return result.copy()
+            return result
+        cached[1] -= 1
+        if cached[1]:
+            return cached[0].copy()
+        del self._reduced[group]
+        return cached[0]
+
+    def gather_plan(self, devices: dict, members: tuple, position: int):
+        """For the group ``members`` (flat indices; ``devices`` maps them to devices) seen
+        from ``position``: (me, member devices, local peers, remote devices, local members).
+        Worked out once per group and position."""
+        k = (id(devices), members, position)
+        hit = self._plans.get(k)
+        if hit is not None and hit[0] is devices:
+            return hit[1]
+        devs = tuple(devices[m] for m in members)
+        me = devs[position]
+        local = tuple(d for d in devs if d in self.devices)
+        plan = (me, devs, tuple(d for d in local if d != me),
+                tuple(d for d in devs if d not in self.devices), len(local))
+        if len(self._plans) < PLANS_KEPT:
+            self._plans[k] = (devices, plan)
+        return plan
+
+    def _arrive(self, shard: _Shard, key, me) -> float:
+        """The shard reaches an exchange: its virtual time there (it must not be failed)."""
+        gang = key[0]
+        if gang in self._failed_gangs:
+            raise _Abandoned(f"exchange {key!r} at {me!r} abandoned: {self._failed_gangs[gang]}")
+        shard.cursor += self.clock() - shard.segment
+        return shard.cursor
+
+    def _queue_remote(self, key, me, dsts, value) -> None:
+        if self.link is None:
+            raise ProgramError(f"devices {list(dsts)} are not on this host and it has no ICI"
+                               " link")
+        self.link.queue(key, me, dsts, value)
+
+    def _collect(self, shard: _Shard, key, me, need: list, at: float) -> dict:
+        """Park until every device of ``need`` has delivered to ``me`` for ``key``; {source:
+        value}. The shard's virtual time moves to when the last value was available."""
         box = self._mail.setdefault((key, me), {})
-        need = [s for s in sources if s != me]
         missing = sum(s not in box for s in need)
         if missing:
             shard.waiting = [(key, me), frozenset(need), missing]
@@ -475,6 +537,8 @@ class Executor:
             self._failed_gangs.popitem(last=False)
         for k in [k for k in self._mail if k[0][0] == gang]:
             del self._mail[k]
+        for k in [k for k in self._reduced if k[0][0] == gang]:
+            del self._reduced[k]
         for k, shard in list(self._parked.items()):
             if k[0][0] == gang:
                 del self._parked[k]
@@ -498,6 +562,22 @@ class ExecutorEnv(KernelEnv):
         self.devices, self.gang_key = devices, gang_key
         self.executor, self.shard = executor, shard
         self.bytes_sent_remote = 0
+
+    def gather_all(self, members, position, x):
+        plan = self.executor.gather_plan(self.devices, members, position)
+        self._count_remote(plan, x)
+        key = (self.gang_key, self.next_collective())
+        return self.executor.gather(self.shard, key, plan, x)
+
+    def reduce_all(self, members, position, x):
+        plan = self.executor.gather_plan(self.devices, members, position)
+        self._count_remote(plan, x)
+        key = (self.gang_key, self.next_collective())
+        return self.executor.reduce(self.shard, key, plan, x, _ordered_sum)
+
+    def _count_remote(self, plan, x) -> None:
+        if plan[3]:
+            self.bytes_sent_remote += getattr(x, "nbytes", 0) * len(plan[3])
 
     def exchange(self, members, position, outgoing, expect_from):
         key = (self.gang_key, self.next_collective())
