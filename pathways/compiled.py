@@ -19,7 +19,6 @@ from .errors import ProgramError, ShardingError
 from .mesh import Mesh
 from .sharding import P, global_shape_of, normalize_spec, shard_shape
 
-
 COSTS_KEPT = 1024  # signatures whose modelled cost a compiled function remembers
 
 

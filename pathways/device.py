@@ -69,6 +69,7 @@ class HbmAccount:
         self._closed = False
         self._cond = threading.Condition(threading.Lock())  # not re-entered: a plain lock
         self.on_free: Callable[[], object] | None = None  # told after every free
+        self.frees = 0  # how many frees so far (lets a failed try_allocate see one it missed)
 
     def try_allocate(self, nbytes: int) -> bool:
         """Take ``nbytes`` if they fit now; False if not. DeviceOutOfMemory if ``nbytes``
@@ -125,6 +126,7 @@ class HbmAccount:
                 raise AssertionError(f"{self.name}: freeing {nbytes} bytes but only "
                                      f"{self._used} are allocated (double free?)")
             self._used -= nbytes
+            self.frees += 1
             if self._waiting:
                 self._cond.notify_all()
         if self.on_free is not None:

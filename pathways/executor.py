@@ -58,8 +58,9 @@ FAILED_GANGS_KEPT = 10_000
 class _Shard:
     """A kernel that has left its device's queue: waiting for inputs, running or finishing."""
 
-    __slots__ = ("device", "seq", "kernel", "arrived", "keys", "pending", "start", "cursor", "segment",
-                 "waited", "glet", "end", "error", "nbytes", "waiting", "deadline", "done")
+    __slots__ = ("device", "seq", "kernel", "arrived", "keys", "pending", "start", "cursor",
+                 "segment", "waited", "glet", "end", "error", "nbytes", "waiting", "deadline",
+                 "done")
 
     def __init__(self, device, seq, kernel, arrived):
         self.device, self.seq, self.kernel, self.arrived = device, seq, kernel, arrived
@@ -111,6 +112,7 @@ class Executor:
         self._reduced: dict = {}  # (key, group) -> [fold result, local members yet to take it]
         self._watchdog_armed = False  # one timer for every parked exchange's timeout
         self._closing = False
+        self._closed = False  # the wake pipe is closed
         self._main = None
         self._thread = threading.Thread(target=self._run, name=f"executor-{name}", daemon=True)
         self._started = False
@@ -136,7 +138,7 @@ class Executor:
         self.wake()
 
     def wake(self) -> None:
-        if not self._wake_pending:
+        if not self._wake_pending and not self._closed:
             self._wake_pending = True
             try:
                 os.write(self._wake_w, b"\0")
@@ -145,7 +147,10 @@ class Executor:
 
     def abort_gang(self, gang_key, reason: str) -> None:
         """Fail every exchange, present and future, of ``gang_key`` on this executor."""
-        self.call_soon(lambda: self._abort_gang(gang_key, reason))
+        if self.on_thread():
+            self._abort_gang(gang_key, reason)
+        else:
+            self.call_soon(lambda: self._abort_gang(gang_key, reason))
 
     def close(self, timeout: float = 5.0) -> bool:
         """Stop the thread; queued kernels of every device are told via ``on_error``."""
@@ -156,7 +161,8 @@ class Executor:
         if self._started and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
         stopped = not self._thread.is_alive()
-        if stopped:
+        if stopped and not self._closed:
+            self._closed = True
             for fd in (self._wake_r, self._wake_w):
                 try:
                     os.close(fd)
@@ -355,9 +361,12 @@ class Executor:
         error = shard.error
         if error is None and shard.nbytes:
             try:
+                frees = device.hbm.frees
                 if not device.hbm.try_allocate(shard.nbytes):
                     self._hbm_waiting.append(shard)  # keeps its device until room is made
                     shard.waiting = "hbm"
+                    if device.hbm.frees != frees:  # a free came before we were waiting
+                        self.call_soon(self._retry_hbm)
                     return
             except Exception as exc:  # more than the whole HBM
                 error = exc
@@ -519,14 +528,17 @@ class Executor:
         self._watchdog_armed = False
         now = self.clock()
         for (key, me), shard in list(self._parked.items()):
-            if shard.deadline <= now:
+            if shard.deadline <= now and self._parked.get((key, me)) is shard:
                 box = self._mail.get((key, me), {})
                 missing = [s for s in shard.waiting[1] if s not in box]
                 del self._parked[(key, me)]
-                self._resumable.append((shard, CollectiveTimeout(
-                    f"exchange {key!r} at {me!r}: no value from {missing} after "
-                    f"{self.collective_timeout}s (a peer skipped this collective, called"
-                    " another one, or is lost)")))
+                reason = (f"exchange {key!r} at {me!r}: no value from {missing} after "
+                          f"{self.collective_timeout}s (a peer skipped this collective, called"
+                          " another one, or is lost)")
+                self._resumable.append((shard, CollectiveTimeout(reason)))
+                # the whole step is aborted, as a runtime does once it detects a deadlock:
+                # no peer of this gang here may complete with the values left behind
+                self._abort_gang(key[0], reason)
         if self._parked:
             self._watchdog_armed = True
             self._at(min(s.deadline for s in self._parked.values()), self._watchdog)

@@ -39,20 +39,22 @@ def encode(items) -> list:
     """Frames for ``[(key, src, dsts, value), ...]``: the header, then one frame per value."""
     head = [_COUNT.pack(len(items))]
     frames: list = []
-    for (gang, seq), src, dsts, value in items:
+    for key, src, dsts, value in items:
         a = np.asarray(value)
         if not a.flags.c_contiguous:
             a = a.copy()  # (ascontiguousarray would make a 0-d array 1-d)
         if a.dtype.hasobject:
             raise ProgramError(f"a collective can only carry numeric arrays, got {a.dtype}")
         dt = a.dtype.str.encode()
-        ints = (*gang, seq, src, *dsts, *a.shape)
         try:
+            gang, seq = key
+            ints = (*gang, seq, src, *dsts, *a.shape)
             head.append(_ITEM.pack(len(gang), len(dt), len(dsts), a.ndim))
             head.append(struct.pack(f"<{len(ints)}q", *ints))
-        except struct.error as exc:
-            raise ProgramError(f"exchange key {(gang, seq)!r} cannot travel between hosts: "
-                               f"gang keys must be ints ({exc})") from None
+        except (struct.error, TypeError, ValueError) as exc:
+            raise ProgramError(f"exchange {key!r} from {src!r} to {dsts!r} cannot travel "
+                               f"between hosts: its gang key, seq, devices and shape must be "
+                               f"64-bit ints, at most 255 and 65535 of them ({exc})") from None
         head.append(dt)
         frames.append(a.reshape(-1).data)
     return [b"".join(head), *frames]
@@ -77,6 +79,8 @@ def decode(frames) -> list:
             off += ndt
             gang, seq, src = ints[:ngang], ints[ngang], ints[ngang + 1]
             dsts, shape = ints[ngang + 2:ngang + 2 + ndst], ints[ngang + 2 + ndst:]
+            if any(n < 0 for n in shape):
+                raise ProtocolError(f"ICI item with a negative dimension: {shape}")
             value = np.frombuffer(frames[1 + i], dtype).reshape(shape).copy()
             items.append(((gang, seq), src, dsts, value))
         if off != len(meta):
