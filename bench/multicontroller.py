@@ -61,7 +61,8 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable in spawned
 from pathways import cost as cost_model  # noqa: E402
 from pathways import host as pathways_host  # noqa: E402
 from pathways.collectives import kernel_env, psum  # noqa: E402
-from pathways.executor import Executor, ExecutorEnv  # noqa: E402
+from pathways.exchange import ExecutorEnv  # noqa: E402
+from pathways.executor import Executor  # noqa: E402
 from pathways.ici import IciLink  # noqa: E402
 from plaque import security  # noqa: E402
 

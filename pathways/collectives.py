@@ -23,7 +23,7 @@ Environments here: ``LocalEnv`` (threads sharing an in-memory ``Rendezvous``, pl
 hook for devices elsewhere), ``AbstractEnv`` (no peers: zeros of the right shapes,
 for finding output shapes and dtypes) and ``run_spmd``, which runs a body on every device of a
 mesh in threads, for tests and the reference interpreter. A host runs its kernels with
-``pathways.executor.ExecutorEnv``.
+``pathways.exchange.ExecutorEnv``.
 """
 
 from __future__ import annotations

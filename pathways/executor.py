@@ -15,12 +15,11 @@ heap and one precise wait for the whole host, never a sleep per kernel. A late w
 executor delays publication but is not booked as device time, so utilization means what the
 paper means: the dispatch arrived before the device was free.
 
-Bodies run in greenlets. A collective (``exchange``) hands local values to the peers' mailboxes
-in memory, queues values for devices of other hosts on the ICI link (one message per peer host
-per executor turn), and parks the shard -- not a thread -- until every source has delivered.
-The device stays occupied meanwhile, so an inconsistent gang order deadlocks as on TPUs and
-ends in ``CollectiveTimeout`` (a timer). HBM back-pressure is "not finished yet": a kernel
-whose outputs do not fit keeps its device until frees make room.
+Bodies run in greenlets. A collective parks the shard -- not a thread -- until its peers have
+delivered (``pathways.exchange``); the device stays occupied meanwhile, so an inconsistent
+gang order deadlocks as on TPUs and ends in ``CollectiveTimeout`` (a timer). HBM
+back-pressure is "not finished yet": a kernel whose outputs do not fit keeps its device until
+frees make room.
 
 Kernels are objects with ``execute(device) -> modelled seconds`` and ``name``/``labels``;
 optional: ``input_keys()`` (object-store keys to wait for), ``not_before`` (a modelled arrival
@@ -37,15 +36,15 @@ import os
 import select
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 
 import greenlet
 
-from .collectives import KernelEnv, _Abandoned, _ordered_sum
 from .cost import check_seconds
 from .device import EmulatedDevice, KernelRecord, report_error
-from .errors import CollectiveTimeout, PathwaysError, ProgramError
+from .errors import PathwaysError
+from .exchange import Exchanges
 
 log = logging.getLogger("pathways.executor")
 
@@ -103,14 +102,9 @@ class Executor:
         self._timers: list = []
         self._tick = itertools.count()
         self._resumable: deque = deque()
-        self._mail: dict = {}  # (key, dst) -> {src: (value, available at)}
-        self._parked: dict = {}  # (key, dst) -> _Shard
-        self._failed_gangs: OrderedDict = OrderedDict()
         self._hbm_waiting: list = []
         self._runners: list = []  # idle greenlets that run bodies
-        self._plans: dict = {}  # gather_plan's answers
-        self._reduced: dict = {}  # (key, group) -> [fold result, local members yet to take it]
-        self._watchdog_armed = False  # one timer for every parked exchange's timeout
+        self.exchanges = Exchanges(self)  # the collectives of the shards it runs
         self._closing = False
         self._closed = False  # the wake pipe is closed
         self._main = None
@@ -148,9 +142,9 @@ class Executor:
     def abort_gang(self, gang_key, reason: str) -> None:
         """Fail every exchange, present and future, of ``gang_key`` on this executor."""
         if self.on_thread():
-            self._abort_gang(gang_key, reason)
+            self.exchanges.abort_gang(gang_key, reason)
         else:
-            self.call_soon(lambda: self._abort_gang(gang_key, reason))
+            self.call_soon(lambda: self.exchanges.abort_gang(gang_key, reason))
 
     def close(self, timeout: float = 5.0) -> bool:
         """Stop the thread; queued kernels of every device are told via ``on_error``."""
@@ -199,9 +193,10 @@ class Executor:
                 log.exception("executor %s: a queued call failed", self.name)
         if self.link is not None:
             now = self.clock()
+            deliver = self.exchanges.deliver
             for key, src, dsts, value in self.link.receive():
                 for dst in dsts:
-                    self._deliver(key, src, dst, value, now)
+                    deliver(key, src, dst, value, now)
         busy = True
         while busy:
             busy = self._fire_timers()
@@ -239,8 +234,17 @@ class Executor:
             except OSError:
                 pass
 
-    def _at(self, when: float, fn: Callable[[], object]) -> None:
+    def at(self, when: float, fn: Callable[[], object]) -> None:
+        """Executor thread: call ``fn()`` once the clock has reached ``when``."""
         heapq.heappush(self._timers, (when, next(self._tick), fn))
+
+    def park(self) -> None:
+        """In a shard's greenlet: give the thread back until ``resume_later`` is called."""
+        self._main.switch()
+
+    def resume_later(self, shard: _Shard, error: BaseException | None) -> None:
+        """Resume a parked shard at this turn, or raise ``error`` in it."""
+        self._resumable.append((shard, error))
 
     def _fire_timers(self) -> bool:
         fired = False
@@ -294,7 +298,7 @@ class Executor:
             ready = max(ready, self.store.arrival(key))
         shard.start = ready
         if ready > self.clock():
-            self._at(ready, lambda: self._begin(shard))
+            self.at(ready, lambda: self._begin(shard))
         else:
             self._begin(shard)
 
@@ -343,7 +347,7 @@ class Executor:
         if shard.done:
             shard.glet = None
             if shard.end > self.clock():
-                self._at(shard.end, lambda: self._finish(shard))
+                self.at(shard.end, lambda: self._finish(shard))
             else:
                 self._finish(shard)
 
@@ -397,232 +401,6 @@ class Executor:
         for shard in waiting:
             self._finish(shard)
 
-    # -- collectives -------------------------------------------------------------------------
-
-    def exchange(self, shard: _Shard, key, me, outgoing: dict, sources: list) -> dict:
-        """In the shard's greenlet: send ``outgoing`` {device: value}, wait for ``sources``;
-        {source device: value}. The shard's virtual time moves to when the last value was
-        available (a local peer's arrival at the exchange, or a remote value's real arrival)."""
-        at = self._arrive(shard, key, me)
-        remote: dict = {}
-        copies: dict = {}  # one copy per value sent, however many local peers get it
-        for dst, value in outgoing.items():
-            if dst == me:
-                continue
-            if dst in self.devices:
-                c = copies.get(id(value))
-                if c is None:
-                    c = copies[id(value)] = _copy(value)
-                self._deliver(key, me, dst, c, at)
-            else:
-                remote.setdefault(id(value), (value, []))[1].append(dst)
-        for value, dsts in remote.values():
-            self._queue_remote(key, me, dsts, value)
-        return self._collect(shard, key, me, [s for s in sources if s != me], at)
-
-    def gather(self, shard: _Shard, key, plan, value) -> list:
-        """The exchange in which every member sends ``value`` to every other (psum,
-        all_gather): every member's value, in member order. ``plan`` is ``gather_plan``'s."""
-        me, devs, local_peers, remote, _ = plan
-        at = self._arrive(shard, key, me)
-        if local_peers:
-            c = _copy(value)
-            for d in local_peers:
-                self._deliver(key, me, d, c, at)
-        if remote:
-            self._queue_remote(key, me, remote, value)
-        got = self._collect(shard, key, me, [d for d in devs if d != me], at)
-        return [_copy(value) if d == me else got[d] for d in devs]
-
-    def reduce(self, shard: _Shard, key, plan, value, fold):
-        """``fold(gather(...))``, worked out once for all of this host's members of the
-        group (they receive the same values in the same order); each gets its own copy."""
-        values = self.gather(shard, key, plan, value)
-        group = (key, plan[1])  # an exchange key is shared by every group of the mesh
-        cached = self._reduced.get(group)
-        if cached is None:
-            result = fold(values)
-            if plan[4] > 1:
-                self._reduced[group] = [result, plan[4] - 1]
-                return result.copy()
-            return result
-        cached[1] -= 1
-        if cached[1]:
-            return cached[0].copy()
-        del self._reduced[group]
-        return cached[0]
-
-    def gather_plan(self, devices: dict, members: tuple, position: int):
-        """For the group ``members`` (flat indices; ``devices`` maps them to devices) seen
-        from ``position``: (me, member devices, local peers, remote devices, local members).
-        Worked out once per group and position."""
-        k = (id(devices), members, position)
-        hit = self._plans.get(k)
-        if hit is not None and hit[0] is devices:
-            return hit[1]
-        devs = tuple(devices[m] for m in members)
-        me = devs[position]
-        local = tuple(d for d in devs if d in self.devices)
-        plan = (me, devs, tuple(d for d in local if d != me),
-                tuple(d for d in devs if d not in self.devices), len(local))
-        if len(self._plans) < PLANS_KEPT:
-            self._plans[k] = (devices, plan)
-        return plan
-
-    def _arrive(self, shard: _Shard, key, me) -> float:
-        """The shard reaches an exchange: its virtual time there (it must not be failed)."""
-        gang = key[0]
-        if gang in self._failed_gangs:
-            raise _Abandoned(f"exchange {key!r} at {me!r} abandoned: {self._failed_gangs[gang]}")
-        shard.cursor += self.clock() - shard.segment
-        return shard.cursor
-
-    def _queue_remote(self, key, me, dsts, value) -> None:
-        if self.link is None:
-            raise ProgramError(f"devices {list(dsts)} are not on this host and it has no ICI"
-                               " link")
-        self.link.queue(key, me, dsts, value)
-
-    def _collect(self, shard: _Shard, key, me, need: list, at: float) -> dict:
-        """Park until every device of ``need`` has delivered to ``me`` for ``key``; {source:
-        value}. The shard's virtual time moves to when the last value was available."""
-        box = self._mail.setdefault((key, me), {})
-        missing = sum(s not in box for s in need)
-        if missing:
-            shard.waiting = [(key, me), frozenset(need), missing]
-            shard.deadline = self.clock() + self.collective_timeout
-            self._parked[(key, me)] = shard
-            if not self._watchdog_armed:  # later deadlines never precede an armed one
-                self._watchdog_armed = True
-                self._at(shard.deadline, self._watchdog)
-            try:
-                self._main.switch()  # parked; resumed when every source has delivered
-            finally:
-                shard.waiting = None
-                self._parked.pop((key, me), None)
-        got = {s: box.pop(s) for s in need}
-        if not box:
-            self._mail.pop((key, me), None)
-        shard.cursor = max([at] + [when for _, when in got.values()])
-        shard.waited += shard.cursor - at
-        shard.segment = self.clock()
-        return {s: v for s, (v, _) in got.items()}
-
-    def _deliver(self, key, src, dst, value, at: float) -> None:
-        if key[0] in self._failed_gangs:
-            return
-        box = self._mail.setdefault((key, dst), {})
-        if src in box:
-            log.warning("exchange %r: %r delivered to %r twice; dropped", key, src, dst)
-            return
-        box[src] = (value, at)
-        shard = self._parked.get((key, dst))
-        if shard is not None and src in shard.waiting[1]:
-            shard.waiting[2] -= 1
-            if not shard.waiting[2]:
-                del self._parked[(key, dst)]
-                self._resumable.append((shard, None))
-
-    def _watchdog(self) -> None:
-        """Time out the exchanges parked past their deadline; re-arm for the next one."""
-        self._watchdog_armed = False
-        now = self.clock()
-        for (key, me), shard in list(self._parked.items()):
-            if shard.deadline <= now and self._parked.get((key, me)) is shard:
-                box = self._mail.get((key, me), {})
-                missing = [s for s in shard.waiting[1] if s not in box]
-                del self._parked[(key, me)]
-                reason = (f"exchange {key!r} at {me!r}: no value from {missing} after "
-                          f"{self.collective_timeout}s (a peer skipped this collective, called"
-                          " another one, or is lost)")
-                self._resumable.append((shard, CollectiveTimeout(reason)))
-                # the whole step is aborted, as a runtime does once it detects a deadlock:
-                # no peer of this gang here may complete with the values left behind
-                self._abort_gang(key[0], reason)
-        if self._parked:
-            self._watchdog_armed = True
-            self._at(min(s.deadline for s in self._parked.values()), self._watchdog)
-
-    def _abort_gang(self, gang, reason: str) -> None:
-        self._failed_gangs[gang] = reason
-        while len(self._failed_gangs) > FAILED_GANGS_KEPT:
-            self._failed_gangs.popitem(last=False)
-        for k in [k for k in self._mail if k[0][0] == gang]:
-            del self._mail[k]
-        for k in [k for k in self._reduced if k[0][0] == gang]:
-            del self._reduced[k]
-        for k, shard in list(self._parked.items()):
-            if k[0][0] == gang:
-                del self._parked[k]
-                self._resumable.append((shard, _Abandoned(
-                    f"exchange {k[0]!r} at {k[1]!r} abandoned: {reason}")))
-
-
-class ExecutorEnv(KernelEnv):
-    """Where a kernel shard's collectives go: its executor's mailboxes and ICI link.
-
-    ``devices`` maps the mesh's flat index to the physical device id; exchange keys are
-    ``(gang_key, sequence number)``. ``bytes_sent_remote`` counts array bytes sent to other
-    hosts, for the ICI cost model.
-    """
-
-    def __init__(self, mesh_shape, axis_names, flat_index: int, devices, gang_key, executor,
-                 shard: _Shard):
-        # the mesh was checked when it was made: no KernelEnv checks per kernel
-        self.mesh_shape, self.axis_names, self.flat_index = mesh_shape, axis_names, flat_index
-        self._seq = 0
-        self.devices, self.gang_key = devices, gang_key
-        self.executor, self.shard = executor, shard
-        self.bytes_sent_remote = 0
-
-    def gather_all(self, members, position, x):
-        plan = self.executor.gather_plan(self.devices, members, position)
-        self._count_remote(plan, x)
-        key = (self.gang_key, self.next_collective())
-        return self.executor.gather(self.shard, key, plan, x)
-
-    def reduce_all(self, members, position, x):
-        plan = self.executor.gather_plan(self.devices, members, position)
-        self._count_remote(plan, x)
-        key = (self.gang_key, self.next_collective())
-        return self.executor.reduce(self.shard, key, plan, x, _ordered_sum)
-
-    def _count_remote(self, plan, x) -> None:
-        if plan[3]:
-            self.bytes_sent_remote += getattr(x, "nbytes", 0) * len(plan[3])
-
-    def exchange(self, members, position, outgoing, expect_from):
-        key = (self.gang_key, self.next_collective())
-        devices, local = self.devices, self.executor.devices
-        me = devices[self.flat_index]
-        out = {}
-        for p, value in outgoing.items():
-            dst = devices[members[p]]
-            out[dst] = value
-            if dst not in local:
-                self.bytes_sent_remote += getattr(value, "nbytes", 0)
-        sources = [devices[members[s]] for s in expect_from]
-        got = self.executor.exchange(self.shard, key, me, out, sources)
-        result = {}
-        for s in expect_from:
-            if s == position:
-                if position not in outgoing:
-                    raise ProgramError(f"exchange {key!r} expects a value from itself but sends"
-                                       " none")
-                result[s] = _copy(outgoing[position])
-            else:
-                result[s] = got[devices[members[s]]]
-        return result
-
-
-def current_shard(executor: Executor, device: EmulatedDevice) -> _Shard:
-    """The shard a kernel's ``execute`` runs as (for building its ExecutorEnv)."""
-    shard = device.current
-    if shard is None or shard.device.executor is not executor:
-        raise PathwaysError(f"{device.name} is running no kernel")
-    return shard
-
-
 def _input_keys(kernel) -> list:
     keys = getattr(kernel, "input_keys", None)
     return keys() if keys is not None else []
@@ -630,7 +408,3 @@ def _input_keys(kernel) -> list:
 
 def _zero() -> int:
     return 0
-
-
-def _copy(value):
-    return value.copy() if hasattr(value, "copy") else value

@@ -33,7 +33,8 @@ from . import protocol
 from .cost import DeviceSpec
 from .device import EmulatedDevice
 from .errors import ClientGone, ProgramError, RemoteError
-from .executor import Executor, ExecutorEnv
+from .exchange import ExecutorEnv
+from .executor import Executor
 from .ici import IciLink
 from .object_store import ObjectStore
 from .service import RouterService

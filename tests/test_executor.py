@@ -43,7 +43,8 @@ from pathways.collectives import all_gather, all_to_all, kernel_env, ppermute, p
 from pathways.cost import DeviceSpec
 from pathways.device import HbmAccount
 from pathways.errors import CollectiveTimeout, DeviceOutOfMemory, PathwaysError, ProgramError
-from pathways.executor import Executor, ExecutorEnv
+from pathways.exchange import ExecutorEnv
+from pathways.executor import Executor
 from pathways.ici import decode, encode
 from pathways.object_store import ObjectStore
 from plaque.wire import ProtocolError
