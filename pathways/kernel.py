@@ -174,7 +174,7 @@ class Kernel:
     """One shard of one equation of one run, as its device executes it."""
 
     __slots__ = ("spec", "shard", "device_id", "arg", "host", "cap", "name", "labels", "owner",
-                 "_outputs")
+                 "_keys", "_outputs")
 
     def __init__(self, spec: KernelSpec, shard: int, device: int, arg, host, cap):
         self.spec, self.shard, self.device_id, self.arg = spec, shard, device, arg
@@ -182,14 +182,17 @@ class Kernel:
         self.name = spec.fn.name
         self.labels = {"client": arg.client, "run": arg.run_id, "eqn": spec.index}
         self.owner = (arg.client, arg.run_id)
+        self._keys = None
         self._outputs = None
 
     def key(self, var_id):
         return (self.arg.array_id(var_id), self.device_id)
 
     def input_keys(self):
-        return [input_key(self.spec, self.arg, i, self.device_id)
-                for i in range(len(self.spec.inputs))]
+        if self._keys is None:
+            self._keys = [input_key(self.spec, self.arg, i, self.device_id)
+                          for i in range(len(self.spec.inputs))]
+        return self._keys
 
     def execute(self, device) -> float:
         store = self.host.store

@@ -120,11 +120,8 @@ class ObjectStore:
         with self._lock:
             entry = self._entries.get(key)
         if entry is None or entry.awaited:
-            entry = self._claim(key, value.nbytes, owner)
-            if allocated:
-                with self._lock:
-                    entry.allocating, entry.allocated = False, True
-            else:
+            entry = self._claim(key, value.nbytes, owner, allocated)
+            if not allocated:
                 self._allocate(key, entry, timeout)
         elif entry.owner != owner:
             raise ValueError(f"object {key!r} is owned by {entry.owner!r}, not {owner!r}")
@@ -293,8 +290,9 @@ class ObjectStore:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _claim(self, key: Key, nbytes: int, owner: Owner) -> _Entry:
-        """Create the producer's entry (taking over a placeholder), not yet allocated."""
+    def _claim(self, key: Key, nbytes: int, owner: Owner, allocated: bool = False) -> _Entry:
+        """Create the producer's entry (taking over a placeholder): its HBM still to be
+        allocated, or already ``allocated`` by the caller."""
         self._device(key)
         nbytes = operator.index(nbytes)
         if nbytes < 0:
@@ -302,7 +300,7 @@ class ObjectStore:
         _check_owner(key, owner)
         with self._lock:
             entry = self._adopt_locked(key, nbytes, owner)
-            entry.allocating = True
+            entry.allocating, entry.allocated = not allocated, allocated
             return entry
 
     def _adopt_locked(self, key: Key, nbytes: int, owner: Owner | None) -> _Entry:
