@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import itertools
+from collections import deque
 import logging
 import threading
 import time
@@ -81,6 +82,8 @@ class Client:
         self._retargeted: dict[tuple, tuple] = {}
         self._op_programs: dict[tuple, object] = {}
         self._executor = cf.ThreadPoolExecutor(2, thread_name_prefix="pathways-await")
+        self._outbox: deque = deque()  # (address, payload) for the loop thread to send
+        self._flush_posted = False
         self.closed = False
         self.lost: CoordinatorLost | None = None  # set when the coordinator went silent
         self.coordinator_timeout = coordinator_timeout
@@ -129,7 +132,8 @@ class Client:
             if s is self._socks.get(self.address):
                 self._heard = time.monotonic()
             try:
-                self._on_reply(protocol.unpack(frames))
+                for reply in protocol.unbatch(protocol.unpack(frames)):
+                    self._on_reply(reply)
             except Exception:
                 log.exception("bad reply")
 
@@ -204,7 +208,27 @@ class Client:
         self._loop.call_soon_threadsafe(fn, *args)
 
     def _send(self, address, payload):
-        self._call(self._send_now, address, payload)
+        """Any thread: send ``payload`` to ``address``. Messages sent back to back (a loop
+        of calls, a burst of deletes) leave together, one message per address, with one
+        wake of the loop thread."""
+        if self.closed:
+            raise ClientClosed("this client is closed")
+        if self.lost is not None:
+            raise self.lost
+        self._outbox.append((address, payload))
+        if not self._flush_posted:
+            self._flush_posted = True
+            self._call(self._flush)
+
+    def _flush(self):
+        """Loop thread: send what ``_send`` queued, in order, one message per address."""
+        self._flush_posted = False
+        batches: dict[str, list] = {}
+        while self._outbox:
+            address, payload = self._outbox.popleft()
+            batches.setdefault(address, []).append(payload)
+        for address, payloads in batches.items():
+            self._send_now(address, protocol.batch(payloads))
 
     def _send_now(self, address, payload):
         s = self._sock(address)

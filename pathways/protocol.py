@@ -25,6 +25,20 @@ def unpack(frames):
     return payload
 
 
+def batch(payloads: list):
+    """One payload for several sent back to back (``unbatch`` undoes it)."""
+    return payloads[0] if len(payloads) == 1 else ("batch", payloads)
+
+
+def unbatch(payload) -> list:
+    """The payloads a received one stands for."""
+    if payload[0] == "batch":
+        if len(payload) != 2 or not isinstance(payload[1], list):
+            raise wire.ProtocolError("a batch carries one list of payloads")
+        return [p for p in payload[1] if isinstance(p, tuple) and p]
+    return [payload]
+
+
 @dataclass(frozen=True)
 class RunArg:
     """What every host of a program gets with a run (one START message per host)."""

@@ -1,8 +1,9 @@
 """A request/reply socket served on an asyncio loop: the coordinator's client port and each
 host's data port.
 
-Requests arrive on a ROUTER socket and are handed to ``handle(ident, request)``; replies go
-back with ``reply``. ZeroMQ's file descriptor is edge-triggered and shared by both directions,
+Requests arrive on a ROUTER socket and are handed to ``handle(ident, request)`` (a batch of
+requests sent back to back, one by one); replies go back with ``reply``, those to one
+requester within a loop iteration as one message. ZeroMQ's file descriptor is edge-triggered and shared by both directions,
 so a send can swallow the edge that announced a request: after replies the socket is drained
 again, at most once per loop iteration however many replies were sent.
 """
@@ -32,6 +33,7 @@ class RouterService:
         self.handle, self.sender, self.after_batch = handle, sender, after_batch
         self.loop = None
         self._scheduled = False
+        self._replies: dict[bytes, list] = {}  # requester -> replies not sent yet
 
     def start(self, loop) -> None:
         """Loop thread: begin serving requests."""
@@ -54,25 +56,38 @@ class RouterService:
             except zmq.Again:
                 break
             try:
-                request = protocol.unpack(frames[1:])
+                requests = protocol.unbatch(protocol.unpack(frames[1:]))
             except Exception as exc:
                 dropped(log, "a malformed request", repr(exc))
                 continue
-            try:
-                self.handle(frames[0].bytes, request)
-            except Exception as exc:  # escaping here would stop this socket being drained
-                dropped(log, "a request that could not be handled", repr(exc))
+            ident = frames[0].bytes
+            for request in requests:
+                try:
+                    self.handle(ident, request)
+                except Exception as exc:  # escaping here would stop this socket being drained
+                    dropped(log, "a request that could not be handled", repr(exc))
         else:
             self._drain_soon()  # more may be waiting: let the loop breathe first
         if self.after_batch is not None:
             self.after_batch()
 
     def reply(self, ident: bytes, payload) -> None:
-        """Loop thread: send ``payload`` to the requester ``ident``."""
+        """Loop thread: send ``payload`` to the requester ``ident``. Replies to one requester
+        within a loop iteration leave together, as one message."""
         if self.sock.closed:
             return
-        self.sock.send_multipart([ident, *protocol.pack(payload, self.sender)], copy=False)
-        self._drain_soon()  # the send may have swallowed the readable edge
+        if not self._replies:
+            self.loop.call_soon(self._send_replies)
+        self._replies.setdefault(ident, []).append(payload)
+
+    def _send_replies(self) -> None:
+        replies, self._replies = self._replies, {}
+        if self.sock.closed:
+            return
+        for ident, payloads in replies.items():
+            self.sock.send_multipart([ident, *protocol.pack(protocol.batch(payloads),
+                                                            self.sender)], copy=False)
+        self._drain_soon()  # a send may have swallowed the readable edge
 
     def close(self) -> None:
         if self.loop is not None and not self.loop.is_closed():
