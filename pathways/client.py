@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import itertools
-from collections import deque
 import logging
 import threading
 import time
-from collections import namedtuple
+from collections import deque, namedtuple
 
 import numpy as np
 import uvloop

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .cost import DeviceSpec
 from .errors import DeviceOutOfMemory, PathwaysError
@@ -41,13 +41,13 @@ log = logging.getLogger("pathways.device")
 TIMELINE_LENGTH = 10_000
 
 
-@dataclass(frozen=True, slots=True)
-class KernelRecord:
-    """One kernel's occupation of a device, in the device's clock."""
+class KernelRecord(NamedTuple):
+    """One kernel's occupation of a device, in the device's clock (a tuple: one is made
+    per kernel, so it is cheap to build)."""
 
     seq: int
     name: str
-    labels: dict = field(hash=False)
+    labels: dict
     start: float
     end: float
     error: bool

@@ -268,6 +268,10 @@ class Executor:
             if self.store is None:
                 return self._failed_early(shard, PathwaysError(
                     f"{device.name}: kernel {kernel!r} has inputs but no object store"))
+            ready = self.store.ready_at(keys)
+            if ready is not None:  # the common case: inputs made before, no callbacks
+                self._inputs_ready(shard, ready)
+                return True
             shard.pending = len(keys) + 1  # +1: released below, once all are registered
             for key in keys:
                 try:
@@ -288,14 +292,15 @@ class Executor:
         if shard.pending == 0:
             self._inputs_ready(shard)
 
-    def _inputs_ready(self, shard: _Shard) -> None:
+    def _inputs_ready(self, shard: _Shard, inputs_at: float | None = None) -> None:
         if shard.error is not None:
             self._failed_early(shard, shard.error)
             return
         device, kernel = shard.device, shard.kernel
-        ready = max(device.free_at, shard.arrived, getattr(kernel, "not_before", 0.0) or 0.0)
-        for key in shard.keys:
-            ready = max(ready, self.store.arrival(key))
+        if inputs_at is None:
+            inputs_at = max((self.store.arrival(k) for k in shard.keys), default=0.0)
+        ready = max(device.free_at, shard.arrived, inputs_at,
+                    getattr(kernel, "not_before", 0.0) or 0.0)
         shard.start = ready
         if ready > self.clock():
             self.at(ready, lambda: self._begin(shard))

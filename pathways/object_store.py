@@ -133,6 +133,19 @@ class ObjectStore:
         entry.arrival = time.perf_counter() if arrival is None else arrival
         self._resolve(key, entry, BufferState.READY, value=value)
 
+    def ready_at(self, keys) -> float | None:
+        """If every key is resolved (READY or FAILED), the latest of their ``arrival``
+        times; None if one is not (unknown, awaited, pending or deleted). One lock."""
+        latest = 0.0
+        with self._lock:
+            for key in keys:
+                entry = self._entries.get(key)
+                if entry is None or entry.state is BufferState.PENDING or entry.deleted:
+                    return None
+                if entry.arrival > latest:
+                    latest = entry.arrival
+        return latest
+
     def arrival(self, key: Key) -> float:
         """When ``key``'s data is available on its device (0: unknown or gone)."""
         with self._lock:

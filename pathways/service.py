@@ -3,9 +3,10 @@ host's data port.
 
 Requests arrive on a ROUTER socket and are handed to ``handle(ident, request)`` (a batch of
 requests sent back to back, one by one); replies go back with ``reply``, those to one
-requester within a loop iteration as one message. ZeroMQ's file descriptor is edge-triggered and shared by both directions,
-so a send can swallow the edge that announced a request: after replies the socket is drained
-again, at most once per loop iteration however many replies were sent.
+requester within a loop iteration as one message. ZeroMQ's file descriptor is
+edge-triggered and shared by both directions, so a send can swallow the edge that announced a
+request: after replies the socket is drained again, at most once per loop iteration however
+many replies were sent.
 """
 
 from __future__ import annotations
