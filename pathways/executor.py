@@ -41,6 +41,7 @@ from collections.abc import Callable
 
 import greenlet
 
+from .alarm import Alarm
 from .cost import check_seconds
 from .device import EmulatedDevice, KernelRecord, report_error
 from .errors import PathwaysError
@@ -108,6 +109,11 @@ class Executor:
         self._closing = False
         self._closed = False  # the wake pipe is closed
         self._main = None
+        self._ident = None  # the thread that runs it
+        self._loop = None  # the event loop that runs it (run_on), if not a thread of its own
+        self._alarm = None
+        self._turn_scheduled = False
+        self._in_turn = False  # in _loop_turn (on an event loop)
         self._thread = threading.Thread(target=self._run, name=f"executor-{name}", daemon=True)
         self._started = False
 
@@ -132,6 +138,16 @@ class Executor:
         self.wake()
 
     def wake(self) -> None:
+        if self._loop is not None:  # run by an event loop: a turn at its next iteration
+            if self.on_thread():
+                self._soon()
+            elif not self._wake_pending and not self._closing:
+                self._wake_pending = True
+                try:
+                    self._loop.call_soon_threadsafe(self._soon)
+                except RuntimeError:
+                    pass  # the loop is closed
+            return
         if not self._wake_pending and not self._closed:
             self._wake_pending = True
             try:
@@ -150,6 +166,8 @@ class Executor:
         """Stop the thread; queued kernels of every device are told via ``on_error``."""
         for device in list(self.devices.values()):
             device.close_queue()
+        if self._loop is not None:
+            return self._close_on_loop()
         self._closing = True
         self.wake()
         if self._started and threading.current_thread() is not self._thread:
@@ -165,23 +183,89 @@ class Executor:
         return stopped
 
     def on_thread(self) -> bool:
-        return threading.current_thread() is self._thread
+        return threading.get_ident() == self._ident
 
     # -- the thread ------------------------------------------------------------------------
 
     def _run(self) -> None:
-        self._main = greenlet.getcurrent()
+        self._ident, self._main = threading.get_ident(), greenlet.getcurrent()
         while not self._closing:
             try:
                 self._turn()
             except BaseException:  # a bug in the executor itself: keep serving
                 log.exception("executor %s: internal error", self.name)
             self._wait(self._next_deadline())
+        self._stop_running()
+
+    def _stop_running(self) -> None:
         for shard in [d.current for d in self.devices.values() if d.current is not None]:
             if shard.glet is not None and not shard.glet.dead:
                 shard.glet.throw(greenlet.GreenletExit)
             report_error(shard.kernel, PathwaysError(
                 f"{shard.device.name} closed while seq {shard.seq} ran"))
+
+    # -- or on an event loop's thread ---------------------------------------------------------
+
+    def run_on(self, loop) -> None:
+        """Run on ``loop``'s thread instead of a thread of its own (call it there): a host
+        then has one thread for Plaque, its data service and its devices, and no hand-off
+        between them. The ICI socket and a timerfd (``pathways.alarm``, for sub-millisecond
+        deadlines) are watched by the loop."""
+        self._loop, self._ident, self._main = loop, threading.get_ident(), greenlet.getcurrent()
+        self._started = True
+        self._alarm = Alarm.make()
+        if self._alarm is not None:
+            loop.add_reader(self._alarm.fd, self._on_alarm)
+        if self.link is not None:
+            loop.add_reader(self.link.fd, self._soon)
+        self._soon()
+
+    def _soon(self) -> None:
+        if not self._turn_scheduled and not self._closing:
+            self._turn_scheduled = True
+            self._loop.call_soon(self._loop_turn)
+
+    def _on_alarm(self) -> None:
+        self._alarm.clear()
+        self._soon()
+
+    def _loop_turn(self) -> None:
+        self._turn_scheduled = False
+        if self._closing:
+            return
+        self._in_turn = True
+        try:
+            self._turn()
+        except BaseException:  # a bug in the executor itself: keep serving
+            log.exception("executor %s: internal error", self.name)
+        finally:
+            self._in_turn = False
+        deadline = self._next_deadline()
+        if deadline is not None and deadline <= self.clock() or (
+                self.link is not None and self.link.readable()):
+            self._soon()
+        elif deadline is not None:
+            if self._alarm is not None:
+                self._alarm.set(deadline)
+            else:  # the loop's own timer: millisecond precision
+                self._loop.call_later(max(0.0, deadline - self.clock()), self._soon)
+
+    def _close_on_loop(self) -> bool:
+        if not self._closing:
+            self._closing = True
+            for fd in ([self._alarm.fd] if self._alarm is not None else []) + (
+                    [self.link.fd] if self.link is not None else []):
+                try:
+                    self._loop.remove_reader(fd)
+                except Exception:
+                    pass
+            if self._alarm is not None:
+                self._alarm.close()
+            self._stop_running()
+            self._closed = True
+            for fd in (self._wake_r, self._wake_w):
+                os.close(fd)
+        return True
 
     def _turn(self) -> None:
         self._wake_pending = False
@@ -237,6 +321,16 @@ class Executor:
     def at(self, when: float, fn: Callable[[], object]) -> None:
         """Executor thread: call ``fn()`` once the clock has reached ``when``."""
         heapq.heappush(self._timers, (when, next(self._tick), fn))
+        self._changed()
+
+    def _in_own_turn(self) -> bool:
+        return self.on_thread() and (self._loop is None or self._in_turn)
+
+    def _changed(self) -> None:
+        """On an event loop, work added outside a turn (a store callback, a message) needs
+        a turn to look at it; a thread of its own looks after every turn anyway."""
+        if self._loop is not None and not self._in_turn:
+            self._soon()
 
     def park(self) -> None:
         """In a shard's greenlet: give the thread back until ``resume_later`` is called."""
@@ -245,6 +339,7 @@ class Executor:
     def resume_later(self, shard: _Shard, error: BaseException | None) -> None:
         """Resume a parked shard at this turn, or raise ``error`` in it."""
         self._resumable.append((shard, error))
+        self._changed()
 
     def _fire_timers(self) -> bool:
         fired = False
@@ -285,7 +380,7 @@ class Executor:
         return True
 
     def _input_done(self, shard: _Shard) -> None:
-        if not self.on_thread():
+        if not self._in_own_turn():  # a store callback from elsewhere: do it in a turn
             self.call_soon(lambda: self._input_done(shard))
             return
         shard.pending -= 1

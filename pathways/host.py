@@ -317,7 +317,7 @@ async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
     host = Host(island, num_devices, spec)
     host.loop = loop
     host.ici = host.executor.link = IciLink(ctx, bind, host.worker_of)
-    host.executor.start()
+    host.executor.run_on(loop)  # one thread: the loop runs the devices too
     data = DataService(host, bind, ctx)
     transport = ZmqTransport(bind, context=ctx)
     core = WorkerCore(transport.address, info["plaque"],

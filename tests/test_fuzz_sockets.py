@@ -414,10 +414,10 @@ class Attacker:
             except zmq.Again:
                 break
             try:
-                reply = protocol.unpack(frames)
+                replies = protocol.unbatch(protocol.unpack(frames))
             except Exception:
                 continue  # replies to garbage may be anything
-            if reply[:2] == ("status", SENTINEL):
+            if any(reply[:2] == ("status", SENTINEL) for reply in replies):
                 return
         raise AssertionError(f"{self.target.name} stopped answering")
 
