@@ -4,7 +4,8 @@ A shard that reaches a collective hands its values to its local peers' mailboxes
 queues the values for devices of other hosts on the executor's ICI link (which sends one
 message per peer host per executor turn), and parks -- its greenlet, not a thread -- until
 every source has delivered. Its virtual time then moves to when the last value was available:
-a local peer's own arrival at the collective, or a remote value's real arrival. A parked
+a local peer's own arrival at the collective, or a remote value's real arrival less how far
+its sender's virtual time was behind real time (``pathways.ici``). A parked
 shard's device stays occupied, so an inconsistent gang order deadlocks as on TPUs; one
 watchdog timer turns an exchange parked too long into ``CollectiveTimeout`` and aborts its
 gang on this executor (no peer completes with values left behind).
@@ -59,7 +60,7 @@ class Exchanges:
             else:
                 remote.setdefault(id(value), (value, []))[1].append(dst)
         for value, dsts in remote.values():
-            self._queue_remote(key, me, dsts, value)
+            self._queue_remote(key, me, dsts, value, at)
         return self._collect(shard, key, me, [s for s in sources if s != me], at)
 
     def gather(self, shard, key, plan, value) -> list:
@@ -72,7 +73,7 @@ class Exchanges:
             for d in local_peers:
                 self.deliver(key, me, d, c, at)
         if remote:
-            self._queue_remote(key, me, remote, value)
+            self._queue_remote(key, me, remote, value, at)
         got = self._collect(shard, key, me, [d for d in devs if d != me], at)
         return [_copy(value) if d == me else got[d] for d in devs]
 
@@ -119,11 +120,11 @@ class Exchanges:
         shard.cursor += self.ex.clock() - shard.segment
         return shard.cursor
 
-    def _queue_remote(self, key, me, dsts, value) -> None:
+    def _queue_remote(self, key, me, dsts, value, at: float) -> None:
         if self.ex.link is None:
             raise ProgramError(f"devices {list(dsts)} are not on this host and it has no ICI"
                                " link")
-        self.ex.link.queue(key, me, dsts, value)
+        self.ex.link.queue(key, me, dsts, value, at - self.ex.clock())
 
     def _collect(self, shard, key, me, need: list, at: float) -> dict:
         """Park until every device of ``need`` has delivered to ``me`` for ``key``; {source:

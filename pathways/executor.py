@@ -278,9 +278,9 @@ class Executor:
         if self.link is not None:
             now = self.clock()
             deliver = self.exchanges.deliver
-            for key, src, dsts, value in self.link.receive():
+            for key, src, dsts, value, lag in self.link.receive():
                 for dst in dsts:
-                    deliver(key, src, dst, value, now)
+                    deliver(key, src, dst, value, now + min(lag, 0.0))
         busy = True
         while busy:
             busy = self._fire_timers()

@@ -9,8 +9,14 @@ once, with the list of its destinations.
 
 Header layout (little-endian): ``u32`` item count, then per item ``u8`` gang-key length,
 ``u8`` dtype-string length, ``u16`` destination count, ``u8`` ndim, then that many ``i64``:
-gang key, exchange seq, source device, destinations, shape; then the dtype string
-(``numpy.dtype.str``). Exchange keys are ``(gang key, seq)`` with a gang key of ints.
+gang key, exchange seq, source device, destinations, shape; an ``f64`` lag; then the dtype
+string (``numpy.dtype.str``). Exchange keys are ``(gang key, seq)`` with a gang key of ints.
+
+The lag is how far the sender's virtual time at the collective was behind its real time when
+it sent (<= 0). The receiver takes the value as available at its real arrival plus that lag:
+the sender's virtual time plus the real transit, never earlier than the data could have come,
+and with no clock shared between hosts. The sender's own lateness (a late publication, a busy
+executor) is then not booked on the receiver's device.
 """
 
 from __future__ import annotations
@@ -32,14 +38,16 @@ log = logging.getLogger("pathways.ici")
 
 _COUNT = struct.Struct("<I")
 _ITEM = struct.Struct("<BBHB")
+_LAG = struct.Struct("<d")
 RECEIVE_BATCH = 256  # messages read per executor turn, so sending is never starved
 
 
 def encode(items) -> list:
-    """Frames for ``[(key, src, dsts, value), ...]``: the header, then one frame per value."""
+    """Frames for ``[(key, src, dsts, value[, lag]), ...]``: the header, then one frame per
+    value."""
     head = [_COUNT.pack(len(items))]
     frames: list = []
-    for key, src, dsts, value in items:
+    for key, src, dsts, value, *lag in items:
         a = np.asarray(value)
         if not a.flags.c_contiguous:
             a = a.copy()  # (ascontiguousarray would make a 0-d array 1-d)
@@ -51,6 +59,7 @@ def encode(items) -> list:
             ints = (*gang, seq, src, *dsts, *a.shape)
             head.append(_ITEM.pack(len(gang), len(dt), len(dsts), a.ndim))
             head.append(struct.pack(f"<{len(ints)}q", *ints))
+            head.append(_LAG.pack(lag[0] if lag else 0.0))
         except (struct.error, TypeError, ValueError) as exc:
             raise ProgramError(f"exchange {key!r} from {src!r} to {dsts!r} cannot travel "
                                f"between hosts: its gang key, seq, devices and shape must be "
@@ -61,7 +70,8 @@ def encode(items) -> list:
 
 
 def decode(frames) -> list:
-    """``[(key, src, dsts, value), ...]`` from ``encode``'s frames; ProtocolError if malformed.
+    """``[(key, src, dsts, value, lag), ...]`` from ``encode``'s frames; ProtocolError if
+    malformed.
     Values are fresh writable arrays (a receiver never shares memory with the network)."""
     try:
         meta = bytes(frames[0])
@@ -75,6 +85,8 @@ def decode(frames) -> list:
             n = ngang + 2 + ndst + ndim
             ints = struct.unpack_from(f"<{n}q", meta, off)
             off += 8 * n
+            (lag,) = _LAG.unpack_from(meta, off)
+            off += _LAG.size
             dtype = np.dtype(meta[off:off + ndt].decode())
             off += ndt
             gang, seq, src = ints[:ngang], ints[ngang], ints[ngang + 1]
@@ -82,7 +94,7 @@ def decode(frames) -> list:
             if any(n < 0 for n in shape):
                 raise ProtocolError(f"ICI item with a negative dimension: {shape}")
             value = np.frombuffer(frames[1 + i], dtype).reshape(shape).copy()
-            items.append(((gang, seq), src, dsts, value))
+            items.append(((gang, seq), src, dsts, value, lag))
         if off != len(meta):
             raise ProtocolError(f"ICI header has {len(meta) - off} bytes left over")
         return items
@@ -107,13 +119,14 @@ class IciLink:
         self._out: dict[int, list] = {}
         self.sent = {"messages": 0, "bytes": 0}  # what left for other hosts
 
-    def queue(self, key, src, dsts, value) -> None:
-        """Send ``value`` from device ``src`` to devices ``dsts`` at the next ``flush``."""
+    def queue(self, key, src, dsts, value, lag: float = 0.0) -> None:
+        """Send ``value`` from device ``src`` to devices ``dsts`` at the next ``flush``;
+        ``lag``: the sender's virtual time minus its real time (see the module docstring)."""
         by_worker: dict[int, list] = {}
         for d in dsts:
             by_worker.setdefault(self.worker_of[d], []).append(d)
         for worker, ds in by_worker.items():
-            self._out.setdefault(worker, []).append((key, src, ds, value))
+            self._out.setdefault(worker, []).append((key, src, ds, value, lag))
 
     def flush(self) -> None:
         """One message per peer host with everything queued for it."""
@@ -130,7 +143,7 @@ class IciLink:
         return bool(self._pull.getsockopt(zmq.EVENTS) & zmq.POLLIN)
 
     def receive(self) -> list:
-        """What has arrived, without waiting: ``[(key, src, dsts, value), ...]``."""
+        """What has arrived, without waiting: ``[(key, src, dsts, value, lag), ...]``."""
         items: list = []
         for _ in range(RECEIVE_BATCH):
             try:

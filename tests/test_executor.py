@@ -685,7 +685,8 @@ def check_round_trip(items, decoded):
     assert len(decoded) == len(items)
     for ((gang, seq), src, dsts, value), got in zip(items, decoded):
         a = np.asarray(value)
-        (gang2, seq2), src2, dsts2, v = got
+        (gang2, seq2), src2, dsts2, v, lag = got
+        assert lag == 0.0
         assert (gang2, seq2, src2, tuple(dsts2)) == (tuple(gang), seq, src, tuple(dsts))
         assert v.dtype == a.dtype and v.shape == a.shape
         assert v.tobytes() == a.tobytes()  # bitwise: NaNs and -0.0 too
@@ -702,7 +703,7 @@ def test_ici_round_trip(items):
     check_round_trip(items, decode([bytes(f) for f in frames]))  # as the network delivers
     decoded = decode(frames)  # straight from encode's memoryviews: still fresh arrays
     check_round_trip(items, decoded)
-    for (*_, v) in decoded:
+    for (*_, v, _lag) in decoded:
         v.fill(0)  # writable, and shares nothing with the sender
     for (*_, value), original in zip(items, originals):
         assert np.asarray(value).tobytes() == original.tobytes()
@@ -728,7 +729,7 @@ def one_item_header(dtype: bytes, shape=(), gang=(1,), dsts=(2,)) -> bytes:
     ints = (*gang, 0, 5, *dsts, *shape)
     return (struct.pack("<I", 1) + struct.pack("<BBHB", len(gang), len(dtype), len(dsts),
                                                len(shape))
-            + struct.pack(f"<{len(ints)}q", *ints) + dtype)
+            + struct.pack(f"<{len(ints)}q", *ints) + struct.pack("<d", 0.0) + dtype)
 
 
 GARBAGE = {
@@ -800,3 +801,65 @@ def test_closing_twice_leaves_reused_fds_alone():
         for fd in {r, w, *fds}:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+class LoopbackLink:
+    """An ICI link to one pretend peer host holding device 1: whatever device 0 sends is
+    answered with ``reply`` from device 1, which reached the collective ``lag`` seconds of
+    virtual time behind its real time; the reply arrives ``transit`` later on ``fake``."""
+
+    def __init__(self, fake: FakeTime, reply, lag: float, transit: float):
+        self.fake, self.reply, self.lag, self.transit = fake, reply, lag, transit
+        self.sent: list = []
+        self._queued: list = []
+        self._arrived: list = []
+        self.fd, self._w = os.pipe()
+
+    def queue(self, key, src, dsts, value, lag=0.0):
+        self._queued.append((key, src, tuple(dsts), np.asarray(value).copy(), lag))
+
+    def flush(self):
+        for key, src, dsts, value, lag in self._queued:
+            self.sent.append((key, src, dsts, value, lag))
+            self.fake.now += self.transit
+            self._arrived.append((key, 1, (src,), np.asarray(self.reply), self.lag))
+        self._queued = []
+
+    def readable(self):
+        return bool(self._arrived)
+
+    def receive(self):
+        got, self._arrived = self._arrived, []
+        return got
+
+    def close(self):
+        os.close(self.fd)
+        os.close(self._w)
+
+
+def test_a_remote_value_counts_from_its_senders_virtual_time(make_executor):
+    """A value from another host is available at its real arrival less its sender's lag (how
+    far the sender's virtual time was behind real time), so the sender's lateness is not
+    booked on this device; the lag travels on the wire."""
+    fake = FakeTime()
+    link = LoopbackLink(fake, reply=10.0, lag=-1.5, transit=2.0)
+    try:
+        ex = make_executor(fake, (0,), link=link)
+        k = GangKernel(ex, ((2,), ("d",)), 0, {0: 0, 1: 1}, (7,),
+                       lambda v: psum(v, "d"), (np.float64(1.0),), duration=1.0)
+        ex.devices[0].enqueue(0, k)
+        run_all(ex)
+        assert k.result == 11.0 and not k.errors
+        (record,) = ex.devices[0].timeline
+        # sent at virtual 0; the reply came at real 2.0 from a sender 1.5 behind: 0.5
+        assert (record.start, record.end) == (0.0, pytest.approx(0.5 + 1.0))
+        (sent,) = link.sent
+        assert sent[:3] == (((7,), 0), 0, (1,)) and sent[4] == pytest.approx(0.0)
+    finally:
+        link.close()
+
+
+def test_the_lag_survives_the_wire():
+    items = [(((3, 4), 2), 0, [5, 6], np.arange(3.0), -0.125)]
+    (got,) = decode([bytes(f) for f in encode(items)])
+    assert got[0] == ((3, 4), 2) and got[4] == -0.125
