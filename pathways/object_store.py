@@ -21,9 +21,10 @@ this host, so ``get`` and ``add_done_callback`` on a key nobody has created yet 
 they leave an *awaited* placeholder that the producer's ``reserve``/``put``/``fail`` takes
 over. Placeholders hold no HBM and are invisible to ``state`` and ``delete``.
 
-Device threads produce buffers while the host's event loop serves clients, so the store is
-thread-safe: one lock guards the bookkeeping, allocation waits (back-pressure) happen outside
-it, and done-callbacks run outside it. The store keeps references to the arrays it is given;
+A host's executor and event loop share one thread, but input functions run on worker threads
+(and a device made on its own has an executor thread), so the store is thread-safe: one lock
+guards the bookkeeping, allocation waits (back-pressure) happen outside it, and
+done-callbacks run outside it, in the thread that resolves the entry. The store keeps references to the arrays it is given;
 it does not copy them.
 """
 
