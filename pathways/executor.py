@@ -103,7 +103,7 @@ class Executor:
         self._timers: list = []
         self._tick = itertools.count()
         self._resumable: deque = deque()
-        self._hbm_waiting: list = []
+        self._hbm_waiting: list = []  # retries of what did not fit in HBM
         self._runners: list = []  # idle greenlets that run bodies
         self.exchanges = Exchanges(self)  # the collectives of the shards it runs
         self._closing = False
@@ -467,10 +467,8 @@ class Executor:
             try:
                 frees = device.hbm.frees
                 if not device.hbm.try_allocate(shard.nbytes):
-                    self._hbm_waiting.append(shard)  # keeps its device until room is made
-                    shard.waiting = "hbm"
-                    if device.hbm.frees != frees:  # a free came before we were waiting
-                        self.call_soon(self._retry_hbm)
+                    shard.waiting = "hbm"  # keeps its device until room is made
+                    self.wait_for_hbm(device.hbm, frees, lambda: self._finish(shard))
                     return
             except Exception as exc:  # more than the whole HBM
                 error = exc
@@ -491,15 +489,23 @@ class Executor:
             dict(getattr(kernel, "labels", None) or {}), shard.start, shard.end,
             error is not None, shard.arrived, self.clock()))
 
+    def wait_for_hbm(self, hbm, frees: int, retry: Callable[[], object]) -> None:
+        """Call ``retry()`` in a turn once some HBM is freed: an allocation on ``hbm`` did
+        not fit when it had seen ``frees`` frees (so one that came meanwhile is not lost).
+        How back-pressure waits without blocking the host's thread."""
+        self._hbm_waiting.append(retry)
+        if hbm.frees != frees:
+            self.call_soon(self._retry_hbm)
+
     def hbm_freed(self) -> None:
-        """Some device's HBM has room again: retry kernels waiting to publish (any thread)."""
+        """Some device's HBM has room again: retry what waits for it (any thread)."""
         if self._hbm_waiting:
             self.call_soon(self._retry_hbm)
 
     def _retry_hbm(self) -> None:
         waiting, self._hbm_waiting = self._hbm_waiting, []
-        for shard in waiting:
-            self._finish(shard)
+        for retry in waiting:
+            retry()
 
 def _input_keys(kernel) -> list:
     keys = getattr(kernel, "input_keys", None)

@@ -32,7 +32,7 @@ from plaque.zmq_transport import ZmqTransport
 from . import protocol
 from .cost import DeviceSpec
 from .device import EmulatedDevice
-from .errors import ClientGone, ProgramError, RemoteError
+from .errors import ClientGone, DeviceOutOfMemory, ProgramError, RemoteError
 from .exchange import ExecutorEnv
 from .executor import Executor
 from .ici import IciLink
@@ -221,7 +221,7 @@ class DataService:
         kind, store = req[0], self.host.store
         if kind == "put":
             _, array_id, device, value, owner = req
-            store.put((array_id, device), value, owner)
+            self._put((array_id, device), np.asarray(value), owner)
         elif kind == "get":
             _, req_id, array_id, device = req
             self._get(ident, req_id, (array_id, device))
@@ -238,6 +238,29 @@ class DataService:
             self._reply(ident, ("timeline", req[1], self.host.timeline(req[2])))
         else:
             raise ValueError(f"unknown request {kind!r}")
+
+    def _put(self, key, value, owner) -> None:
+        """A client's shard: stored at once if its device's HBM has room, else when frees
+        make room (the host's one thread must never block waiting for memory)."""
+        store, device = self.host.store, self.host.devices.get(key[1])
+        if device is None:
+            store.put(key, value, owner)  # raises, naming the devices this host has
+            return
+        frees = device.hbm.frees
+        try:
+            fits = device.hbm.try_allocate(value.nbytes)
+        except DeviceOutOfMemory as exc:  # larger than the whole HBM
+            store.fail(key, exc, owner)
+            return
+        if fits:
+            try:
+                store.put(key, value, owner, allocated=True)
+            except Exception:
+                device.hbm.free(value.nbytes)  # not stored: give the memory back
+                raise
+        else:
+            self.host.executor.wait_for_hbm(device.hbm, frees,
+                                            lambda: self._put(key, value, owner))
 
     def _generate(self, ident, req_id, array_id, device, blob, slices, shape, dtype,
                   owner) -> None:

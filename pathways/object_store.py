@@ -24,8 +24,8 @@ over. Placeholders hold no HBM and are invisible to ``state`` and ``delete``.
 A host's executor and event loop share one thread, but input functions run on worker threads
 (and a device made on its own has an executor thread), so the store is thread-safe: one lock
 guards the bookkeeping, allocation waits (back-pressure) happen outside it, and
-done-callbacks run outside it, in the thread that resolves the entry. The store keeps references to the arrays it is given;
-it does not copy them.
+done-callbacks run outside it, in the thread that resolves the entry. The store keeps
+references to the arrays it is given; it does not copy them.
 """
 
 from __future__ import annotations

@@ -45,3 +45,21 @@ def test_a_full_device_makes_new_buffers_wait_until_memory_frees(small_cluster):
         assert not y.done()  # waiting for room, not failed
         a.delete()
         np.testing.assert_array_equal(y.result(timeout=30), np.full(300 * 1024 // 8, 2.0))
+
+
+def test_a_client_shard_that_does_not_fit_waits_without_stalling_the_host(small_cluster):
+    """The host runs its data service and its devices on one thread: a put into a full
+    device must wait for room without blocking it, or the delete that makes room (and
+    every other request) would never be served."""
+    with pw.connect(small_cluster.address) as c:
+        mesh = c.mesh((1,), ("d",))
+        a = c.put(np.ones(600 * 1024 // 8), mesh, P())
+        b = c.put(np.ones(300 * 1024 // 8), mesh, P())  # 900 of 1024 KiB used
+        a.result(timeout=30)
+        b.result(timeout=30)
+        later = c.put(np.full(300 * 1024 // 8, 3.0), mesh, P())  # does not fit yet
+        (status,) = c.host_status(timeout=30).values()  # the host still serves requests
+        assert status["devices"][mesh.devices[0]]["hbm_used"] == 900 * 1024
+        a.delete()
+        plus = pw.shard_map(lambda v: v + 1.0, mesh, P(), P())
+        np.testing.assert_array_equal(plus(later).result(timeout=30), 4.0)  # stored at last
