@@ -148,6 +148,30 @@ class Host:
             what = kind if isinstance(kind, str) and len(kind) < 80 else type(kind).__name__
             log.warning("unknown message %s from %s", what, sender)
 
+    def put(self, key, value, owner, arrival: float | None = None) -> None:
+        """Loop thread: store a buffer that came from outside (a client's shard, a transfer,
+        routed rows) at once if its device's HBM has room, else once frees make room: the
+        host's one thread must never block waiting for memory."""
+        device = self.devices.get(key[1])
+        if device is None:
+            self.store.put(key, value, owner)  # raises, naming the devices this host has
+            return
+        frees = device.hbm.frees
+        try:
+            fits = device.hbm.try_allocate(value.nbytes)
+        except DeviceOutOfMemory as exc:  # larger than the whole HBM
+            self.store.fail(key, exc, owner)
+            return
+        if not fits:
+            self.executor.wait_for_hbm(device.hbm, frees,
+                                       lambda: self.put(key, value, owner, arrival))
+            return
+        try:
+            self.store.put(key, value, owner, arrival=arrival, allocated=True)
+        except Exception:
+            device.hbm.free(value.nbytes)  # not stored: give the memory back
+            raise
+
     def status(self) -> dict:
         return {
             "island": self.island,
@@ -221,7 +245,7 @@ class DataService:
         kind, store = req[0], self.host.store
         if kind == "put":
             _, array_id, device, value, owner = req
-            self._put((array_id, device), np.asarray(value), owner)
+            self.host.put((array_id, device), np.asarray(value), owner)
         elif kind == "get":
             _, req_id, array_id, device = req
             self._get(ident, req_id, (array_id, device))
@@ -238,29 +262,6 @@ class DataService:
             self._reply(ident, ("timeline", req[1], self.host.timeline(req[2])))
         else:
             raise ValueError(f"unknown request {kind!r}")
-
-    def _put(self, key, value, owner) -> None:
-        """A client's shard: stored at once if its device's HBM has room, else when frees
-        make room (the host's one thread must never block waiting for memory)."""
-        store, device = self.host.store, self.host.devices.get(key[1])
-        if device is None:
-            store.put(key, value, owner)  # raises, naming the devices this host has
-            return
-        frees = device.hbm.frees
-        try:
-            fits = device.hbm.try_allocate(value.nbytes)
-        except DeviceOutOfMemory as exc:  # larger than the whole HBM
-            store.fail(key, exc, owner)
-            return
-        if fits:
-            try:
-                store.put(key, value, owner, allocated=True)
-            except Exception:
-                device.hbm.free(value.nbytes)  # not stored: give the memory back
-                raise
-        else:
-            self.host.executor.wait_for_hbm(device.hbm, frees,
-                                            lambda: self._put(key, value, owner))
 
     def _generate(self, ident, req_id, array_id, device, blob, slices, shape, dtype,
                   owner) -> None:

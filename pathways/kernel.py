@@ -151,7 +151,7 @@ class Assembler:
                 "client": arg.client, "run": arg.run_id, "eqn": self.index,
                 "bytes": got.nbytes, "link": "+".join(sorted(got.links))},
                 got.started, max(got.arrival, now))
-            host.store.put(key, got.buffer, owner, arrival=got.arrival)
+            host.put(key, got.buffer, owner, arrival=got.arrival)
         except Exception as exc:  # never leave the consumer waiting for its input
             self.assembling.pop((t, port), None)
             log.exception("assembling a transferred input failed")

@@ -501,5 +501,5 @@ class GatherOp(DispatchedOp):
                 for o, r in zip(outs, rows):
                     o.reshape(-1, *o.shape[2:])[slots] = r
             for key, o in zip(keys, outs):
-                host.store.put(key, o, owner, arrival=arrival)
+                host.put(key, o, owner, arrival=arrival)
         cap.release()
