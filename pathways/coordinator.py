@@ -19,6 +19,7 @@ import zmq
 
 import plaque
 from plaque import security
+from plaque.liveness import GRACE_TIMEOUTS, Listening
 from plaque.logutil import dropped
 
 from .errors import ClientGone, HostLost, ResourceError
@@ -84,6 +85,9 @@ class Coordinator:
         self.runs: dict[tuple, _Run] = {}  # (pid, run_id) -> a run waiting or running
         self.client_info: dict[int, dict] = {}  # weight, priority
         self.client_timeout = client_timeout
+        self._check_every = min(1.0, client_timeout / 4)
+        self._listening = Listening(GRACE_TIMEOUTS * client_timeout,
+                                    interval=self._check_every)
         self._last_seen: dict[int, float] = {}  # client -> monotonic time of its last word
         self._client_of: dict[bytes, int] = {}  # socket identity -> client id
         self._departed: dict[int, dict] = {}  # lost host -> its info (devices, island)
@@ -159,14 +163,21 @@ class Coordinator:
 
     # ---- clients --------------------------------------------------------------------------
     def _check_clients(self) -> None:
-        """Loop thread, every second: a client silent for ``client_timeout`` is gone."""
+        """Loop thread, every second: a client silent for ``client_timeout`` is gone.
+
+        Silence counts only while we could hear (``plaque.liveness``): up to the last time
+        nothing waited unread on the client socket, and not over our own stalls.
+        """
         now = time.monotonic()
+        heard_until = self.service.drained_at if self.service.waiting() else now
+        blind, listened = self._listening.tick(now, heard_until)
         for client, seen in list(self._last_seen.items()):
-            if now - seen > self.client_timeout:
-                log.warning("client %s lost: silent for %.1f s", client, now - seen)
+            seen = self._last_seen[client] = seen + blind
+            if listened - seen > self.client_timeout:
+                log.warning("client %s lost: silent for %.1f s", client, listened - seen)
                 self._forget_client(client, f"client {client} stopped answering for"
-                                            f" {now - seen:.1f} s")
-        self.cluster.loop.call_later(min(1.0, self.client_timeout / 4), self._check_clients)
+                                            f" {listened - seen:.1f} s")
+        self.cluster.loop.call_later(self._check_every, self._check_clients)
 
     def _owner_of(self, req):
         """The client a request acts for (checked against the sending connection)."""

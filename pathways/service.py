@@ -12,6 +12,7 @@ many replies were sent.
 from __future__ import annotations
 
 import logging
+import time
 
 import zmq
 
@@ -34,6 +35,7 @@ class RouterService:
         self.handle, self.sender, self.after_batch = handle, sender, after_batch
         self.loop = None
         self._scheduled = False
+        self.drained_at: float | None = None  # monotonic time the socket was last found empty
         self._replies: dict[bytes, list] = {}  # requester -> replies not sent yet
 
     def start(self, loop) -> None:
@@ -55,6 +57,7 @@ class RouterService:
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
+                self.drained_at = time.monotonic()
                 break
             try:
                 requests = protocol.unbatch(protocol.unpack(frames[1:]))
@@ -71,6 +74,13 @@ class RouterService:
             self._drain_soon()  # more may be waiting: let the loop breathe first
         if self.after_batch is not None:
             self.after_batch()
+
+    def waiting(self) -> bool:
+        """Loop thread: whether requests wait unread (then a drain is scheduled)."""
+        if self.sock.closed or not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            return False
+        self._drain_soon()  # reading EVENTS may have consumed the edge that announced them
+        return True
 
     def reply(self, ident: bytes, payload) -> None:
         """Loop thread: send ``payload`` to the requester ``ident``. Replies to one requester

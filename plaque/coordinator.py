@@ -1,9 +1,10 @@
 """The coordinator as a state machine: membership, graph installation, runs, failure detection.
 
-It keeps the worker table (workers join with HELLO and are declared lost after a silent
-heartbeat timeout), installs graphs on the workers that host their shards, starts runs with one
-START message per involved worker, and keeps its own copy of each graph's progress counts; a
-run is over when nothing at all remains at its timestamp, outputs to the driver included.
+It keeps the worker table (workers join with HELLO and are declared lost after a heartbeat
+timeout of silence, counted only while the coordinator could hear them: ``plaque.liveness``),
+installs graphs on the workers that host their shards, starts runs with one START message per
+involved worker, and keeps its own copy of each graph's progress counts; a run is over when
+nothing at all remains at its timestamp, outputs to the driver included.
 
 Like the worker it does no I/O: ``take_commands`` gives the messages to send and
 ``take_events`` what the driver should learn (``installed``, ``run_done``, ``run_failed``,
@@ -22,6 +23,7 @@ from .counters import Counters
 from .errors import GraphError, OperatorError, WorkerLost
 from .graph import Graph, Topology
 from .heartbeat import HEARTBEAT_INTERVAL
+from .liveness import GRACE_TIMEOUTS, Listening
 from .logutil import dropped
 from .progress import INPUT, SINK, ProgressTracker
 from .shipping import ship
@@ -74,6 +76,7 @@ class CoordinatorCore:
     def __init__(self, address: str = "", heartbeat_timeout: float = 3.0):
         self.address = address  # our full transport address, told to workers on joining
         self.heartbeat_timeout = heartbeat_timeout
+        self._listening = Listening(GRACE_TIMEOUTS * heartbeat_timeout)
         self.counters = Counters()
         self.workers: dict[int, _Worker] = {}
         self.graphs: dict[int, _Graph] = {}
@@ -278,8 +281,17 @@ class CoordinatorCore:
     }
 
     # ---- time -----------------------------------------------------------------------------
-    def tick(self, now: float) -> None:
-        """Heartbeats out; workers silent for longer than the timeout are declared lost."""
+    def tick(self, now: float, heard_until: float | None = None) -> None:
+        """Heartbeats out; workers silent for longer than the timeout are declared lost.
+
+        Silence counts only while we could hear (``plaque.liveness``): up to ``heard_until``,
+        the latest time the adapter found our inbox empty (None: ``now``), and not over our
+        own stalls, so a starved coordinator never mistakes its unread inbox for dead workers.
+        """
+        blind, listened = self._listening.tick(now, heard_until)
+        for info in self.workers.values():
+            if info.last_seen is not None:
+                info.last_seen += blind
         for w in self._heard:
             if w in self.workers:
                 self.workers[w].last_seen = now
@@ -290,8 +302,8 @@ class CoordinatorCore:
                 self._send(w, Kind.HEARTBEAT, now)
         for w in [] if self.stopping else self.live_workers():
             seen = self.workers[w].last_seen
-            if seen is not None and now - seen > self.heartbeat_timeout:
-                self.lose_worker(w, f"no heartbeat for {now - seen:.1f} s")
+            if seen is not None and listened - seen > self.heartbeat_timeout:
+                self.lose_worker(w, f"no heartbeat for {listened - seen:.1f} s")
 
     def lose_worker(self, w: int, detail: str) -> None:
         """Mark ``w`` lost: every graph placed on it fails its runs and refuses new ones."""

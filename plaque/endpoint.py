@@ -2,7 +2,9 @@
 
 Each received message goes to ``core.receive``; one turn per loop iteration runs the core's
 local work (``step``) and carries out its commands, so everything produced while handling a
-burst of messages leaves together. A periodic tick gives the core the time.
+burst of messages leaves together. A periodic tick gives the core the time, and the latest time
+the transport's inbox was found empty (``heard_until``: peers' silence is counted only up to
+then, ``plaque.liveness``).
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ class Endpoint:
     def _tick(self) -> None:
         if self.exit_reason is not None:
             return
-        self.core.tick(self.clock())
+        now = self.clock()
+        self.core.tick(now, self.transport.heard_until(now))
         self.turn()
         self._timer = self.loop.call_later(self.tick_interval, self._tick)
 

@@ -56,6 +56,8 @@ class HeartbeatThread:
                                         zmq.NOBLOCK)
                 except zmq.Again:
                     pass
+        except zmq.ContextTerminated:
+            pass  # the worker is shutting down: its transport ended the context
         finally:
             if sock is not None:
                 sock.close(0)

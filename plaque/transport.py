@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -48,6 +49,12 @@ class Transport(ABC):
     def close(self) -> None:
         """Stop receiving and release resources; idempotent."""
 
+    def heard_until(self, now: float) -> float:
+        """The latest time (``time.monotonic``) at which no received message waited here
+        unhandled: ``now`` if none waits now. A peer's silence is only counted up to then
+        (``plaque.liveness``)."""
+        return now
+
 
 _registry: dict[str, InprocTransport] = {}
 _registry_lock = threading.Lock()
@@ -61,6 +68,8 @@ class InprocTransport(Transport):
         self._loop = None
         self._on_message: OnMessage | None = None
         self._early: list = []  # messages that arrived before start(), as a socket queues them
+        self._queued = 0  # messages sent to us and not yet delivered
+        self._drained_at = None  # when the last of them was delivered
         self._lock = threading.Lock()
         with _registry_lock:
             if self.address in _registry:
@@ -87,13 +96,22 @@ class InprocTransport(Transport):
         copies = [bytes(f) for f in frames]
         with target._lock:
             loop = target._loop
+            if loop is not None and loop.is_closed():
+                return
+            target._queued += 1
             if loop is None:
                 target._early.append((channel, copies))
                 return
-        if not loop.is_closed():
-            loop.call_soon_threadsafe(target._deliver, channel, copies)
+        loop.call_soon_threadsafe(target._deliver, channel, copies)
+
+    def heard_until(self, now):
+        return now if self._queued == 0 or self._drained_at is None else self._drained_at
 
     def _deliver(self, channel, frames):
+        with self._lock:
+            self._queued -= 1
+            if self._queued == 0:
+                self._drained_at = time.monotonic()
         if self._on_message is not None:
             self._on_message(channel, frames)
 

@@ -23,6 +23,7 @@ from . import wire
 from .counters import Counters
 from .graph import KEYED, ONE_TO_ONE
 from .heartbeat import HEARTBEAT_INTERVAL
+from .liveness import GRACE_TIMEOUTS, Listening
 from .local_graph import LocalGraph
 from .logutil import dropped
 from .operator import Capability
@@ -48,6 +49,7 @@ class WorkerCore:
         self.address = address
         self.info = info or {}
         self.coordinator_timeout = coordinator_timeout
+        self._listening = Listening(GRACE_TIMEOUTS * coordinator_timeout)
         self.counters = Counters()
         self.graphs: dict[int, LocalGraph] = {}
         self.peers: dict[int, str] = {}
@@ -451,17 +453,25 @@ class WorkerCore:
             g.args.pop(old, None)
 
     # ---- time -----------------------------------------------------------------------------
-    def tick(self, now: float) -> None:
-        """Send heartbeats; give up if the coordinator has been silent too long."""
+    def tick(self, now: float, heard_until: float | None = None) -> None:
+        """Send heartbeats; give up if the coordinator has been silent too long.
+
+        Silence counts only while we could hear (``plaque.liveness``): up to ``heard_until``,
+        the latest time the adapter found our inbox empty (None: ``now``), and not over our
+        own stalls.
+        """
         self.last_tick = now  # read by the heartbeat thread: the loop is alive
+        blind, listened = self._listening.tick(now, heard_until)
+        if self._last_heard is not None:
+            self._last_heard += blind
         if self._heard:
             self._heard, self._last_heard = False, now
         if self.id is not None and (self._last_beat is None
                                     or now - self._last_beat >= HEARTBEAT_INTERVAL):
             self._last_beat = now
             self._send(COORDINATOR, CONTROL, Kind.HEARTBEAT, now)
-        if now - self._last_heard > self.coordinator_timeout:
-            self._exit(f"coordinator silent for {now - self._last_heard:.1f} s")
+        if listened - self._last_heard > self.coordinator_timeout:
+            self._exit(f"coordinator silent for {listened - self._last_heard:.1f} s")
 
     def _exit(self, reason) -> None:
         if not self.exited:

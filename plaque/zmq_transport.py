@@ -28,6 +28,7 @@ log = logging.getLogger("plaque.transport")
 
 DRAIN_SECONDS = 0.005  # then yield, so the turn that sends what we produced can run
 HWM = 100_000
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum work per check
 
 
 def bind_socket(sock, where: str) -> str:
@@ -75,6 +76,7 @@ class ZmqTransport(Transport):
         self._loop = None
         self._on_message = None
         self._drain_scheduled = False
+        self._drained_at = None  # when a drain last found both sockets empty
         self._retry_scheduled = False
         self.closed = False
 
@@ -102,10 +104,19 @@ class ZmqTransport(Transport):
             elif data.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 self._on_message(DATA, data.recv_multipart(copy=False))
             else:
+                self._drained_at = time.monotonic()
                 return  # both drained: the next edge of either FD wakes us
             if self.closed:  # a handler may close us
                 return
         self._schedule_drain()  # budget used up: let the loop run a turn, then go on
+
+    def heard_until(self, now):
+        ctl, data = self._pull[CONTROL][0], self._pull[DATA][0]
+        if self.closed or not (ctl.getsockopt(_EVENTS) & _POLLIN
+                               or data.getsockopt(_EVENTS) & _POLLIN):
+            return now
+        self._schedule_drain()  # reading EVENTS may have consumed the edge that says so
+        return now if self._drained_at is None else self._drained_at
 
     def connect(self, peer, address):
         parts = address.split("|")[:2]

@@ -387,6 +387,19 @@ def test_a_busy_worker_is_not_declared_lost():
         assert len(cluster.workers()) == 2
 
 
+def test_a_stalled_coordinator_does_not_declare_its_workers_lost():
+    """The coordinator's own loop stalls past the heartbeat timeout (a saturated machine):
+    the workers' heartbeats wait unread in its inbox, which is not their silence."""
+    with plaque.local_cluster(workers=2, transport="tcp", heartbeat_timeout=2.0) as cluster:
+        g = Graph("after-stall")
+        g.node("busy", Busy, 2)
+        installed = cluster.install(g)
+        time.sleep(0.5)  # past the install: the workers' last words are stamped by a tick
+        cluster.call_soon(lambda: time.sleep(3.0))
+        assert installed.run(0.0).result(30).values("busy") == ["done", "done"]
+        assert len(cluster.workers()) == 2
+
+
 def test_wildcard_binds_are_announced_under_a_dialable_name(monkeypatch):
     monkeypatch.setenv("PLAQUE_ADVERTISE", "127.0.0.1")
     cluster = plaque.Cluster("tcp://0.0.0.0")

@@ -97,6 +97,28 @@ def test_a_host_stopped_for_a_while_loses_nothing():
             assert len(client.devices()) == 4
 
 
+def test_a_coordinator_stopped_for_a_while_loses_no_host_and_no_client():
+    """A coordinator starved of CPU (here: stopped) for longer than the heartbeat and client
+    timeouts: the hosts' beats and the client's pings wait in its inbox, which is not their
+    silence."""
+    with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=2,
+                          heartbeat_timeout=HEARTBEAT, client_timeout=1.5) as cluster:
+        with pw.connect(cluster.address) as client:
+            mesh = client.mesh((4,), ("d",))
+            step = pw.shard_map(lambda v: pw.psum(v, "d") * 0.25 + 1.0, mesh, P(), P())
+            x = step(client.put(np.zeros(()), mesh, P()))
+            assert x.result(timeout=30) == 1.0
+            time.sleep(1.0)  # every host and the client heard from since
+            coordinator = cluster.processes[0]
+            coordinator.send_signal(signal.SIGSTOP)
+            try:
+                time.sleep(3.0)  # past both timeouts, within the client's own (5 s)
+            finally:
+                coordinator.send_signal(signal.SIGCONT)
+            assert step(x).result(timeout=30) == 2.0
+            assert len(client.devices()) == 4
+
+
 def test_remap_after_a_host_loss_and_a_late_host_adds_capacity():
     with pw.local_cluster(islands=1, hosts_per_island=3, devices_per_host=2,
                           heartbeat_timeout=HEARTBEAT) as cluster:
