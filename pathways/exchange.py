@@ -29,6 +29,20 @@ FAILED_GANGS_KEPT = 10_000
 PLANS_KEPT = 4096  # collective groups whose local/remote split an executor remembers
 
 
+class _Group:
+    """This host's members of one group in one gather: the values so far, shared."""
+
+    __slots__ = ("key", "devs", "members", "box", "missing", "parked", "left", "folded")
+
+    def __init__(self, key, devs: tuple, members: tuple):
+        self.key, self.devs, self.members = key, devs, members
+        self.box: dict = {}  # source device -> (value, available at)
+        self.missing = len(devs)
+        self.parked: list = []  # (device, shard) waiting for the rest
+        self.left = len(members)  # local members that have not taken their answer yet
+        self.folded = None  # reduce's answer, worked out once
+
+
 class Exchanges:
     """The collectives of the shards run by ``executor`` (its thread only, but for
     ``abort_gang``, which the executor forwards)."""
@@ -39,7 +53,7 @@ class Exchanges:
         self._parked: dict = {}  # (key, dst) -> shard
         self._failed_gangs: OrderedDict = OrderedDict()
         self._plans: dict = {}  # gather_plan's answers
-        self._reduced: dict = {}  # (key, group) -> [fold result, local members yet to take it]
+        self._groups: dict = {}  # (key, local member) -> its _Group, for gathers
         self._watchdog_armed = False  # one timer for every parked exchange's timeout
 
     def exchange(self, shard, key, me, outgoing: dict, sources: list) -> dict:
@@ -65,35 +79,90 @@ class Exchanges:
 
     def gather(self, shard, key, plan, value) -> list:
         """The exchange in which every member sends ``value`` to every other (psum,
-        all_gather): every member's value, in member order. ``plan`` is ``gather_plan``'s."""
-        me, devs, local_peers, remote, _ = plan
-        at = self._arrive(shard, key, me)
-        if local_peers:
-            c = _copy(value)
-            for d in local_peers:
-                self.deliver(key, me, d, c, at)
-        if remote:
-            self._queue_remote(key, me, remote, value, at)
-        got = self._collect(shard, key, me, [d for d in devs if d != me], at)
-        return [_copy(value) if d == me else got[d] for d in devs]
+        all_gather): every member's value, in member order. ``plan`` is ``gather_plan``'s.
+        The values are shared by this host's members: callers build new arrays from them."""
+        group, values = self._gather(shard, key, plan, value)
+        self._leave(group)
+        return values
 
     def reduce(self, shard, key, plan, value, fold):
         """``fold(gather(...))``, worked out once for all of this host's members of the
-        group (they receive the same values in the same order); each gets its own copy."""
-        values = self.gather(shard, key, plan, value)
-        group = (key, plan[1])  # an exchange key is shared by every group of the mesh
-        cached = self._reduced.get(group)
-        if cached is None:
-            result = fold(values)
-            if plan[4] > 1:
-                self._reduced[group] = [result, plan[4] - 1]
-                return result.copy()
-            return result
-        cached[1] -= 1
-        if cached[1]:
-            return cached[0].copy()
-        del self._reduced[group]
-        return cached[0]
+        group (they receive the same values in the same order); each gets its own array."""
+        group, values = self._gather(shard, key, plan, value)
+        if group.folded is None:
+            group.folded = fold(values)
+        result = group.folded if group.left == 1 else group.folded.copy()
+        self._leave(group)
+        return result
+
+    def _gather(self, shard, key, plan, value):
+        """This host's members of a group wait together: one box per (exchange, group), one
+        count of what is missing, so a value from another host is taken once, however many
+        of this host's devices are in the group."""
+        me, devs, _, remote, _ = plan
+        at = self._arrive(shard, key, me)
+        group = self._group_of(key, plan)
+        if remote:
+            self._queue_remote(key, me, remote, value, at)
+        self._add(group, me, _copy(value), at)
+        if group.missing:
+            shard.waiting = ["group", group]
+            self._park(shard, key, me)
+            group.parked.append((me, shard))
+            try:
+                self.ex.park()  # resumed when the group has every value
+            finally:
+                shard.waiting = None
+                self._parked.pop((key, me), None)
+        got = [group.box[d] for d in devs]
+        shard.cursor = max([at] + [when for _, when in got])
+        shard.waited += shard.cursor - at
+        shard.segment = self.ex.clock()
+        return group, [v for v, _ in got]
+
+    def _group_of(self, key, plan) -> _Group:
+        me, devs, local_peers, _, _ = plan
+        group = self._groups.get((key, me))
+        if group is None:
+            members = (me, *local_peers)
+            group = _Group(key, devs, members)
+            for m in members:
+                self._groups[(key, m)] = group
+                early = self._mail.pop((key, m), None)  # sent before any of us got here
+                for src, item in (early or {}).items():
+                    if src not in group.box:
+                        group.box[src] = item
+                        group.missing -= 1
+        return group
+
+    def _add(self, group: _Group, src, value, at: float) -> None:
+        if src in group.box:
+            log.warning("exchange %r: %r delivered twice; dropped", group.key, src)
+            return
+        group.box[src] = (value, at)
+        group.missing -= 1
+        if not group.missing:
+            for me, shard in group.parked:
+                if self._parked.pop((group.key, me), None) is shard:
+                    self.ex.resume_later(shard, None)
+            group.parked = []
+
+    def _leave(self, group: _Group) -> None:
+        group.left -= 1
+        if not group.left:
+            for m in group.members:
+                self._groups.pop((group.key, m), None)
+
+    def receive(self, key, src, dsts, value, at: float) -> None:
+        """A value from another host for this host's devices ``dsts``."""
+        if key[0] in self._failed_gangs:
+            return
+        group = self._groups.get((key, dsts[0]))
+        if group is not None:
+            self._add(group, src, value, at)
+            return
+        for dst in dsts:  # an exchange with per-destination values, or one nobody reached yet
+            self.deliver(key, src, dst, value, at)
 
     def gather_plan(self, devices: dict, members: tuple, position: int):
         """For the group ``members`` (flat indices; ``devices`` maps them to devices) seen
@@ -133,11 +202,7 @@ class Exchanges:
         missing = sum(s not in box for s in need)
         if missing:
             shard.waiting = [(key, me), frozenset(need), missing]
-            shard.deadline = self.ex.clock() + self.ex.collective_timeout
-            self._parked[(key, me)] = shard
-            if not self._watchdog_armed:  # later deadlines never precede an armed one
-                self._watchdog_armed = True
-                self.ex.at(shard.deadline, self._watchdog)
+            self._park(shard, key, me)
             try:
                 self.ex.park()  # parked; resumed when every source has delivered
             finally:
@@ -151,6 +216,14 @@ class Exchanges:
         shard.segment = self.ex.clock()
         return {s: v for s, (v, _) in got.items()}
 
+    def _park(self, shard, key, me) -> None:
+        """Register a shard about to park in exchange ``key``, with its timeout."""
+        shard.deadline = self.ex.clock() + self.ex.collective_timeout
+        self._parked[(key, me)] = shard
+        if not self._watchdog_armed:  # later deadlines never precede an armed one
+            self._watchdog_armed = True
+            self.ex.at(shard.deadline, self._watchdog)
+
     def deliver(self, key, src, dst, value, at: float) -> None:
         if key[0] in self._failed_gangs:
             return
@@ -160,7 +233,7 @@ class Exchanges:
             return
         box[src] = (value, at)
         shard = self._parked.get((key, dst))
-        if shard is not None and src in shard.waiting[1]:
+        if shard is not None and shard.waiting[0] != "group" and src in shard.waiting[1]:
             shard.waiting[2] -= 1
             if not shard.waiting[2]:
                 del self._parked[(key, dst)]
@@ -172,8 +245,11 @@ class Exchanges:
         now = self.ex.clock()
         for (key, me), shard in list(self._parked.items()):
             if shard.deadline <= now and self._parked.get((key, me)) is shard:
-                box = self._mail.get((key, me), {})
-                missing = [s for s in shard.waiting[1] if s not in box]
+                if shard.waiting[0] == "group":
+                    box, need = shard.waiting[1].box, shard.waiting[1].devs
+                else:
+                    box, need = self._mail.get((key, me), {}), shard.waiting[1]
+                missing = [s for s in need if s not in box]
                 del self._parked[(key, me)]
                 reason = (f"exchange {key!r} at {me!r}: no value from {missing} after "
                           f"{self.ex.collective_timeout}s (a peer skipped this collective, called"
@@ -192,8 +268,8 @@ class Exchanges:
             self._failed_gangs.popitem(last=False)
         for k in [k for k in self._mail if k[0][0] == gang]:
             del self._mail[k]
-        for k in [k for k in self._reduced if k[0][0] == gang]:
-            del self._reduced[k]
+        for k in [k for k in self._groups if k[0][0] == gang]:
+            del self._groups[k]
         for k, shard in list(self._parked.items()):
             if k[0][0] == gang:
                 del self._parked[k]

@@ -277,10 +277,9 @@ class Executor:
                 log.exception("executor %s: a queued call failed", self.name)
         if self.link is not None:
             now = self.clock()
-            deliver = self.exchanges.deliver
+            receive = self.exchanges.receive
             for key, src, dsts, value, lag in self.link.receive():
-                for dst in dsts:
-                    deliver(key, src, dst, value, now + min(lag, 0.0))
+                receive(key, src, dsts, value, now + min(lag, 0.0))
         busy = True
         while busy:
             busy = self._fire_timers()
