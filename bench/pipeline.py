@@ -84,17 +84,6 @@ def chain_total(stages: int) -> float:
 
 # ---- CPU accounting -------------------------------------------------------------------------
 
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc); 0 where unavailable."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 def _machine_ticks() -> tuple[int, int]:
@@ -187,7 +176,7 @@ class ChainRig:
         chain = self.program(stages)
         start = np.arange(float(WIDTH))
         x = self.client.put(start, self.meshes[0], P())
-        cpu0 = sum(_cpu_seconds(p) for p in self.pids)
+        cpu0 = sum(profiling.cpu_seconds(p) for p in self.pids)
         all0, idle0 = _machine_ticks()
         t0 = time.perf_counter()
         for _ in range(runs):
@@ -195,7 +184,7 @@ class ChainRig:
         x.block_until_ready(timeout)
         wall = time.perf_counter() - t0
         all1, idle1 = _machine_ticks()
-        cpu = sum(_cpu_seconds(p) for p in self.pids) - cpu0
+        cpu = sum(profiling.cpu_seconds(p) for p in self.pids) - cpu0
         got, want = x.result(timeout), start + runs * chain_total(stages)
         if not np.array_equal(got, want):
             raise AssertionError(f"{self.mode} chain of {stages} x {runs} runs: got {got},"

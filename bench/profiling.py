@@ -75,3 +75,29 @@ def top_frames(path: str, n: int = 12) -> list[str]:
     lines.append("   top self:")
     lines += [f"   {k / total:6.1%}  {frame}" for frame, k in own.most_common(6)]
     return lines
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process so far: its threads' nanosecond run times (Linux
+    /proc/<pid>/task/*/schedstat), else user + system ticks from /proc/<pid>/stat; 0 where
+    neither is available."""
+    try:
+        total = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            except FileNotFoundError:
+                continue  # a thread that just ended (long-lived threads do the work here)
+        return total / 1e9
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return 0.0

@@ -53,6 +53,7 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable
     sys.path.insert(0, _ROOT)
 
 import pathways as pw  # noqa: E402
+from bench import profiling  # noqa: E402
 from bench.multicontroller import expected_value, trivial_body  # noqa: E402
 from bench.pipeline import chain_total, stage_body  # noqa: E402
 from bench.results import bench_parser, publish  # noqa: E402
@@ -63,40 +64,14 @@ SIZES = "4x16,8x16,16x16,16x32,32x32"  # hosts x devices per host
 QUICK_SIZES = "4x16,8x16"
 STAGES = 4
 MAX_RUNS = 200
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _cpu_seconds(pid: int) -> float:
-    """CPU seconds of a process so far: its threads' nanosecond run times (Linux
-    /proc/<pid>/task/*/schedstat), else user + system ticks from /proc/<pid>/stat; 0 where
-    neither is available."""
-    try:
-        total = 0
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    total += int(f.read().split()[0])
-            except FileNotFoundError:
-                continue  # a thread that just ended (long-lived threads do the work here)
-        return total / 1e9
-    except (OSError, IndexError, ValueError):
-        pass
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
 def idle_cpu(pids: list[int], seconds: float) -> float:
     """CPU seconds per second that the client and the coordinator (``pids[0]``) spend while
     nothing runs: heartbeats, ticks and pings, a cost per host and per second, not per
     computation."""
-    own0, coord0, t0 = time.process_time(), _cpu_seconds(pids[0]), time.perf_counter()
+    own0, coord0, t0 = time.process_time(), profiling.cpu_seconds(pids[0]), time.perf_counter()
     time.sleep(seconds)
     wall = time.perf_counter() - t0
-    return (time.process_time() - own0 + _cpu_seconds(pids[0]) - coord0) / wall
+    return (time.process_time() - own0 + profiling.cpu_seconds(pids[0]) - coord0) / wall
 
 
 @dataclass
@@ -195,14 +170,14 @@ def timed(work, runs: int, pids: list[int], timeout: float) -> Cell:
     first call to the last result being ready, with the CPU of every process meanwhile."""
     x = work.start()
     x.block_until_ready(timeout)
-    cpu0, own0 = [_cpu_seconds(p) for p in pids], time.process_time()
+    cpu0, own0 = [profiling.cpu_seconds(p) for p in pids], time.process_time()
     t0 = time.perf_counter()
     for _ in range(runs):
         x = work.program(x)
     x.block_until_ready(timeout)
     wall = time.perf_counter() - t0
     own = time.process_time() - own0
-    cpu = [_cpu_seconds(p) - c for p, c in zip(pids, cpu0)]
+    cpu = [profiling.cpu_seconds(p) - c for p, c in zip(pids, cpu0)]
     work.check(x, runs, timeout)
     return Cell(runs * work.per_run, wall, own, cpu[0], sum(cpu[1:]))
 
