@@ -80,9 +80,10 @@ class Executor:
     """Runs the kernels of a set of devices on one thread (see the module docstring).
 
     ``store``: the host's object store, for kernels with ``input_keys``. ``link``: what carries
-    collective values to other hosts (``queue(device, key, src, dsts, value)``, ``flush()``,
-    ``receive() -> [(key, src, dsts, value)]`` and ``fd``). ``clock``/``sleep``: injectable
-    for tests (a fake ``sleep`` is used for every timed wait).
+    collective values to other hosts, as ``pathways.ici.IciLink`` does (``queue(key, src,
+    dsts, value, lag)``, ``flush()``, ``receive() -> [(key, src, dsts, value, lag)]``,
+    ``readable()`` and ``fd``). ``clock``/``sleep``: injectable for tests (a fake ``sleep`` is
+    used for every timed wait). ``run_on(loop)`` runs it on an event loop instead of a thread.
     """
 
     def __init__(self, name: str = "host", store=None, link=None,
