@@ -60,7 +60,7 @@ class _Shard:
 
     __slots__ = ("device", "seq", "kernel", "arrived", "keys", "pending", "start", "cursor",
                  "segment", "waited", "glet", "end", "error", "nbytes", "waiting", "deadline",
-                 "done")
+                 "done", "held")
 
     def __init__(self, device, seq, kernel, arrived):
         self.device, self.seq, self.kernel, self.arrived = device, seq, kernel, arrived
@@ -74,6 +74,7 @@ class _Shard:
         self.waiting = None  # [mailbox key, sources, how many missing] while parked
         self.deadline = 0.0  # when a parked exchange times out
         self.done = False  # the body has returned or raised
+        self.held = False  # finished, but its outputs did not fit in HBM: it keeps the device
 
 
 class Executor:
@@ -467,14 +468,14 @@ class Executor:
             try:
                 frees = device.hbm.frees
                 if not device.hbm.try_allocate(shard.nbytes):
-                    shard.waiting = "hbm"  # keeps its device until room is made
+                    shard.held = True  # keeps its device until room is made
                     self.wait_for_hbm(device.hbm, frees, lambda: self._finish(shard))
                     return
             except Exception as exc:  # more than the whole HBM
                 error = exc
             else:
-                if shard.waiting == "hbm":  # the device was held until now
-                    shard.end, shard.waiting = max(shard.end, self.clock()), None
+                if shard.held:  # the device was held until now
+                    shard.end, shard.held = max(shard.end, self.clock()), False
         if error is None:
             try:
                 on_done = getattr(kernel, "on_done", None)
