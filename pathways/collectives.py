@@ -80,6 +80,8 @@ def kernel_env(env: KernelEnv) -> Iterator[KernelEnv]:
 class KernelEnv:
     """Where one device runs one kernel: the mesh, the device's flat index, and a way to talk."""
 
+    tracks_rep = False  # the replication analysis's environment (pathways.replication) is True
+
     def __init__(self, mesh_shape, axis_names, flat_index: int):
         self.mesh_shape, self.axis_names = check_mesh(mesh_shape, axis_names)
         if not 0 <= flat_index < math.prod(self.mesh_shape):
@@ -290,10 +292,12 @@ class LocalEnv(KernelEnv):
 class AbstractEnv(KernelEnv):
     """A device with no peers, for finding a body's output shapes and dtypes.
 
-    Every expected source "sends" zeros shaped like this device's first outgoing value (lowest
-    destination position): the collectives here send same-shaped values to every destination,
-    so any one is a faithful template. If the device sends nothing (a ppermute source of no
-    pair) the result is empty, and ppermute falls back to zeros_like(x), the right shape.
+    Every expected source "sends" what this device sends to its own position (or, if it
+    sends itself nothing, to its lowest destination): the answer real collectives would give
+    if every device held this device's values. So ``psum(1, "i")`` is the size of axis "i",
+    as on the devices, and shapes are right for every collective here. A device that sends
+    nothing at all (a ppermute source of no pair) gets nothing, and ppermute falls back to
+    zeros_like(x), the right shape.
     """
 
     def __init__(self, mesh_shape, axis_names, flat_index: int = 0):
@@ -303,8 +307,8 @@ class AbstractEnv(KernelEnv):
         self.next_collective()
         if not outgoing:
             return {}
-        template = outgoing[min(outgoing)]
-        return {s: np.zeros_like(template) for s in expect_from}
+        mine = outgoing.get(position, outgoing[min(outgoing)])
+        return {s: _copy(mine) for s in expect_from}
 
 
 def _group(name: str, axes) -> tuple[KernelEnv, list[int], int]:
@@ -342,6 +346,21 @@ def _check_axis(name: str, what: str, axis: int, ndim: int) -> int:
     return axis % ndim
 
 
+def _tracked(gathers: bool):
+    """Let the replication analysis see this collective (``RepEnv.collective``); elsewhere
+    the collective runs as written."""
+    def wrap(raw):
+        @functools.wraps(raw)
+        def collective(x, axes, *args, **kwargs):
+            env = _env.get()
+            if env is not None and env.tracks_rep:
+                return env.collective(raw, gathers, x, axes, args, kwargs)
+            return raw(x, axes, *args, **kwargs)
+        return collective
+    return wrap
+
+
+@_tracked(gathers=True)
 def psum(x, axes):
     """Sum of ``x`` over the group along ``axes``, added in position order on every member.
 
@@ -351,6 +370,7 @@ def psum(x, axes):
     return env.reduce_all(members, position, np.asarray(x))
 
 
+@_tracked(gathers=True)
 def pmean(x, axes):
     """Mean of ``x`` over the group (psum divided by the group size; ints become floats).
 
@@ -369,6 +389,7 @@ def _ordered_sum(values: list) -> np.ndarray:
     return np.asarray(total)
 
 
+@_tracked(gathers=True)
 def all_gather(x, axes, axis: int = 0, tiled: bool = False):
     """Every member's ``x``, stacked along a new dimension ``axis`` (or concatenated if tiled).
 
@@ -384,6 +405,7 @@ def all_gather(x, axes, axis: int = 0, tiled: bool = False):
     return np.concatenate(values, axis=axis) if tiled else np.stack(values, axis=axis)
 
 
+@_tracked(gathers=False)
 def ppermute(x, axes, perm):
     """Send ``x`` along the (source position, destination position) pairs of ``perm``.
 
@@ -417,6 +439,7 @@ def _check_perm(perm, n: int) -> list[tuple[int, int]]:
     return pairs
 
 
+@_tracked(gathers=False)
 def all_to_all(x, axes, split_axis: int, concat_axis: int):
     """Split ``x`` in group-size chunks along ``split_axis``; chunk j goes to position j.
 
@@ -447,7 +470,10 @@ def axis_index(axes) -> int:
 
     >>> tag = pw.shard_map(lambda x: x * 0 + pw.axis_index("data"), mesh, P("data"), P("data"))
     """
-    return _group("axis_index", axes)[2]
+    env, _members, position = _group("axis_index", axes)
+    if env.tracks_rep:  # the position varies along these axes wherever it goes next
+        env.escape(env.all - ({axes} if isinstance(axes, str) else set(axes)))
+    return position
 
 
 _gang_ids = itertools.count()

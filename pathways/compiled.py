@@ -2,9 +2,13 @@
 
 A compiled function knows its mesh, the partition spec of each argument and result, and its
 cost. Output shapes and dtypes are found once per input signature by abstract evaluation: the
-body runs on zero shards of the right shape with collectives that only produce shapes, and the
-answer is cached. Calling one outside ``@pw.program`` runs it at once (OpByOp) and returns
-futures; inside a program it records one equation.
+body runs on the client on zero-filled shards of the right shape, with collectives answering as
+if every device held the same values (so ``psum(1, "i")`` is the size of "i"), and the answer
+is cached. Every device's real outputs are then checked against it: a body whose output shape
+or dtype depends on the data fails with an error instead of returning garbage. Outputs that
+``out_specs`` says are replicated are proven so, or checked at run time
+(``pathways.replication``). Calling one outside ``@pw.program`` runs it at once (OpByOp) and
+returns futures; inside a program it records one equation.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import collectives
+from . import collectives, replication
 from . import cost as cost_model
 from .errors import ProgramError, ShardingError
 from .mesh import Mesh
@@ -37,6 +41,22 @@ class Aval:
         return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
 
 
+@dataclass(frozen=True)
+class Signature:
+    """What a compiled function returns for one input signature: global output avals, one
+    device's output avals, and per output the mesh axes whose replication is checked at run
+    time (those out_specs leaves out that abstract evaluation could not prove)."""
+
+    avals: tuple[Aval, ...]
+    shards: tuple[Aval, ...]
+    checks: tuple[tuple[str, ...], ...]
+
+
+ABSTRACT_PASS = ("while finding its output shapes and dtypes (abstract evaluation: the body runs"
+                 " once on the client on zero-filled shards, with collectives answering as if"
+                 " every device held the same values)")
+
+
 def _specs(specs, what: str) -> tuple[tuple, bool]:
     """(tuple of specs, single) from a P, None, or a tuple/list of them."""
     if specs is None or isinstance(specs, P):
@@ -54,7 +74,8 @@ class CompiledFunction:
     >>> avals = step.abstract_eval([x.aval])  # global output shapes and dtypes
     """
 
-    def __init__(self, body, mesh: Mesh, in_specs, out_specs, cost=None, name=None):
+    def __init__(self, body, mesh: Mesh, in_specs, out_specs, cost=None, name=None,
+                 check_rep=True):
         if not callable(body):
             raise ProgramError(f"shard_map needs a callable body, got {body!r}")
         if not isinstance(mesh, Mesh):
@@ -63,7 +84,8 @@ class CompiledFunction:
         self.name = name or getattr(body, "__name__", "body")
         self.in_specs, self._broadcast_in = _specs(in_specs, "in_specs")
         self.out_specs, self.single_output = _specs(out_specs, "out_specs")
-        self._avals: dict[tuple, tuple[Aval, ...]] = {}
+        self.check_rep = bool(check_rep)
+        self._signatures: dict[tuple, Signature] = {}
         self._costs: dict[tuple, float] = {}  # (shapes and dtypes, device spec) -> seconds
 
     def __repr__(self):
@@ -110,29 +132,62 @@ class CompiledFunction:
 
     def abstract_eval(self, in_avals) -> tuple[Aval, ...]:
         """Global output avals for these input avals (evaluated once, then cached)."""
-        key = tuple(in_avals)
-        if key not in self._avals:
-            self._avals[key] = self._abstract_eval(key)
-        return self._avals[key]
+        return self.signature(in_avals).avals
 
-    def _abstract_eval(self, in_avals) -> tuple[Aval, ...]:
+    def signature(self, in_avals) -> Signature:
+        """Output avals, global and per device, and the run-time replication checks, for
+        these input avals (evaluated once, then cached)."""
+        key = tuple(in_avals)
+        sig = self._signatures.get(key)
+        if sig is None:
+            sig = self._signatures[key] = self._abstract_eval(key)
+        return sig
+
+    def _abstract_eval(self, in_avals) -> Signature:
         m = self.mesh
         zeros = [np.zeros(a.shape, a.dtype) for a in self.shard_avals(in_avals)]
         env = collectives.AbstractEnv(m.shape, m.axis_names)
         with collectives.kernel_env(env):
             try:
-                outs = self.body(*zeros)
-            except (ShardingError, ProgramError):
-                raise
+                outs = self._as_tuple(self.body(*zeros))
+            except (ShardingError, ProgramError) as exc:
+                raise type(exc)(f"{exc} ({ABSTRACT_PASS})") from exc
             except Exception as exc:
                 raise ProgramError(f"{self.name} fails on shards of shapes "
-                                   f"{[str(Aval.of(z)) for z in zeros]}: {exc!r}") from exc
-        outs = self._as_tuple(outs)
-        result = []
+                                   f"{[str(Aval.of(z)) for z in zeros]} {ABSTRACT_PASS}: "
+                                   f"{exc!r}") from exc
+        avals, specs = [], []
         for o, spec in zip(outs, self.out_specs):
             spec = normalize_spec(spec, o.ndim, m.axis_names)
-            result.append(Aval(global_shape_of(o.shape, m.shape, m.axis_names, spec), o.dtype))
-        return tuple(result)
+            specs.append(spec)
+            avals.append(Aval(global_shape_of(o.shape, m.shape, m.axis_names, spec), o.dtype))
+        return Signature(tuple(avals), tuple(Aval.of(o) for o in outs),
+                         self._rep_checks(in_avals, zeros, specs))
+
+    def _rep_checks(self, in_avals, zeros, out_specs) -> tuple[tuple[str, ...], ...]:
+        """Per output, the axes it must be replicated along that no proof covers."""
+        m = self.mesh
+        left_out = [tuple(a for a in m.axis_names if a not in replication.spec_axes(s))
+                    for s in out_specs]
+        if not self.check_rep or not any(left_out):
+            return tuple(() for _ in out_specs)
+        in_specs = [normalize_spec(s, len(a.shape), m.axis_names)
+                    for a, s in zip(in_avals, self.arg_specs(len(in_avals)))]
+        proven = replication.prove(self.body, zeros, in_specs, m.shape, m.axis_names,
+                                   len(out_specs), self.single_output)
+        return tuple(tuple(a for a in axes if a not in p) for axes, p in zip(left_out, proven))
+
+    def check_outputs(self, outs, sig: Signature, device) -> None:
+        """Fail unless one device's outputs have the shapes and dtypes abstract evaluation
+        found (a data-dependent shape or dtype would otherwise assemble into garbage)."""
+        for k, (o, want) in enumerate(zip(outs, sig.shards)):
+            if o.shape != want.shape or o.dtype != want.dtype:
+                raise ProgramError(
+                    f"{self.name}: output {k} on device {device} is {Aval.of(o)}, but abstract"
+                    f" evaluation found {want} (the body run on zero-filled shards). Output"
+                    " shapes and dtypes must not depend on the data: JAX refuses"
+                    " data-dependent shapes under tracing too. Return a fixed-size result"
+                    " (e.g. np.where(mask, x, 0) instead of x[mask]) of a fixed dtype")
 
     def _as_tuple(self, outs) -> tuple:
         outs = (outs,) if self.single_output else outs
@@ -141,15 +196,25 @@ class CompiledFunction:
                                f" match out_specs, got {type(outs).__name__}")
         return tuple(np.asarray(o) for o in outs)
 
-    def run_shard(self, env, shards, spec) -> tuple[tuple, float]:
-        """Run the body on one device's shards under ``env``; (outputs, modelled seconds on
-        a device of ``spec``)."""
+    def run_shard(self, env, shards, spec, sig: Signature, device=None) -> tuple[tuple, float]:
+        """Run the body on one device's shards under ``env``, check its outputs against
+        ``sig``; (outputs, modelled seconds on a device of ``spec``)."""
         token = collectives._env.set(env)
         try:
-            outs = self._as_tuple(self.body(*shards))
+            outs = self.checked(self.body(*shards), sig, device)
         finally:
             collectives._env.reset(token)
         return outs, self.cost_of(shards, outs, spec)
+
+    def checked(self, outs, sig: Signature, device) -> tuple:
+        """What the body returned on ``device``, as a tuple of arrays, once checked against
+        ``sig`` (shapes, dtypes, and replication along ``sig.checks``, which exchanges a
+        digest with the device's peers: call it inside the kernel's environment)."""
+        outs = self._as_tuple(outs)
+        self.check_outputs(outs, sig, device)
+        if any(sig.checks):
+            replication.check_replicas(self.name, outs, sig.checks, device)
+        return outs
 
     def cost_of(self, inputs, outputs, spec) -> float:
         """Modelled seconds of one execution: ``cost`` if given (a number, or a function of
@@ -174,7 +239,8 @@ class CompiledFunction:
         return run_op_by_op(self, args)
 
 
-def shard_map(body, mesh: Mesh, in_specs, out_specs, cost=None, name=None) -> CompiledFunction:
+def shard_map(body, mesh: Mesh, in_specs, out_specs, cost=None, name=None,
+              check_rep=True) -> CompiledFunction:
     """Compile ``body`` to run on every device of ``mesh`` on its shard of the arguments.
 
     ``in_specs``/``out_specs`` are partition specs (``P('data')``; a tuple for several).
@@ -183,4 +249,5 @@ def shard_map(body, mesh: Mesh, in_specs, out_specs, cost=None, name=None) -> Co
 
     >>> step = pw.shard_map(lambda x: pw.psum(x, "data") + 1, mesh, P("data"), P("data"))
     """
-    return CompiledFunction(body, mesh, in_specs, out_specs, cost=cost, name=name)
+    return CompiledFunction(body, mesh, in_specs, out_specs, cost=cost, name=name,
+                            check_rep=check_rep)

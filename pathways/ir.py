@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import collectives, sharding
+from . import collectives, compiled, sharding
 from .compiled import Aval, CompiledFunction
 
 
@@ -64,10 +64,11 @@ def evaluate_eqn(eqn: Eqn, args: list, timeout: float = 60.0) -> list:
                                 sharding.normalize_spec(s, a.ndim, m.axis_names))
                  for a, s in zip(args, specs)]
     per_device = [tuple(shards[i] for shards in per_input) for i in range(m.size)]
+    sig = fn.signature([compiled.Aval.of(a) for a in args])
 
     def body(*shards):
-        outs = fn._as_tuple(fn.body(*shards))
-        return outs
+        env = collectives.current_env()
+        return fn.checked(fn.body(*shards), sig, env.flat_index)
 
     results = collectives.run_spmd(body, m.shape, m.axis_names, per_device, timeout=timeout)
     outs = []

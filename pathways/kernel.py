@@ -44,6 +44,7 @@ class KernelSpec:
     outputs: tuple[int, ...]
     releases: tuple  # per input: users sharing it where it lives (0: kept; None: moved)
     incoming: dict  # input index -> Incoming, for inputs that arrive by transfer
+    expect: object  # compiled.Signature: what every shard's outputs must be
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ class Kernel:
         fn = self.spec.fn
         env = self.host.kernel_env(fn.mesh, self.shard, (self.arg.client, self.arg.run_id,
                                                          self.spec.index), device)
-        outs, seconds = fn.run_shard(env, shards, device.spec)
+        outs, seconds = fn.run_shard(env, shards, device.spec, self.spec.expect, self.device_id)
         self._outputs = outs
         remote = env.bytes_sent_remote
         return seconds + (cost_model.transfer_time(remote, cost_model.ICI) if remote else 0.0)

@@ -156,7 +156,7 @@ class _Builder:
             return self._routed(e, eqn)
         incoming, releases = self._inputs(e, eqn)
         spec = KernelSpec(e, fn, tuple(v.id for v in eqn.inputs), tuple(v.id for v in eqn.outputs),
-                          releases, incoming)
+                          releases, incoming, fn.signature([v.aval for v in eqn.inputs]))
         node = g.node(f"{e}:{fn.name}", functools.partial(KernelOp, spec), fn.mesh.size,
                       placement=self.hosts(fn.mesh.devices, fn.name), notify=self.notify)
         self._connect(e, eqn, range(len(eqn.inputs)), node)

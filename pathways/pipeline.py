@@ -176,8 +176,11 @@ def _backward_body(backward, pdef, rdef, n_params, n_res, accumulate, want_dx):
             raise ProgramError(f"backward returned dparams shaped {gdef}, but the params are"
                                f" {pdef}")
         if accumulate:
-            grads = [a + g for a, g in zip(args[n_params + n_res:], grads)]
-        return (dx, *grads) if want_dx else tuple(grads)
+            grads = [a[0] + g for a, g in zip(args[n_params + n_res:], grads)]
+        # Each device's partial gradient is its own (summed only by the update), so it goes
+        # out as block i of a new leading axis, as residuals do: not as a replicated value.
+        grads = tuple(g[None] for g in grads)
+        return (dx, *grads) if want_dx else grads
     return stage_backward
 
 
@@ -186,7 +189,7 @@ def _update_body(lr, scale):
         n = len(args) // 2
         # One all-reduce per step: the gradients of the stage's devices, summed once here
         # rather than in each micro-batch's backward.
-        return tuple((p - lr * (collectives.psum(g, AXIS) / scale)).astype(p.dtype, copy=False)
+        return tuple((p - lr * (collectives.psum(g[0], AXIS) / scale)).astype(p.dtype, copy=False)
                      for p, g in zip(args[:n], args[n:]))
     return sgd_update
 
@@ -323,17 +326,18 @@ class Pipeline:
             y, residuals = stage.forward(_unflatten(pdef, zeros), x_shard)
         leaves, rdef = _flatten(residuals)
         rep, dat, batch = (P(),) * n, (P(AXIS),) * len(leaves), P(AXIS)
+        grad = (P(AXIS),) * n  # per-device partial gradients, block i of a leading axis
         bwd_cost = None if stage.cost is None else 2 * stage.cost
 
         def backward(accumulate):
             body = _backward_body(stage.backward, pdef, rdef, n, len(leaves), accumulate, s > 0)
-            ins = (batch,) + rep + dat + (rep if accumulate else ())
-            outs = ((batch,) if s > 0 else ()) + rep
+            ins = (batch,) + rep + dat + (grad if accumulate else ())
+            outs = ((batch,) if s > 0 else ()) + grad
             return shard_map(body, mesh, ins, outs, cost=bwd_cost, name=f"stage{s}_backward")
 
         forward = shard_map(_forward_body(stage.forward, pdef), mesh, (batch,) + rep,
                             (batch,) + dat, cost=stage.cost, name=f"stage{s}_forward")
-        update = shard_map(_update_body(self.lr, self.microbatches * D), mesh, rep + rep, rep,
+        update = shard_map(_update_body(self.lr, self.microbatches * D), mesh, rep + grad, rep,
                            name=f"stage{s}_update")
         return _Kernels(forward, backward(False), backward(True), update), np.asarray(y)
 

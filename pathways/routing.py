@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .compiled import Aval, CompiledFunction
+from .compiled import Aval, CompiledFunction, Signature
 from .errors import ProgramError, RemoteError, ShardingError
 from .kernel import (
     Assembler,
@@ -168,7 +168,7 @@ class RoutedFunction(CompiledFunction):
             self._out_count = len(row_outs) + len(expert_outs)
         avals = [Aval((T, k, *o.shape[1:]), o.dtype) for o in row_outs]
         avals += [Aval((self.num_experts, *o.shape), o.dtype) for o in expert_outs]
-        return tuple(avals)
+        return Signature(tuple(avals), (), ())
 
     def call_expert(self, rows, params):
         """Run the body on one expert's rows; (row outputs, per-expert outputs)."""

@@ -196,7 +196,7 @@ def test_a_late_wake_up_is_not_booked_as_device_time(make_device):
         fake.sleep(seconds + 0.25)
 
     device = make_device(clock=fake.clock, sleep=late_sleep)
-    for seq in range(3):
+    for seq in reversed(range(3)):  # all dispatched at time 0 (seq 0 last: nothing starts early)
         device.enqueue(seq, Kernel(seq, duration=1.0))
     assert device.wait_idle(WAIT)
     timeline = device.timeline

@@ -17,7 +17,7 @@ def test_reshard_within_a_mesh_and_across_meshes(client):
     a = client.mesh((2, 4), ("data", "model"))
     b = client.mesh((4, 2), ("x", "y"))
     f = pw.shard_map(lambda v: v * 2.0, a, P("data"), P("data", "model"))
-    g = pw.shard_map(lambda v: v + pw.axis_index("x"), b, P("y", "x"), P("x"))
+    g = pw.shard_map(lambda v: v + pw.axis_index("x"), b, P("y", "x"), P("y", "x"))
     h = pw.shard_map(lambda v: pw.psum(v, "model"), a, P(None, "model"), P())
 
     @pw.program
