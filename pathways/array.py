@@ -35,6 +35,7 @@ class Array:
         self._status = status  # resolves (to None) when the producing run is done
         self._value = value
         self._deleted = False
+        self._holds = 0  # runs in flight that read this array (the client's lock guards it)
 
     shape = property(lambda self: self.aval.shape)
     dtype = property(lambda self: self.aval.dtype)
@@ -97,14 +98,17 @@ class Array:
         return self
 
     def delete(self) -> None:
-        """Free the shards on the hosts now.
+        """Free the shards on the hosts: now, or once the runs already given this array (or
+        the run that produces it) have finished, so deleting never pulls an input from under
+        a queued call.
 
-        >>> x.delete()         # x can no longer be fetched or passed to a call
+        >>> y = step(x)
+        >>> x.delete()         # x can no longer be fetched or passed to a call; y is fine
         """
         if not self._deleted:
             self._deleted = True
             self._value = None
-            self.client._release(self)
+            self.client._release_when_unused(self)
 
     def __del__(self):
         try:

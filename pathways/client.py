@@ -13,6 +13,8 @@ import asyncio
 import concurrent.futures as cf
 import itertools
 import logging
+import math
+import pickle
 import threading
 import time
 from collections import deque, namedtuple
@@ -72,6 +74,7 @@ class Client:
         self._pending: dict[int, tuple[cf.Future, str]] = {}  # request -> (future, sent to)
         self._lost_hosts: dict[str, Exception] = {}  # data address of a lost host -> why
         self._inflight: dict[int, tuple] = {}
+        self._holds_lock = threading.Lock()  # Array._holds: runs in flight reading an array
         self._req_ids = itertools.count()
         self._array_ids = itertools.count()
         self._run_ids = itertools.count()
@@ -141,6 +144,7 @@ class Client:
         if kind in ("run_done", "run_failed"):
             entry = self._inflight.pop(msg[1], None)
             if entry is not None:
+                self._unhold(entry[1])
                 status = entry[0]
                 if kind == "run_done":
                     status.set_result(None)
@@ -158,6 +162,7 @@ class Client:
             for run_id, entry in list(self._inflight.items()):
                 if entry[3] == msg[1]:
                     del self._inflight[run_id]
+                    self._unhold(entry[1])
                     entry[0].set_exception(_as_remote(msg[2]))
         else:
             fut, _ = self._pending.pop(msg[1], (None, None))
@@ -190,7 +195,8 @@ class Client:
 
     def _fail_all(self, err: Exception) -> None:
         """Loop thread: every run and request still waiting fails with ``err``."""
-        for status, *_ in self._inflight.values():
+        for status, inputs, *_ in self._inflight.values():
+            self._unhold(inputs)
             if not status.done():
                 status.set_exception(err)
         self._inflight.clear()
@@ -328,10 +334,14 @@ class Client:
         >>> x = client.put(np.arange(32.0).reshape(8, 4), mesh, P("data"))
         >>> w = client.put(np.eye(4), mesh)        # no spec: a full copy on every device
         """
-        value = np.array(value, copy=True)
+        value = np.asarray(value)  # no copy yet: a huge view must fail before it is copied
         spec = sharding.normalize_spec(spec, value.ndim, mesh.axis_names)
+        block = sharding.shard_shape(value.shape, mesh.shape, mesh.axis_names, spec)
+        self._check_fits(math.prod(block) * value.dtype.itemsize, mesh, "put")
+        if value.dtype.hasobject:
+            _check_picklable(value)
+        value = np.array(value, copy=True)
         shards = sharding.split(value, mesh.shape, mesh.axis_names, spec)
-        self._check_fits(shards[0].nbytes, mesh, "put")
         array_id = (self.id, next(self._array_ids))
         self._put_shards(array_id, mesh, shards)
         done: cf.Future = cf.Future()
@@ -411,6 +421,36 @@ class Client:
                 shards[i] = value
         return sharding.assemble(shards, m.shape, m.axis_names, array.spec)
 
+    def _hold(self, arrays) -> None:
+        """A run reads these arrays: their deletion waits for it."""
+        with self._holds_lock:
+            for a in arrays:
+                a._holds += 1
+
+    def _unhold(self, arrays) -> None:
+        """A run that read these arrays has finished: free those deleted meanwhile."""
+        due = []
+        with self._holds_lock:
+            for a in arrays:
+                a._holds -= 1
+                if not a._holds and a._deleted:
+                    due.append(a)
+        for a in due:
+            self._release_when_unused(a)
+
+    def _release_when_unused(self, array: Array) -> None:
+        """Free a deleted array's shards once no run in flight reads or produces it."""
+        with self._holds_lock:
+            if array._holds:
+                return  # the last run reading it frees it (_unhold)
+        if not array._status.done():  # its producing run is still going: free it after
+            array._status.add_done_callback(lambda _f: self._release_when_unused(array))
+            return
+        try:
+            self._release(array)
+        except PathwaysError:
+            pass  # closed or coordinator lost: the hosts free what the client owned
+
     def _release(self, array: Array) -> None:
         if self.closed:
             return
@@ -464,6 +504,7 @@ class Client:
             outputs.append(Array(self, out_ids[v.id], v.aval, mesh, spec, status))
         arg = RunArg(self.id, run_id, self.dispatch,
                      {v.id: a.id for v, a in zip(program.inputs, arrays)}, out_ids, {})
+        self._hold(arrays)
         self._inflight[run_id] = (status, tuple(arrays), tuple(outputs), pid)
         self._send(self.address, ("run", pid, run_id, arg))
         return outputs[0] if program.single_output else tuple(outputs)
@@ -581,6 +622,17 @@ class Client:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _check_picklable(value: np.ndarray) -> None:
+    """An object array travels pickled: one that cannot be must fail at ``put``, not later
+    on the client's loop thread with its consumers waiting forever."""
+    try:
+        pickle.dumps(value, protocol=5)
+    except Exception as exc:
+        raise ProgramError(f"put: this object array cannot be sent to the hosts (it does not"
+                           f" pickle: {exc!r}); put numeric arrays, or objects that pickle")\
+            from None
 
 
 def _as_remote(err) -> Exception:

@@ -75,7 +75,7 @@ class CompiledFunction:
     """
 
     def __init__(self, body, mesh: Mesh, in_specs, out_specs, cost=None, name=None,
-                 check_rep=True):
+                 check_rep=True, limit=None):
         if not callable(body):
             raise ProgramError(f"shard_map needs a callable body, got {body!r}")
         if not isinstance(mesh, Mesh):
@@ -85,6 +85,9 @@ class CompiledFunction:
         self.in_specs, self._broadcast_in = _specs(in_specs, "in_specs")
         self.out_specs, self.single_output = _specs(out_specs, "out_specs")
         self.check_rep = bool(check_rep)
+        if limit is not None and not (isinstance(limit, (int, float)) and limit > 0):
+            raise ProgramError(f"shard_map limit must be a number of seconds > 0, got {limit!r}")
+        self.limit = limit
         self._signatures: dict[tuple, Signature] = {}
         self._costs: dict[tuple, float] = {}  # (shapes and dtypes, device spec) -> seconds
 
@@ -240,7 +243,7 @@ class CompiledFunction:
 
 
 def shard_map(body, mesh: Mesh, in_specs, out_specs, cost=None, name=None,
-              check_rep=True) -> CompiledFunction:
+              check_rep=True, limit=None) -> CompiledFunction:
     """Compile ``body`` to run on every device of ``mesh`` on its shard of the arguments.
 
     ``in_specs``/``out_specs`` are partition specs (``P('data')``; a tuple for several).
@@ -250,4 +253,4 @@ def shard_map(body, mesh: Mesh, in_specs, out_specs, cost=None, name=None,
     >>> step = pw.shard_map(lambda x: pw.psum(x, "data") + 1, mesh, P("data"), P("data"))
     """
     return CompiledFunction(body, mesh, in_specs, out_specs, cost=cost, name=name,
-                            check_rep=check_rep)
+                            check_rep=check_rep, limit=limit)

@@ -45,3 +45,7 @@ class ClientGone(PathwaysError):
 
 class CoordinatorLost(PathwaysError):
     """The coordinator stopped answering; start the cluster again and reconnect."""
+
+
+class KernelTimeout(PathwaysError):
+    """A kernel's body ran longer than its time limit and was interrupted."""

@@ -44,12 +44,14 @@ import greenlet
 from .alarm import Alarm
 from .cost import check_seconds
 from .device import EmulatedDevice, KernelRecord, report_error
-from .errors import PathwaysError
+from .errors import KernelTimeout, PathwaysError
 from .exchange import Exchanges
+from .watchdog import Watchdog
 
 log = logging.getLogger("pathways.executor")
 
 COLLECTIVE_TIMEOUT = 60.0
+KERNEL_LIMIT = 30.0  # seconds a body may run on the host's thread (a host's default)
 RUNNERS_KEPT = 64  # idle body greenlets kept for reuse
 PLANS_KEPT = 4096  # collective groups whose local/remote split an executor remembers
 FAILED_GANGS_KEPT = 10_000
@@ -60,7 +62,7 @@ class _Shard:
 
     __slots__ = ("device", "seq", "kernel", "arrived", "keys", "pending", "start", "cursor",
                  "segment", "waited", "glet", "end", "error", "nbytes", "waiting", "deadline",
-                 "done", "held")
+                 "done", "held", "limit_at")
 
     def __init__(self, device, seq, kernel, arrived):
         self.device, self.seq, self.kernel, self.arrived = device, seq, kernel, arrived
@@ -75,6 +77,7 @@ class _Shard:
         self.deadline = 0.0  # when a parked exchange times out
         self.done = False  # the body has returned or raised
         self.held = False  # finished, but its outputs did not fit in HBM: it keeps the device
+        self.limit_at = 0.0  # time.monotonic() past which the body is interrupted (0: never)
 
 
 class Executor:
@@ -90,10 +93,13 @@ class Executor:
     def __init__(self, name: str = "host", store=None, link=None,
                  clock: Callable[[], float] = time.perf_counter,
                  sleep: Callable[[float], object] | None = None,
-                 collective_timeout: float = COLLECTIVE_TIMEOUT):
+                 collective_timeout: float = COLLECTIVE_TIMEOUT,
+                 kernel_limit: float | None = KERNEL_LIMIT):
         self.name, self.store, self.link = name, store, link
         self.clock, self._sleep = clock, sleep
         self.collective_timeout = collective_timeout
+        self.kernel_limit = kernel_limit  # a kernel's own ``limit`` attribute wins; None: none
+        self._watchdog: Watchdog | None = None
         self.devices: dict[int, EmulatedDevice] = {}
         self.lock = threading.Lock()  # device queues (enqueued from other threads)
         self.idle = threading.Condition(self.lock)  # wait_idle waiters
@@ -200,6 +206,8 @@ class Executor:
         self._stop_running()
 
     def _stop_running(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stop()
         for shard in [d.current for d in self.devices.values() if d.current is not None]:
             if shard.glet is not None and not shard.glet.dead:
                 shard.glet.throw(greenlet.GreenletExit)
@@ -412,8 +420,16 @@ class Executor:
     def _begin(self, shard: _Shard) -> None:
         shard.cursor = shard.start
         shard.segment = self.clock()
-        glet = self._runners.pop() if self._runners else greenlet.greenlet(
-            self._runner, parent=self._main)
+        limit = getattr(shard.kernel, "limit", None) or self.kernel_limit
+        if limit:
+            shard.limit_at = time.monotonic() + limit
+        glet = None
+        while self._runners and glet is None:
+            glet = self._runners.pop()
+            if glet.dead:  # a time-limit interrupt landed in it between two bodies
+                glet = None
+        if glet is None:
+            glet = greenlet.greenlet(self._runner, parent=self._main)
         shard.glet = glet
         self._switch(shard, glet.switch, shard)
 
@@ -435,22 +451,56 @@ class Executor:
             shard.nbytes = int(getattr(shard.kernel, "output_bytes", _zero)())
         except greenlet.GreenletExit:
             raise
+        except KernelTimeout:
+            shard.error, modelled = self._timed_out(shard), 0.0
         except Exception as exc:
             shard.error, modelled = exc, 0.0
+        self._ended(shard, modelled)
+
+    def _ended(self, shard: _Shard, modelled: float) -> None:
         shard.cursor += self.clock() - shard.segment
         # occupied for its compute (real or modelled, whichever is longer) plus its waits
         shard.end = max(shard.cursor, shard.start + shard.waited + modelled)
         shard.done = True
 
+    def _timed_out(self, shard: _Shard) -> KernelTimeout:
+        kernel = shard.kernel
+        limit = getattr(kernel, "limit", None) or self.kernel_limit
+        return KernelTimeout(
+            f"{getattr(kernel, 'name', kernel)!s} on {shard.device.name} ran longer than its"
+            f" limit of {limit:g} s and was stopped (shard_map(..., limit=seconds) sets a"
+            " function's limit, 'pathways host --kernel-limit' a host's default)")
+
     def _switch(self, shard: _Shard, switch, *args) -> None:
         """Run the shard's greenlet until it parks or ends; then schedule its end."""
-        switch(*args)
+        if shard.limit_at:
+            self._switch_watched(shard, switch, args)
+        else:
+            switch(*args)
         if shard.done:
             shard.glet = None
             if shard.end > self.clock():
                 self.at(shard.end, lambda: self._finish(shard))
             else:
                 self._finish(shard)
+
+    def _switch_watched(self, shard: _Shard, switch, args) -> None:
+        """``switch`` with the body under the watchdog: past its deadline it is interrupted."""
+        if self._watchdog is None:
+            self._watchdog = Watchdog(threading.get_ident())
+        self._watchdog.watch(shard, shard.limit_at)
+        try:
+            switch(*args)
+        except KernelTimeout:
+            pass  # it landed outside the body's own try (see pathways.watchdog)
+        if self._watchdog.unwatch() is not shard or shard.done:
+            return
+        if shard.glet is None or shard.glet.dead:  # it ended the greenlet itself
+            shard.error = self._timed_out(shard)
+            self._ended(shard, 0.0)
+        else:  # it landed in this thread just after the body parked: fail it there
+            err = self._timed_out(shard)
+            self.call_soon(lambda: self._resume(shard, err))
 
     def _resume(self, shard: _Shard, error: BaseException | None) -> None:
         if shard.glet is None or shard.glet.dead or shard.done:

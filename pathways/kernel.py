@@ -186,6 +186,11 @@ class Kernel:
         self._keys = None
         self._outputs = None
 
+    @property
+    def limit(self):
+        """Seconds the body may run (None: the host's default)."""
+        return self.spec.fn.limit
+
     def key(self, var_id):
         return (self.arg.array_id(var_id), self.device_id)
 

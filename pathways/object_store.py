@@ -19,7 +19,9 @@ it (the producing kernel still owns the memory it is writing).
 With asynchronous dispatch a consumer can ask for a buffer before its producer has reached
 this host, so ``get`` and ``add_done_callback`` on a key nobody has created yet wait for it:
 they leave an *awaited* placeholder that the producer's ``reserve``/``put``/``fail`` takes
-over. Placeholders hold no HBM and are invisible to ``state`` and ``delete``.
+over. Placeholders hold no HBM and are invisible to ``state`` and ``delete``. A key deleted
+after it existed is remembered (a bounded number of them): a reader that asks for it later
+gets KeyError at once, so a kernel whose input was deleted fails instead of holding its device.
 
 A host's executor and event loop share one thread, but input functions run on worker threads
 (and a device made on its own has an executor thread), so the store is thread-safe: one lock
@@ -90,6 +92,7 @@ class ObjectStore:
         # keys deleted before their producer created them (a client may drop an output of a
         # failed run while other shards are still being written): freed as soon as they come
         self._deleted_early: OrderedDict[Key, None] = OrderedDict()
+        self._gone: OrderedDict[Key, None] = OrderedDict()  # deleted after they existed
         self._retired: set = set()  # clients gone: whatever they still produce is dropped
 
     # -- producing -------------------------------------------------------------------------
@@ -243,6 +246,9 @@ class ObjectStore:
                 return False
             entry.deleted = True
             self._release_if_done_locked(key, entry)
+            self._gone[key] = None  # a reader that comes later is told, never left waiting
+            while len(self._gone) > EARLY_DELETES_KEPT:
+                self._gone.popitem(last=False)
             return True
 
     def delete_owner(self, client_id: Hashable) -> int:
@@ -338,6 +344,8 @@ class ObjectStore:
             self._device(key)
             if key_client(key) in self._retired:
                 raise KeyError(f"object {key!r} belongs to a client that is gone")
+            if key in self._gone:
+                raise KeyError(f"object {key!r} was deleted before this reader asked for it")
             entry = self._entries[key] = _Entry(awaited=True)
         elif entry.deleted:
             raise KeyError(f"object {key!r} was deleted")

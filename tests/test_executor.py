@@ -42,7 +42,13 @@ from hypothesis.extra import numpy as hnp
 from pathways.collectives import all_gather, all_to_all, kernel_env, ppermute, psum, run_spmd
 from pathways.cost import DeviceSpec
 from pathways.device import HbmAccount
-from pathways.errors import CollectiveTimeout, DeviceOutOfMemory, PathwaysError, ProgramError
+from pathways.errors import (
+    CollectiveTimeout,
+    DeviceOutOfMemory,
+    KernelTimeout,
+    PathwaysError,
+    ProgramError,
+)
 from pathways.exchange import ExecutorEnv
 from pathways.executor import Executor
 from pathways.ici import decode, encode
@@ -863,3 +869,70 @@ def test_the_lag_survives_the_wire():
     items = [(((3, 4), 2), 0, [5, 6], np.arange(3.0), -0.125)]
     (got,) = decode([bytes(f) for f in encode(items)])
     assert got[0] == ((3, 4), 2) and got[4] == -0.125
+
+
+# == 5. one client never stalls another =======================================================
+
+
+def test_a_body_past_its_limit_is_stopped_and_the_device_goes_on(make_executor):
+    fake = FakeTime()
+    ex = make_executor(fake, kernel_limit=0.2)
+    device, ran = ex.devices[0], []
+
+    def spin(_device):
+        while True:  # a body that never returns, in pure Python
+            pass
+
+    def sleep_long(_device):
+        for _ in range(10_000):  # returns only after far more than its limit
+            time.sleep(0.01)
+
+    stuck = Kernel("stuck", 1.0, clock=fake.clock, body=spin, log=ran)
+    slow = Kernel("slow", 1.0, clock=fake.clock, body=sleep_long, log=ran)
+    after = Kernel("after", 1.0, clock=fake.clock, log=ran)
+    for seq, k in enumerate([stuck, slow, after]):
+        device.enqueue(seq, k)
+    run_all(ex)
+    assert ran == ["stuck", "slow", "after"]
+    for k in (stuck, slow):
+        (err,) = k.errors
+        assert isinstance(err, KernelTimeout) and "limit of 0.2 s" in str(err), err
+    assert not after.errors and after.done_at is not None
+    assert [r.error for r in device.timeline] == [True, True, False]
+
+
+def test_a_kernel_limit_of_its_own_beats_the_executor_default(make_executor):
+    fake = FakeTime()
+    ex = make_executor(fake, kernel_limit=None)  # no default: only the kernel's own limit
+    device = ex.devices[0]
+    flag = threading.Event()
+
+    class Limited(Kernel):
+        limit = 0.2
+
+    def wait_forever(_device):
+        while not flag.is_set():
+            pass
+
+    k = Limited("limited", 1.0, clock=fake.clock, body=wait_forever)
+    device.enqueue(0, k)
+    try:
+        run_all(ex)
+    finally:
+        flag.set()
+    assert isinstance(k.errors[0], KernelTimeout)
+
+
+def test_a_reader_of_a_buffer_deleted_before_it_asked_fails_at_once(make_executor):
+    fake = FakeTime()
+    ex = make_executor(fake, with_store=True)
+    key = (("x", 0), 0)
+    ex.store.put(key, np.ones(4), OWNER)
+    assert ex.store.delete(key)  # gone (not a tombstone: nothing was pending)
+    reader = Kernel("reader", 1.0, clock=fake.clock, inputs=[key])
+    later = Kernel("later", 1.0, clock=fake.clock)
+    ex.devices[0].enqueue(0, reader)
+    ex.devices[0].enqueue(1, later)
+    run_all(ex)
+    assert isinstance(reader.errors[0], KeyError) and "deleted" in str(reader.errors[0])
+    assert later.done_at is not None
