@@ -72,7 +72,8 @@ def _up(args) -> int:
         print(f"pathways cluster up at {cluster.address}  (Ctrl-C to stop)", flush=True)
         _print_keys(cluster)
         stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # a closed terminal too: keys go
+            signal.signal(sig, lambda *_: stop.set())
         try:
             stop.wait()
         except KeyboardInterrupt:
