@@ -28,9 +28,26 @@ def _coordinator(args) -> int:
     return 0
 
 
+def _address(text: str) -> str:
+    """argparse type of a coordinator address, ``tcp://HOST:PORT`` or, naming the cluster's
+    key directory, ``tcp://HOST:PORT?keys=DIR``: a malformed one is a one-line usage error."""
+    from plaque.security import split_address
+
+    try:
+        split_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _host(args) -> int:
+    from plaque.security import ENV, split_address
+
     from .host import serve_host
 
+    coordinator, keys = split_address(args.coordinator)
+    if keys is not None:  # the host's every socket takes its keys from the environment
+        os.environ[ENV] = keys
     if os.environ.get("PLAQUE_DIE_WITH_PARENT"):
         from plaque.cli import _die_with_parent
 
@@ -38,7 +55,7 @@ def _host(args) -> int:
     from .cost import DeviceSpec
 
     spec = DeviceSpec(hbm_bytes=int(args.hbm_gib * 2**30))
-    reason = uvloop.run(serve_host(args.coordinator, args.island, args.devices, args.bind,
+    reason = uvloop.run(serve_host(coordinator, args.island, args.devices, args.bind,
                                    spec=spec, coordinator_timeout=args.coordinator_timeout))
     logging.getLogger("pathways.host").info("exited: %s", reason)
     return 0
@@ -48,12 +65,15 @@ def _up(args) -> int:
     from .cluster import LocalCluster
 
     cluster = LocalCluster(args.islands, args.hosts_per_island, args.devices_per_host,
-                           verbose=args.verbose, policy=args.policy, window=args.window)
+                           verbose=args.verbose, policy=args.policy, window=args.window,
+                           insecure=args.insecure)
     try:
         cluster.wait_ready(args.islands * args.hosts_per_island * args.devices_per_host)
         print(f"pathways cluster up at {cluster.address}  (Ctrl-C to stop)", flush=True)
+        _print_keys(cluster)
         stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        for sig in (signal.SIGTERM, signal.SIGHUP):  # a closed terminal too: keys go
+            signal.signal(sig, lambda *_: stop.set())
         try:
             stop.wait()
         except KeyboardInterrupt:
@@ -63,10 +83,31 @@ def _up(args) -> int:
     return 0
 
 
-def _status(args) -> int:
+def _print_keys(cluster) -> None:
+    """Say how clients get in: with the address as printed, or the keys in the environment."""
+    from plaque.security import ENV, split_address
+
+    named = split_address(cluster.address)[1]
+    if named is not None:
+        print(f"export {ENV}={named}  # the cluster's CURVE keys, for clients given the"
+              " plain address; removed when the cluster stops", flush=True)
+    elif cluster.keys is None and os.environ.get(ENV) is None:
+        print("warning: --insecure: no CURVE keys, so any local user can run code in this"
+              " cluster", flush=True)
+
+
+def _client(address: str):
+    """A client of ``address``; a key directory that is not there is a one-line error."""
     from .client import Client
 
-    with Client(args.address) as c:
+    try:
+        return Client(address)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"pathways: {exc}") from None
+
+
+def _status(args) -> int:
+    with _client(args.address) as c:
         before = None
         while True:
             before = _show_status(c, before, clear=args.watch is not None)
@@ -111,10 +152,9 @@ def _show_status(c, before, clear=False):
 
 
 def _trace(args) -> int:
-    from .client import Client
     from .trace import chrome_trace, collect, marks, write
 
-    with Client(args.address) as c:
+    with _client(args.address) as c:
         since = marks(c)
         begin = time.perf_counter()
         time.sleep(args.seconds)
@@ -155,6 +195,10 @@ def main(argv=None) -> int:
     up.add_argument("--devices-per-host", type=int, default=4)
     up.add_argument("--policy", choices=("fifo", "share", "priority"), default="fifo")
     up.add_argument("--window", type=int, default=8)
+    up.add_argument("--insecure", action="store_true",
+                    help="no CURVE keys: any local user can reach the cluster (default: a"
+                         " throw-away key pair in a private temporary directory, named by the"
+                         " printed address and removed on exit)")
     co = sub.add_parser("coordinator", help="run a coordinator")
     co.add_argument("--bind", default="tcp://127.0.0.1")
     co.add_argument("--heartbeat-timeout", type=float, default=3.0)
@@ -167,20 +211,21 @@ def main(argv=None) -> int:
     co.add_argument("--client-timeout", type=float, default=5.0,
                     help="a client silent this long is gone: its buffers and runs are freed")
     ho = sub.add_parser("host", help="run a host that joins a coordinator")
-    ho.add_argument("--coordinator", required=True)
+    ho.add_argument("--coordinator", required=True, type=_address,
+                    help="the coordinator's address (tcp://HOST:PORT[?keys=DIR])")
     ho.add_argument("--island", type=int, default=0)
     ho.add_argument("--devices", type=int, default=4)
     ho.add_argument("--hbm-gib", type=float, default=16.0, help="HBM per emulated device")
     ho.add_argument("--bind", default="tcp://127.0.0.1")
     ho.add_argument("--coordinator-timeout", type=float, default=10.0)
     st = sub.add_parser("status", help="show islands, hosts, devices and clients")
-    st.add_argument("address")
+    st.add_argument("address", type=_address, help="tcp://HOST:PORT[?keys=DIR]")
     st.add_argument("--watch", type=float, nargs="?", const=1.0, default=None,
                     metavar="SECONDS", help="refresh every SECONDS (default 1) until Ctrl-C")
     ke = sub.add_parser("keys", help="create the CURVE key pair a secured cluster needs")
     ke.add_argument("directory")
     tr = sub.add_parser("trace", help="record every device's timeline as Chrome trace JSON")
-    tr.add_argument("address")
+    tr.add_argument("address", type=_address, help="tcp://HOST:PORT[?keys=DIR]")
     tr.add_argument("--seconds", type=float, default=5.0)
     tr.add_argument("-o", "--output", default="trace.json")
     pl = sub.add_parser("plot", help="draw a trace as a PNG timeline (needs matplotlib)")

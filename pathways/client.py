@@ -66,8 +66,13 @@ class Client:
             raise ValueError(f"dispatch must be 'parallel' or 'sequential', got {dispatch!r}")
         if not weight > 0:
             raise ValueError(f"weight must be > 0, got {weight!r}")
-        self.address, self.dispatch, self.timeout = address, dispatch, timeout
-        self.keys = str(keys) if keys is not None else security.keys_dir()
+        # "tcp://HOST:PORT?keys=DIR" names the cluster's keys; keys= and then $PLAQUE_KEYS
+        # are the other ways to give them (checked now: a bad directory would only time out)
+        self.address, named = security.split_address(address)
+        self.dispatch, self.timeout = dispatch, timeout
+        self.keys = str(keys) if keys is not None else named or security.keys_dir()
+        if self.keys is not None:
+            security.check(self.keys)
         self.ctx = zmq.Context()
         self._loop = uvloop.new_event_loop()
         self._socks: dict[str, zmq.Socket] = {}
@@ -101,8 +106,8 @@ class Client:
             self.close()
             raise PathwaysError(
                 f"no coordinator answered at {address} within {timeout:g} s: is the address"
-                " right, and if the cluster uses keys, were they given (keys=DIR or"
-                f" ${security.ENV})?") from None
+                " right, and if the cluster uses keys, were they given (ADDRESS?keys=DIR,"
+                f" keys=DIR or ${security.ENV})?") from None
         self._loop.call_soon_threadsafe(self._ping)
         self._refresh_devices()
 
@@ -644,14 +649,17 @@ def _as_remote(err) -> Exception:
 def connect(address: str, dispatch: str = "parallel", timeout: float = 30.0,
             weight: float = 1.0, priority: int = 0, coordinator_timeout: float = 5.0,
             keys: str | None = None) -> Client:
-    """Connect to a Pathways coordinator at ``address`` (printed by ``pathways up``).
+    """Connect to a Pathways coordinator at ``address`` (printed by ``pathways up``, or a
+    ``pw.local_cluster``'s ``cluster.address``).
 
     ``weight`` is this client's share of device time when the coordinator runs the "share"
     policy; ``priority`` its rank under the "priority" policy (higher goes first). If the
     coordinator is silent for ``coordinator_timeout`` seconds, every pending future fails with
     ``CoordinatorLost`` and so do later calls. ``keys`` is the directory of the cluster's
-    CURVE keys (``pathways keys DIR``) when the cluster requires them; default
-    ``$PLAQUE_KEYS``.
+    CURVE keys (``pathways keys DIR``) when the cluster requires them; default: the directory
+    the address names (``tcp://HOST:PORT?keys=DIR``, what local clusters report), else
+    ``$PLAQUE_KEYS``. A malformed address raises ``ValueError``; a directory without a key
+    pair, ``FileNotFoundError``.
 
     >>> with pw.connect("tcp://127.0.0.1:5555", weight=2.0) as client:
     ...     print(client.devices())

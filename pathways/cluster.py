@@ -8,34 +8,58 @@ import subprocess
 import sys
 import time
 
+from plaque import security
+
 from .errors import PathwaysError
 
 
 class LocalCluster:
-    """Processes of a local cluster; ``address`` is what clients connect to."""
+    """Processes of a local cluster; ``address`` is what clients connect to.
+
+    Unless given ``keys`` (or ``$PLAQUE_KEYS`` names some) or told ``insecure=True``, it makes
+    a throw-away CURVE key pair in a private temporary directory, ``keys``, which ``close``
+    removes; then ``address`` names it (``tcp://127.0.0.1:PORT?keys=/tmp/pathways-keys-...``)
+    and ``pw.connect(cluster.address)`` needs nothing else.
+    """
 
     def __init__(self, islands=1, hosts_per_island=2, devices_per_host=4,
                  heartbeat_timeout=3.0, verbose=0, policy="fifo", window=8,
-                 client_timeout=5.0, hbm_gib=16.0, keys=None):
+                 client_timeout=5.0, hbm_gib=16.0, keys=None, insecure=False):
+        if keys is not None and insecure:
+            raise ValueError("keys=DIR and insecure=True contradict each other: choose one")
         self.processes: list[subprocess.Popen] = []
         self.islands, self.hosts_per_island = islands, hosts_per_island
         self.devices_per_host = devices_per_host
+        self._own_keys = None  # the throw-away key directory this cluster made, if any
+        if keys is None and not insecure and security.keys_dir() is None:
+            keys = self._own_keys = security.ephemeral("pathways-keys-")
         env = dict(os.environ, PLAQUE_DIE_WITH_PARENT="1")
         if keys is not None:
-            env["PLAQUE_KEYS"] = str(keys)
+            env[security.ENV] = str(keys)
         self.keys = keys
-        v = ["-v"] * verbose
+        self._env, self._v, self.hbm_gib = env, ["-v"] * verbose, hbm_gib
+        try:
+            self.address = self._start_coordinator(heartbeat_timeout, policy, window,
+                                                   client_timeout)
+            for island in range(islands):
+                for _ in range(hosts_per_island):
+                    self.add_host(island, devices_per_host)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_coordinator(self, heartbeat_timeout, policy, window, client_timeout) -> str:
+        """Start the coordinator; its address, naming the key directory if this cluster
+        made it."""
         coord = subprocess.Popen(
-            [sys.executable, "-m", "pathways", *v, "coordinator",
+            [sys.executable, "-m", "pathways", *self._v, "coordinator",
              "--heartbeat-timeout", str(heartbeat_timeout), "--policy", policy,
              "--window", str(window), "--client-timeout", str(client_timeout)],
-            stdout=subprocess.PIPE, text=True, env=env)
+            stdout=subprocess.PIPE, text=True, env=self._env)
         self.processes.append(coord)
-        self.address = self._read_address(coord)
-        self._env, self._v, self.hbm_gib = env, v, hbm_gib
-        for island in range(islands):
-            for _ in range(hosts_per_island):
-                self.add_host(island, devices_per_host)
+        address = self._read_address(coord)
+        return address if self._own_keys is None else security.with_keys(address,
+                                                                          self._own_keys)
 
     @staticmethod
     def _read_address(proc, timeout=30.0) -> str:
@@ -71,7 +95,10 @@ class LocalCluster:
                 time.sleep(0.05)
 
     def close(self) -> None:
+        """Stop every process, then remove the key directory this cluster made (if any)."""
         stop_processes(list(reversed(self.processes)))
+        if self._own_keys is not None:
+            security.discard(self._own_keys)
 
 
 def stop_processes(processes, grace: float = 5.0) -> None:
@@ -93,23 +120,29 @@ def stop_processes(processes, grace: float = 5.0) -> None:
 @contextlib.contextmanager
 def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_timeout=3.0,
                   verbose=0, timeout=60.0, policy="fifo", window=8, client_timeout=5.0,
-                  hbm_gib=16.0, keys=None):
+                  hbm_gib=16.0, keys=None, insecure=False):
     """Start a coordinator and ``islands * hosts_per_island`` host processes on this machine.
 
     ``policy`` orders the gangs of several clients on each island: "fifo", "share" (device
     time in proportion to ``pw.connect(..., weight=w)``) or "priority" (strict, by
     ``pw.connect(..., priority=p)``); ``window`` bounds the programs admitted at once. A
     client silent for ``client_timeout`` seconds is taken for dead: its buffers are freed and
-    its runs dropped. ``hbm_gib``: each emulated device's HBM. ``keys``: a directory from
-    ``pathways keys DIR``; every socket of the cluster then requires CURVE with that key
-    (give the same ``keys`` to ``pw.connect``).
+    its runs dropped. ``hbm_gib``: each emulated device's HBM.
+
+    Every socket of the cluster requires CURVE, so only holders of its key get anything in.
+    By default the key is a throw-away pair in a private temporary directory, removed when
+    the cluster stops, and ``cluster.address`` names it (``tcp://127.0.0.1:PORT?keys=DIR``):
+    ``pw.connect(cluster.address)`` just works, for the same user. ``keys``: a directory
+    from ``pathways keys DIR`` to use instead (also what ``$PLAQUE_KEYS`` gives when set);
+    the address then stays plain, give the same ``keys`` to ``pw.connect``.
+    ``insecure=True``: no keys, plain TCP that any local user can reach.
 
     >>> with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4) as cluster:
     ...     with pw.connect(cluster.address) as client:
     ...         print(client.devices())
     """
     cluster = LocalCluster(islands, hosts_per_island, devices_per_host, heartbeat_timeout,
-                           verbose, policy, window, client_timeout, hbm_gib, keys)
+                           verbose, policy, window, client_timeout, hbm_gib, keys, insecure)
     try:
         cluster.wait_ready(islands * hosts_per_island * devices_per_host, timeout)
         yield cluster

@@ -11,6 +11,7 @@ import sys
 
 import uvloop
 
+from . import security
 from .endpoint import serve_worker_core
 from .worker import WorkerCore
 from .zmq_transport import ZmqTransport
@@ -35,12 +36,23 @@ async def serve_worker(join: str, bind: str, coordinator_timeout: float) -> str:
     return await serve_worker_core(core, transport)
 
 
+def _join_address(text: str) -> str:
+    """argparse type of ``--join``: a malformed address is a one-line usage error."""
+    try:
+        security.split_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="plaque", description=__doc__)
     parser.add_argument("-v", "--verbose", action="count", default=0)
     sub = parser.add_subparsers(dest="command", required=True)
     w = sub.add_parser("worker", help="start a worker that joins a cluster")
-    w.add_argument("--join", required=True, help="the cluster's address (printed by the driver)")
+    w.add_argument("--join", required=True, type=_join_address,
+                   help="the cluster's address (printed by the driver), ?keys=DIR after it"
+                        " to name its CURVE key directory (else $PLAQUE_KEYS)")
     w.add_argument("--bind", default="tcp://127.0.0.1",
                    help="where this worker listens: tcp://HOST or ipc (default loopback)")
     w.add_argument("--coordinator-timeout", type=float, default=10.0,
@@ -51,7 +63,10 @@ def main(argv=None) -> int:
                         "%(levelname)s %(name)s: %(message)s")
     if os.environ.get("PLAQUE_DIE_WITH_PARENT"):
         _die_with_parent()
-    reason = uvloop.run(serve_worker(args.join, args.bind, args.coordinator_timeout))
+    join, keys = security.split_address(args.join)
+    if keys is not None:  # every socket of the worker takes its keys from the environment
+        os.environ[security.ENV] = keys
+    reason = uvloop.run(serve_worker(join, args.bind, args.coordinator_timeout))
     logging.getLogger("plaque.worker").info("exited: %s", reason)
     return 0
 

@@ -24,6 +24,7 @@ import time
 
 import uvloop
 
+from . import security
 from .coordinator import CoordinatorCore, RunResult
 from .endpoint import Endpoint
 from .errors import ClusterClosed, PlaqueError
@@ -52,11 +53,17 @@ class InstalledGraph:
 
 
 class Cluster:
-    """A coordinator listening at ``bind`` (``tcp://HOST``, ``ipc``, or ``inproc``)."""
+    """A coordinator listening at ``bind`` (``tcp://HOST``, ``ipc``, or ``inproc``).
 
-    def __init__(self, bind: str = "tcp://127.0.0.1", heartbeat_timeout: float = 3.0):
+    ``keys``: the directory of the CURVE keys its sockets require (default ``$PLAQUE_KEYS``;
+    neither: plain sockets); the worker processes it starts get them too.
+    """
+
+    def __init__(self, bind: str = "tcp://127.0.0.1", heartbeat_timeout: float = 3.0,
+                 keys: str | None = None):
         self._inproc = bind == "inproc"
-        self._transport = InprocTransport() if self._inproc else ZmqTransport(bind)
+        self.keys = keys
+        self._transport = InprocTransport() if self._inproc else ZmqTransport(bind, keys=keys)
         self.address = self._transport.address
         self._core = CoordinatorCore(self.address, heartbeat_timeout=heartbeat_timeout)
         self._loop = uvloop.new_event_loop()
@@ -261,6 +268,8 @@ class Cluster:
     def start_worker_processes(self, n: int, bind: str = "tcp://127.0.0.1") -> None:
         """Spawn ``n`` worker processes that join this cluster."""
         env = dict(os.environ, PLAQUE_DIE_WITH_PARENT="1")
+        if self.keys is not None:
+            env[security.ENV] = str(self.keys)
         for _ in range(n):
             verbose = ["-v"] * int(os.environ.get("PLAQUE_VERBOSE", "0") or 0)
             cmd = [sys.executable, "-m", "plaque", *verbose, "worker", "--join", self.address,
@@ -323,18 +332,36 @@ def _resolver(fut: cf.Future):
 
 @contextlib.contextmanager
 def local_cluster(workers: int = 2, transport: str = "tcp", heartbeat_timeout: float = 3.0,
-                  timeout: float = 30.0):
+                  timeout: float = 30.0, insecure: bool = False):
     """A coordinator here and ``workers`` workers; always torn down on exit.
 
     ``transport``: ``"tcp"`` (loopback) or ``"ipc"`` run workers as processes; ``"inproc"``
     runs them on the coordinator's event loop, for fast tests.
+
+    Over tcp and ipc every socket requires CURVE with a throw-away key pair made in a private
+    temporary directory (``cluster.keys``) and removed on exit, unless ``$PLAQUE_KEYS`` names
+    keys to use instead or ``insecure=True`` asks for plain sockets, which any local user can
+    reach (and so run code in the cluster).
     """
     if transport not in ("tcp", "ipc", "inproc"):
         raise ValueError(f"transport must be 'tcp', 'ipc' or 'inproc', got {transport!r}")
     bind = {"tcp": "tcp://127.0.0.1", "ipc": "ipc", "inproc": "inproc"}[transport]
-    cluster = Cluster(bind, heartbeat_timeout=heartbeat_timeout)
+    own = None
+    if transport != "inproc" and not insecure and security.keys_dir() is None:
+        own = security.ephemeral("plaque-keys-")
     try:
-        if transport == "inproc":
+        with _cluster(bind, heartbeat_timeout, own, workers, timeout) as cluster:
+            yield cluster
+    finally:
+        if own is not None:
+            security.discard(own)
+
+
+@contextlib.contextmanager
+def _cluster(bind, heartbeat_timeout, keys, workers, timeout):
+    cluster = Cluster(bind, heartbeat_timeout=heartbeat_timeout, keys=keys)
+    try:
+        if bind == "inproc":
             cluster.add_inproc_workers(workers)
         else:
             cluster.start_worker_processes(workers, bind)

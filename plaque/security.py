@@ -14,11 +14,19 @@ processes it starts). Then:
 
 Without ``PLAQUE_KEYS`` nothing changes: plain TCP, which is why everything binds to loopback
 unless told otherwise.
+
+Local clusters (``pw.local_cluster``, ``pathways up``, ``plaque.local_cluster``) do not wait to
+be told: they make a throw-away key pair (``ephemeral``) in a private temporary directory,
+give it to the processes they start and ``discard`` it when they stop. The address such a
+cluster reports names the directory, ``tcp://127.0.0.1:5555?keys=/tmp/pathways-keys-x1y2``
+(``split_address``), so a client of the same user needs nothing else to connect.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 from pathlib import Path
 
@@ -26,6 +34,7 @@ import zmq
 
 ENV = "PLAQUE_KEYS"
 NAME = "cluster"
+QUERY = "keys="  # an address naming its key directory: ENDPOINT?keys=DIR
 
 _lock = threading.Lock()
 _loaded: dict[str, tuple[bytes, bytes]] = {}
@@ -46,19 +55,76 @@ def generate(directory) -> Path:
     return Path(secret)
 
 
+def ephemeral(prefix: str = "plaque-keys-") -> str:
+    """A new private temporary directory (mode 0700) holding a new cluster key pair (secret
+    key 0600); the caller removes it with ``discard``.
+
+    >>> directory = ephemeral("pathways-keys-")  # e.g. /tmp/pathways-keys-k2j4x9
+    >>> discard(directory)
+    """
+    directory = tempfile.mkdtemp(prefix=prefix)
+    try:
+        os.chmod(directory, 0o700)  # mkdtemp's mode already, whatever the umask; made explicit
+        generate(directory)
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+    return directory
+
+
+def discard(directory: str) -> None:
+    """Remove a directory from ``ephemeral`` and forget its keys (no error if it is gone)."""
+    shutil.rmtree(directory, ignore_errors=True)
+    with _lock:
+        _loaded.pop(str(directory), None)
+
+
 def keys_dir() -> str | None:
     return os.environ.get(ENV) or None
 
 
-def _keys(directory: str) -> tuple[bytes, bytes]:
+def split_address(address: str) -> tuple[str, str | None]:
+    """An address's endpoint and the key directory it names (``None`` if it names none).
+
+    >>> split_address("tcp://127.0.0.1:5555?keys=/tmp/pathways-keys-x1y2")
+    ('tcp://127.0.0.1:5555', '/tmp/pathways-keys-x1y2')
+    >>> split_address("tcp://127.0.0.1:5555")
+    ('tcp://127.0.0.1:5555', None)
+
+    Everything after ``?keys=`` is the directory, verbatim (no %-decoding). Raises
+    ``ValueError`` for an address that is not ``SCHEME://...``, optionally followed by
+    ``?keys=DIR``.
+    """
+    endpoint, sep, query = str(address).partition("?")
+    directory = query[len(QUERY):] if query.startswith(QUERY) else ""
+    if "://" not in endpoint or (sep and not directory):
+        raise ValueError(f"malformed address {address!r}: expected tcp://HOST:PORT,"
+                         f" optionally followed by ?{QUERY}DIR")
+    return endpoint, directory or None
+
+
+def with_keys(address: str, directory) -> str:
+    """``address`` naming the key directory ``directory`` (see ``split_address``)."""
+    return f"{address}?{QUERY}{directory}"
+
+
+def check(directory) -> None:
+    """Raise a clear error now if ``directory`` holds no usable key pair (else a client would
+    only time out)."""
+    _keys(directory)
+
+
+def _keys(directory) -> tuple[bytes, bytes]:
     import zmq.auth
 
+    directory = str(directory)
     with _lock:
         if directory not in _loaded:
             path = Path(directory) / f"{NAME}.key_secret"
             if not path.exists():
-                raise FileNotFoundError(f"{ENV}={directory}: no {path.name} there; create keys"
-                                        " with 'pathways keys DIR'")
+                raise FileNotFoundError(f"no CURVE key pair in {directory} (no {path.name}):"
+                                        " create keys with 'pathways keys DIR'; a local"
+                                        " cluster's keys go when it stops")
             public, secret = zmq.auth.load_certificate(str(path))
             if secret is None:
                 raise ValueError(f"{path} holds no secret key")
@@ -66,9 +132,10 @@ def _keys(directory: str) -> tuple[bytes, bytes]:
         return _loaded[directory]
 
 
-def server(sock: zmq.Socket) -> None:
-    """Make a socket about to bind a CURVE server admitting only the cluster's key."""
-    directory = keys_dir()
+def server(sock: zmq.Socket, directory: str | None = None) -> None:
+    """Make a socket about to bind a CURVE server admitting only the cluster's key (keys from
+    ``directory``, else ``$PLAQUE_KEYS``; neither: leave the socket plain)."""
+    directory = directory or keys_dir()
     if directory is None:
         return
     public, secret = _keys(directory)

@@ -31,14 +31,15 @@ HWM = 100_000
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum work per check
 
 
-def bind_socket(sock, where: str) -> str:
+def bind_socket(sock, where: str, keys: str | None = None) -> str:
     """Bind ``sock`` (``tcp://HOST`` picks a free port) and return the address peers dial.
 
     A wildcard bind (``tcp://0.0.0.0``, ``tcp://*``) is announced under this machine's name
-    (or ``$PLAQUE_ADVERTISE``), since no peer can dial a wildcard. With ``$PLAQUE_KEYS`` set
-    the socket is a CURVE server admitting only the cluster's key (``plaque.security``).
+    (or ``$PLAQUE_ADVERTISE``), since no peer can dial a wildcard. With keys (the directory
+    ``keys``, else ``$PLAQUE_KEYS``) the socket is a CURVE server admitting only the
+    cluster's key (``plaque.security``).
     """
-    security.server(sock)
+    security.server(sock, keys)
     if where.startswith("ipc://") and where.endswith("/"):
         where = f"{where}plaque-{uuid.uuid4().hex[:12]}"
     if where.startswith("tcp://") and where.count(":") == 1:
@@ -54,21 +55,24 @@ def bind_socket(sock, where: str) -> str:
 
 
 class ZmqTransport(Transport):
-    """``bind``: ``tcp://HOST`` (random ports), ``ipc://DIR/`` or ``ipc`` (temp dir)."""
+    """``bind``: ``tcp://HOST`` (random ports), ``ipc://DIR/`` or ``ipc`` (temp dir).
+    ``keys``: the CURVE key directory of every socket (default ``$PLAQUE_KEYS``)."""
 
-    def __init__(self, bind: str = "tcp://127.0.0.1", context: zmq.Context | None = None):
+    def __init__(self, bind: str = "tcp://127.0.0.1", context: zmq.Context | None = None,
+                 keys: str | None = None):
         if bind == "ipc":
             bind = f"ipc://{tempfile.gettempdir()}/"
         if not bind.startswith(("tcp://", "ipc://")):
             raise ValueError(f"bind address must start with tcp:// or ipc://, got {bind!r}")
         self._own_context = context is None
+        self.keys = keys
         self.ctx = context or zmq.Context()
         self._pull = {}
         for ch in (CONTROL, DATA):
             s = self.ctx.socket(zmq.PULL)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.RCVHWM, HWM)
-            self._pull[ch] = (s, bind_socket(s, bind))
+            self._pull[ch] = (s, bind_socket(s, bind, keys))
         self.address = f"{self._pull[CONTROL][1]}|{self._pull[DATA][1]}"
         self._push: dict[tuple[int, int], zmq.Socket] = {}
         self._backlog: dict[tuple[int, int], deque] = {}
@@ -131,7 +135,7 @@ class ZmqTransport(Transport):
             s = self.ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.SNDHWM, HWM)
-            security.client(s)
+            security.client(s, self.keys)
             try:
                 s.connect(where)
             except zmq.ZMQError as exc:  # a garbled address: the peer stays unreachable

@@ -1,5 +1,6 @@
 """Shared fixtures: clusters that are always torn down, on each transport."""
 
+import os
 import threading
 import time
 
@@ -119,3 +120,25 @@ def read_until(proc, needle: str, timeout: float = 60.0) -> list[str]:
         seen.append(line)
         if needle in line:
             return seen
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports process ``pid`` listens on."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not os.path.exists(table):
+            continue
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import zmq
+from conftest import listening_ports
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -72,28 +73,6 @@ class Target:
         return self.role in ("coordinator", "host-data")
 
 
-def listening_ports(pid: int) -> set[int]:
-    """TCP ports process ``pid`` listens on."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[len("socket:["):-1])
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        if not os.path.exists(table):
-            continue
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                fields = line.split()
-                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
 def port_of(address: str) -> int:
     return int(address.rsplit(":", 1)[1])
 
@@ -118,8 +97,10 @@ def cluster(tmp_path_factory):
         saved = os.dup(2)
         os.dup2(log.fileno(), 2)  # the processes inherit it
         try:
+            # insecure: this tests what a cluster does with what gets in; with keys (the
+            # default) nothing from a stranger gets in at all (test_secure_default)
             c = stack.enter_context(pw.local_cluster(islands=1, hosts_per_island=2,
-                                                     devices_per_host=2))
+                                                     devices_per_host=2, insecure=True))
         finally:
             os.dup2(saved, 2)
             os.close(saved)

@@ -1,0 +1,237 @@
+"""Secure by default: a local cluster (``pw.local_cluster``, ``pathways up``,
+``plaque.local_cluster``) makes a throw-away CURVE key pair in a private directory, so a
+stranger on this machine gets nothing into any of its sockets, let alone code run; the address
+it reports names the keys, so ``pw.connect(cluster.address)`` still just works.
+
+Whether a stranger's message gets in is read off the stranger's own socket: ZeroMQ sends no
+message before the handshake, and a socket monitor tells whether the handshake succeeded or
+failed, so no test waits for something not to happen. The stranger's message is a pickle that,
+unpickled anywhere, creates a directory (``Mkdir``): on an insecure cluster it does.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import zmq
+from conftest import listening_ports, read_until, wait_until
+from zmq.utils.monitor import recv_monitor_message
+
+import pathways as pw
+import plaque
+from pathways import P, protocol
+from plaque import security, wire
+
+HANDSHAKE = {zmq.EVENT_HANDSHAKE_SUCCEEDED: "succeeded",
+             zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "failed",
+             zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "failed",
+             zmq.EVENT_HANDSHAKE_FAILED_AUTH: "failed"}
+
+
+class Mkdir:
+    """Unpickled anywhere, creates ``path``: the stranger's stand-in for arbitrary code."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def stranger(ctx, address: str, frames: list, kind=zmq.DEALER, keys=None) -> str:
+    """Connect a ``kind`` socket to ``address`` without the cluster's key (or as a CURVE
+    client with the keys in ``keys``), send ``frames`` and say how the handshake ended:
+    "succeeded" or "failed" (then nothing was sent)."""
+    s = ctx.socket(kind)
+    s.setsockopt(zmq.LINGER, 0)
+    if keys is not None:
+        security.client(s, keys)
+    events = 0
+    for event in HANDSHAKE:
+        events |= event
+    monitor = s.get_monitor_socket(events)
+    try:
+        s.connect(address)
+        s.send_multipart(frames, zmq.NOBLOCK)  # queued until a handshake succeeds
+        while True:
+            assert monitor.poll(30_000), f"no handshake with {address} at all"
+            event = recv_monitor_message(monitor)["event"]
+            if event in HANDSHAKE:
+                return HANDSHAKE[event]
+    finally:
+        s.disable_monitor()
+        monitor.close(0)
+        s.close(0)
+
+
+def sockets(cluster) -> dict[str, int]:
+    """Every TCP port a process of ``cluster`` listens on -> the socket type that talks to
+    it: DEALER for the ROUTER ports (coordinator's clients, hosts' data), PUSH for the rest
+    (Plaque's control and data channels, ICI), all PULL."""
+    with pw.connect(cluster.address) as c:
+        hosts = c._request(c.address, ("status", None)).result(10)["hosts"]
+    routers = {cluster.address.split("?")[0], *(h["data"] for h in hosts.values())}
+    ports = {p for proc in cluster.processes for p in listening_ports(proc.pid)}
+    assert len(ports) == 3 + 4 * len(hosts), "a cluster process is not listening as expected"
+    return {f"tcp://127.0.0.1:{p}": (zmq.DEALER if f"tcp://127.0.0.1:{p}" in routers
+                                     else zmq.PUSH) for p in sorted(ports)}
+
+
+def poisoned(marker, kind) -> list:
+    """A request (DEALER) or Plaque message (PUSH) carrying a ``Mkdir(marker)``."""
+    if kind == zmq.DEALER:
+        return protocol.pack(("status", 1, Mkdir(marker)))
+    return wire.encode(wire.Kind.USER, 0, Mkdir(marker))
+
+
+def psum_everywhere(client):
+    mesh = client.mesh((4,), ("d",))
+    f = pw.shard_map(lambda v: pw.psum(v, "d") + 1.0, mesh, P(), P())
+    return f(client.put(np.ones(()), mesh, P())).result(timeout=30)
+
+
+@pytest.fixture(autouse=True)
+def no_keys_in_environment(monkeypatch):
+    """The defaults under test apply when ``$PLAQUE_KEYS`` names no keys."""
+    monkeypatch.delenv(security.ENV, raising=False)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    old = os.environ.pop(security.ENV, None)  # module scope: monkeypatch is not there yet
+    try:
+        with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=2) as c:
+            yield c
+    finally:
+        if old is not None:
+            os.environ[security.ENV] = old
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)  # also closes a socket an assertion left open
+
+
+# ---- addresses that name their keys --------------------------------------------------------
+
+def test_an_address_may_name_its_key_directory():
+    assert security.split_address("tcp://127.0.0.1:5555?keys=/tmp/k") == \
+        ("tcp://127.0.0.1:5555", "/tmp/k")
+    assert security.split_address("tcp://127.0.0.1:5555") == ("tcp://127.0.0.1:5555", None)
+    assert security.split_address(security.with_keys("tcp://h:1", "/a b")) == \
+        ("tcp://h:1", "/a b")
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:5555", "tcp://h:1?keys=", "tcp://h:1?key=/k",
+                                      "tcp://h:1?/k"])
+def test_a_malformed_address_is_a_clear_one_line_error(address):
+    with pytest.raises(ValueError, match=r"^malformed address .*\?keys=DIR$"):
+        pw.connect(address)
+    out = subprocess.run([sys.executable, "-m", "pathways", "status", address],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.splitlines()[-1].startswith(
+        "pathways status: error: argument address: malformed address")
+
+
+def test_an_address_naming_missing_keys_fails_at_once(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no CURVE key pair"):
+        pw.connect(f"tcp://127.0.0.1:1?keys={tmp_path / 'gone'}")
+
+
+# ---- pw.local_cluster -----------------------------------------------------------------------
+
+def test_the_default_cluster_names_private_keys_and_the_address_is_enough(cluster):
+    endpoint, keys = security.split_address(cluster.address)
+    assert endpoint.startswith("tcp://127.0.0.1:") and keys == cluster.keys
+    assert os.stat(keys).st_mode & 0o777 == 0o700
+    assert os.stat(os.path.join(keys, "cluster.key_secret")).st_mode & 0o777 == 0o600
+    with pw.connect(cluster.address) as client:
+        assert psum_everywhere(client) == 5.0
+
+
+def test_no_socket_of_the_default_cluster_lets_a_stranger_in(cluster, ctx, tmp_path):
+    marker = tmp_path / "ran"
+    for address, kind in sockets(cluster).items():
+        assert stranger(ctx, address, poisoned(marker, kind), kind) == "failed", address
+    other = security.ephemeral()
+    try:  # a CURVE client with another key pair fails too
+        assert stranger(ctx, cluster.address.split("?")[0],
+                        poisoned(marker, zmq.DEALER), keys=other) == "failed"
+    finally:
+        security.discard(other)
+    with pytest.raises(pw.PathwaysError, match="no coordinator answered"):
+        pw.connect(cluster.address.split("?")[0], timeout=2.0)  # the plain address
+    assert not marker.exists()
+    assert all(p.poll() is None for p in cluster.processes)
+
+
+def test_the_keys_go_when_the_cluster_stops_even_on_error():
+    with pytest.raises(RuntimeError, match="boom"):
+        with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=1) as c:
+            keys = c.keys
+            assert os.path.isdir(keys)
+            raise RuntimeError("boom")
+    assert not os.path.exists(keys)
+    assert all(p.poll() is not None for p in c.processes)
+
+
+def test_insecure_gives_a_plain_cluster_a_stranger_runs_code_in(ctx, tmp_path):
+    with pytest.raises(ValueError, match="contradict"):
+        with pw.local_cluster(keys=tmp_path, insecure=True):
+            pass
+    marker = tmp_path / "ran"
+    with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=1,
+                          insecure=True) as c:
+        assert c.keys is None and "?" not in c.address
+        assert stranger(ctx, c.address, poisoned(marker, zmq.DEALER)) == "succeeded"
+        wait_until(marker.exists, timeout=30, interval=0.05)  # what the default prevents
+
+
+# ---- pathways up ----------------------------------------------------------------------------
+
+def test_pathways_up_prints_a_keyed_address_clients_and_hosts_use(procs):
+    env = {k: v for k, v in os.environ.items() if k != security.ENV}
+    up = subprocess.Popen([sys.executable, "-m", "pathways", "up", "--hosts-per-island", "1",
+                           "--devices-per-host", "2"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=env)
+    procs.append(up)
+    address = read_until(up, "pathways cluster up at")[-1].split()[4]
+    endpoint, keys = security.split_address(address)
+    assert keys is not None and os.stat(keys).st_mode & 0o777 == 0o700
+    assert read_until(up, "export")[-1].startswith(f"export {security.ENV}={keys} ")
+    status = subprocess.run([sys.executable, "-m", "pathways", "status", address], env=env,
+                            capture_output=True, text=True, timeout=60, check=True).stdout
+    assert status.count("device ") == 2
+    procs.append(subprocess.Popen([sys.executable, "-m", "pathways", "host", "--coordinator",
+                                   address, "--devices", "2"], env=env))
+    with pw.connect(address) as client:
+        deadline = time.monotonic() + 30
+        while len(client.devices()) < 4:
+            assert time.monotonic() < deadline, "the host given the keyed address never joined"
+            time.sleep(0.1)
+        assert psum_everywhere(client) == 5.0
+    with pytest.raises(pw.PathwaysError, match="no coordinator answered"):
+        pw.connect(endpoint, timeout=2.0)
+    up.send_signal(signal.SIGINT)
+    assert up.wait(30) == 0
+    assert not os.path.exists(keys)
+
+
+# ---- plaque.local_cluster -------------------------------------------------------------------
+
+def test_plaque_local_cluster_is_keyed_by_default(ctx):
+    with plaque.local_cluster(workers=2, transport="tcp") as c:
+        keys = c.keys
+        assert os.stat(keys).st_mode & 0o777 == 0o700 and len(c.workers()) == 2
+        control = c.address.split("|")[0]
+        assert stranger(ctx, control, [b"PQ"], zmq.PUSH) == "failed"
+    assert not os.path.exists(keys)
+    with plaque.local_cluster(workers=1, transport="tcp", insecure=True) as c:
+        assert c.keys is None
+        assert stranger(ctx, c.address.split("|")[0], [b"PQ"], zmq.PUSH) == "succeeded"
