@@ -56,7 +56,8 @@ def _host(args) -> int:
 
     spec = DeviceSpec(hbm_bytes=int(args.hbm_gib * 2**30))
     reason = uvloop.run(serve_host(coordinator, args.island, args.devices, args.bind,
-                                   spec=spec, coordinator_timeout=args.coordinator_timeout))
+                                   spec=spec, coordinator_timeout=args.coordinator_timeout,
+                                   kernel_limit=args.kernel_limit or None))
     logging.getLogger("pathways.host").info("exited: %s", reason)
     return 0
 
@@ -216,6 +217,10 @@ def main(argv=None) -> int:
     ho.add_argument("--island", type=int, default=0)
     ho.add_argument("--devices", type=int, default=4)
     ho.add_argument("--hbm-gib", type=float, default=16.0, help="HBM per emulated device")
+    ho.add_argument("--kernel-limit", type=float, default=30.0, metavar="SECONDS",
+                    help="a kernel body running longer is stopped and its call fails with"
+                         " KernelTimeout (default 30; 0: no limit; shard_map(limit=) sets one"
+                         " function's)")
     ho.add_argument("--bind", default="tcp://127.0.0.1")
     ho.add_argument("--coordinator-timeout", type=float, default=10.0)
     st = sub.add_parser("status", help="show islands, hosts, devices and clients")

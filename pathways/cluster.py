@@ -24,7 +24,8 @@ class LocalCluster:
 
     def __init__(self, islands=1, hosts_per_island=2, devices_per_host=4,
                  heartbeat_timeout=3.0, verbose=0, policy="fifo", window=8,
-                 client_timeout=5.0, hbm_gib=16.0, keys=None, insecure=False):
+                 client_timeout=5.0, hbm_gib=16.0, keys=None, insecure=False,
+                 kernel_limit=30.0):
         if keys is not None and insecure:
             raise ValueError("keys=DIR and insecure=True contradict each other: choose one")
         self.processes: list[subprocess.Popen] = []
@@ -38,6 +39,7 @@ class LocalCluster:
             env[security.ENV] = str(keys)
         self.keys = keys
         self._env, self._v, self.hbm_gib = env, ["-v"] * verbose, hbm_gib
+        self.kernel_limit = kernel_limit
         try:
             self.address = self._start_coordinator(heartbeat_timeout, policy, window,
                                                    client_timeout)
@@ -77,7 +79,8 @@ class LocalCluster:
         p = subprocess.Popen(
             [sys.executable, "-m", "pathways", *self._v, "host", "--coordinator", self.address,
              "--island", str(island), "--devices", str(devices),
-             "--hbm-gib", str(self.hbm_gib)], env=self._env)
+             "--hbm-gib", str(self.hbm_gib), "--kernel-limit", str(self.kernel_limit or 0)],
+            env=self._env)
         self.processes.append(p)
         return p
 
@@ -120,14 +123,16 @@ def stop_processes(processes, grace: float = 5.0) -> None:
 @contextlib.contextmanager
 def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_timeout=3.0,
                   verbose=0, timeout=60.0, policy="fifo", window=8, client_timeout=5.0,
-                  hbm_gib=16.0, keys=None, insecure=False):
+                  hbm_gib=16.0, keys=None, insecure=False, kernel_limit=30.0):
     """Start a coordinator and ``islands * hosts_per_island`` host processes on this machine.
 
     ``policy`` orders the gangs of several clients on each island: "fifo", "share" (device
     time in proportion to ``pw.connect(..., weight=w)``) or "priority" (strict, by
     ``pw.connect(..., priority=p)``); ``window`` bounds the programs admitted at once. A
     client silent for ``client_timeout`` seconds is taken for dead: its buffers are freed and
-    its runs dropped. ``hbm_gib``: each emulated device's HBM.
+    its runs dropped. ``hbm_gib``: each emulated device's HBM. ``kernel_limit``: seconds a
+    kernel body may run on its host before it is stopped and its call fails with
+    ``KernelTimeout`` (None: no limit; ``shard_map(..., limit=)`` overrides it per function).
 
     Every socket of the cluster requires CURVE, so only holders of its key get anything in.
     By default the key is a throw-away pair in a private temporary directory, removed when
@@ -142,7 +147,8 @@ def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_t
     ...         print(client.devices())
     """
     cluster = LocalCluster(islands, hosts_per_island, devices_per_host, heartbeat_timeout,
-                           verbose, policy, window, client_timeout, hbm_gib, keys, insecure)
+                           verbose, policy, window, client_timeout, hbm_gib, keys, insecure,
+                           kernel_limit)
     try:
         cluster.wait_ready(islands * hosts_per_island * devices_per_host, timeout)
         yield cluster

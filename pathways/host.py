@@ -34,7 +34,7 @@ from .cost import DeviceSpec
 from .device import EmulatedDevice
 from .errors import ClientGone, DeviceOutOfMemory, ProgramError, RemoteError
 from .exchange import ExecutorEnv
-from .executor import Executor
+from .executor import KERNEL_LIMIT, Executor
 from .ici import IciLink
 from .object_store import ObjectStore
 from .service import RouterService
@@ -46,12 +46,13 @@ TRANSFERS_KEPT = 10_000
 
 
 class Host:
-    def __init__(self, island: int, num_devices: int, spec: DeviceSpec | None = None):
+    def __init__(self, island: int, num_devices: int, spec: DeviceSpec | None = None,
+                 kernel_limit: float | None = KERNEL_LIMIT):
         self.island, self.num_devices = island, num_devices
         self.spec = spec or DeviceSpec()
         self.devices: dict[int, EmulatedDevice] = {}
         self.store = ObjectStore(self.devices)
-        self.executor = Executor("host", store=self.store)
+        self.executor = Executor("host", store=self.store, kernel_limit=kernel_limit)
         self.worker_of: dict[int, int] = {}  # device -> host worker id (kept in place)
         self._flat: dict[tuple, dict] = {}  # mesh devices -> {flat index: device}
         self._released: deque = deque()  # capabilities to release on the loop
@@ -330,7 +331,8 @@ def _coordinator_info(address: str, ctx: zmq.Context, timeout: float = 30.0) -> 
 
 
 async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
-                     spec: DeviceSpec | None = None, coordinator_timeout: float = 10.0) -> str:
+                     spec: DeviceSpec | None = None, coordinator_timeout: float = 10.0,
+                     kernel_limit: float | None = KERNEL_LIMIT) -> str:
     loop = asyncio.get_running_loop()
     # The executor thread and the event loop take turns on the GIL; Python's default 5 ms
     # switch interval would add up to 5 ms to every hand-off between them (a dispatch
@@ -338,7 +340,7 @@ async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
     sys.setswitchinterval(SWITCH_INTERVAL)
     ctx = zmq.Context()
     info = await loop.run_in_executor(None, _coordinator_info, coordinator, ctx)
-    host = Host(island, num_devices, spec)
+    host = Host(island, num_devices, spec, kernel_limit)
     host.loop = loop
     host.ici = host.executor.link = IciLink(ctx, bind, host.worker_of)
     host.executor.run_on(loop)  # one thread: the loop runs the devices too
