@@ -45,7 +45,7 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable
 import pathways as pw  # noqa: E402
 from bench import profiling  # noqa: E402
 from bench.multicontroller import MultiController, expected_value, trivial_body  # noqa: E402
-from bench.results import bench_parser, plot_sweep, publish  # noqa: E402
+from bench.results import bench_parser, plot_sweep, publish, security_for_all  # noqa: E402
 from pathways import P  # noqa: E402
 
 TITLE = "Dispatch overhead: Pathways vs multi-controller (paper Figures 5 and 6)"
@@ -259,14 +259,14 @@ def targets(fig5: dict[int, dict[str, Cell]], sweep: dict[float, dict[str, Cell]
 
 # ---- main -------------------------------------------------------------------------------------
 
-def run_config(hosts: int, costs, budget: float, reps: int, profile: bool):
+def run_config(hosts: int, costs, budget: float, reps: int, profile: bool, security: dict):
     """Start a Pathways cluster and a multi-controller job of ``hosts`` hosts; measure each
     cost. Returns ({cost: cells}, profile text or None)."""
     results, prof = {}, None
     with MultiController(hosts, PER_HOST) as mc:
         mc.run(64, 0.0)  # warm-up: connections between the hosts
         with pw.local_cluster(islands=1, hosts_per_island=hosts,
-                              devices_per_host=PER_HOST) as cluster:
+                              devices_per_host=PER_HOST, **security) as cluster:
             with pw.connect(cluster.address) as client:
                 rig = PathwaysRig(client, hosts)
                 for cost in costs:
@@ -275,6 +275,12 @@ def run_config(hosts: int, costs, budget: float, reps: int, profile: bool):
                 if profile:
                     prof = profile_cells(cluster, rig, FIG5_COST, 6.0)
     return results, prof
+
+
+def _announced(host_counts):
+    for hosts in host_counts:
+        print(f"{hosts} host(s) x {PER_HOST} devices:", flush=True)
+        yield hosts
 
 
 def main(argv=None) -> int:
@@ -292,11 +298,13 @@ def main(argv=None) -> int:
     sweep: dict[float, dict[str, Cell]] = {}
     profile_text = None
     sweep_hosts = max(host_counts)
-    for hosts in host_counts:
-        print(f"{hosts} host(s) x {PER_HOST} devices:", flush=True)
-        costs = [FIG5_COST] + (sweep_costs if hosts == sweep_hosts else [])
-        results, prof = run_config(hosts, costs, budget, reps,
-                                   args.profile and hosts == sweep_hosts)
+    with security_for_all(args.insecure) as security:
+        measured = [(hosts, *run_config(hosts, [FIG5_COST] + (sweep_costs if hosts == sweep_hosts
+                                                               else []),
+                                        budget, reps, args.profile and hosts == sweep_hosts,
+                                        security))
+                    for hosts in _announced(host_counts)]
+    for hosts, results, prof in measured:
         fig5[hosts] = results[FIG5_COST]
         if hosts == sweep_hosts:
             sweep = {c: results[c] for c in sweep_costs}
@@ -329,6 +337,9 @@ def main(argv=None) -> int:
         + " (the paper: 2.3 ms on 128 TPUs).",
         "Targets: " + "; ".join(f"{text}: {'met' if ok else 'MISSED'}" for text, ok in checks)
         + ".",
+        "Security: " + ("none (--insecure): plain tcp for both." if args.insecure else
+                        "CURVE with one throw-away key pair for the Pathways cluster and the"
+                        " multi-controller alike (the default of local clusters)."),
         f"Total bench time {elapsed:.0f} s.",
     ]
     notes = "\n".join(lines)

@@ -40,7 +40,7 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable
 
 import plaque  # noqa: E402
 from bench import raw_zmq  # noqa: E402
-from bench.results import bench_parser, publish  # noqa: E402
+from bench.results import bench_parser, publish, security_for_all  # noqa: E402
 
 TITLE = "Plaque engine vs raw pyzmq"
 REPS = 3
@@ -246,7 +246,8 @@ def main(argv=None) -> int:
 
     raw = {"batched": [], "rtt": [], "zc": []}
     eng = {"chain": [], "keyed": [], "lat": [], "arrays": []}
-    with plaque.local_cluster(workers=2, transport="tcp") as cluster:
+    with security_for_all(args.insecure) as security, \
+            plaque.local_cluster(workers=2, transport="tcp", **security) as cluster:
         chain = cluster.install(chain_graph())
         keyed = cluster.install(keyed_graph())
         arrays = cluster.install(array_graph())
@@ -339,6 +340,8 @@ Targets: small-tuple throughput >= {TARGET_TUPLES:.0%} of raw batched pyzmq
 (chain {verdict(r_chain >= TARGET_TUPLES)}, keyed {verdict(r_keyed >= TARGET_TUPLES)});
 empty-run latency <= {TARGET_LATENCY:.0f}x raw round trip ({verdict(r_lat <= TARGET_LATENCY)});
 1 MiB arrays >= {TARGET_ARRAYS:.0%} of raw zero-copy throughput ({verdict(r_arr >= TARGET_ARRAYS)}).
+Security: {"none (--insecure), plain tcp for engine and raw alike" if args.insecure else
+"CURVE with one throw-away key pair for the engine and the raw baseline alike"}.
 Total bench time {time.perf_counter() - started:.0f} s."""
 
     publish(TITLE, rows, notes, append=not (args.quick or args.no_append))

@@ -12,6 +12,9 @@ traffic the engine produces:
 * ``zero_copy_throughput``: large numpy buffers sent with copy=False and
   received without copying (bytes/s).
 
+With ``$PLAQUE_KEYS`` set every socket uses CURVE with those keys, as the engine's do, so a
+secured engine is compared with a secured baseline.
+
 Each test runs over ``tcp`` (127.0.0.1, random port) or ``ipc`` (a unique
 socket file in the temp dir, removed afterwards). The peer is a 'spawn'ed
 process, stopped in a ``finally``; every wait has a timeout.
@@ -31,13 +34,17 @@ import uuid
 import numpy as np
 import zmq
 
+from plaque import security
+
 _TIMEOUT_MS = 20_000  # any single socket wait; a dead peer must not hang us
 _RESULT_TIMEOUT_S = 60.0  # waiting for the peer's report
 _JOIN_TIMEOUT_S = 5.0
 
 
 def _bind(sock: zmq.Socket, transport: str) -> tuple[str, str | None]:
-    """Bind sock; return (endpoint for the peer, ipc file to remove or None)."""
+    """Bind sock; return (endpoint for the peer, ipc file to remove or None). With
+    ``$PLAQUE_KEYS`` set, a CURVE server, as the engine's sockets are then."""
+    security.server(sock)
     if transport == "tcp":
         port = sock.bind_to_random_port("tcp://127.0.0.1")
         return f"tcp://127.0.0.1:{port}", None
@@ -93,6 +100,7 @@ def _pull_peer(conn, endpoint: str, n: int, zero_copy: bool, hwm: int | None) ->
     ctx = zmq.Context()
     sock = _socket(ctx, zmq.PULL, hwm)
     try:
+        security.client(sock)  # CURVE when $PLAQUE_KEYS is set, like the engine
         sock.connect(endpoint)
         sock.recv(copy=not zero_copy)  # the clock starts at the first arrival
         start = time.perf_counter()
@@ -110,6 +118,7 @@ def _pull_peer(conn, endpoint: str, n: int, zero_copy: bool, hwm: int | None) ->
         conn.send(exc)
     finally:
         sock.close()
+        security.release(ctx)
         ctx.term()
 
 
@@ -118,6 +127,7 @@ def _echo_peer(conn, endpoint: str) -> None:
     ctx = zmq.Context()
     sock = _socket(ctx, zmq.ROUTER)
     try:
+        security.client(sock)  # CURVE when $PLAQUE_KEYS is set, like the engine
         sock.connect(endpoint)
         conn.send(0.0)  # connected; the parent may start
         while True:
@@ -129,6 +139,7 @@ def _echo_peer(conn, endpoint: str) -> None:
         pass  # parent gone: just exit
     finally:
         sock.close()
+        security.release(ctx)
         ctx.term()
 
 
@@ -153,6 +164,7 @@ def _push_messages(payload, n: int, transport: str, zero_copy: bool = False,
             return _result(conn)
     finally:
         sock.close()
+        security.release(ctx)
         ctx.term()
         if path and os.path.exists(path):
             os.remove(path)
@@ -207,6 +219,7 @@ def dealer_router_rtt(n: int = 5000, transport: str = "tcp") -> float:
             return elapsed / n
     finally:
         sock.close()
+        security.release(ctx)
         ctx.term()
         if path and os.path.exists(path):
             os.remove(path)

@@ -5,6 +5,7 @@ so every figure we quote can be traced back to how and where it was made."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -108,11 +109,36 @@ class BenchParser(argparse.ArgumentParser):
         return ns
 
 
+@contextlib.contextmanager
+def security_for_all(insecure: bool):
+    """One security setting for everything a benchmark starts, our clusters and the baselines
+    alike: by default a throw-away CURVE key pair in ``$PLAQUE_KEYS`` (what local clusters use
+    by default; baselines that open sockets read it too), or none with ``insecure``. Yields
+    the keyword arguments for ``pw.local_cluster`` / ``plaque.local_cluster``."""
+    from plaque import security
+
+    old = os.environ.pop(security.ENV, None)
+    directory = None if insecure else security.ephemeral("bench-keys-")
+    if directory is not None:
+        os.environ[security.ENV] = directory
+    try:
+        yield {"insecure": True} if insecure else {}
+    finally:
+        os.environ.pop(security.ENV, None)
+        if old is not None:
+            os.environ[security.ENV] = old
+        if directory is not None:
+            security.discard(directory)
+
+
 def bench_parser(doc: str, quick: str, profile: str | None = None) -> BenchParser:
     """The options every benchmark takes: --quick, --no-append and, if it can, --profile."""
     ap = BenchParser(description=doc.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help=f"{quick}; no RESULTS.md entry")
     ap.add_argument("--no-append", action="store_true", help="print only; no RESULTS.md entry")
+    ap.add_argument("--insecure", action="store_true",
+                    help="no CURVE keys for the clusters and baselines it starts (default:"
+                         " one throw-away key pair for all, as local clusters use)")
     if profile:
         ap.add_argument("--profile", action="store_true", help=profile)
     ap.add_argument("--plot", metavar="PNG", default=None,

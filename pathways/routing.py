@@ -170,8 +170,11 @@ class RoutedFunction(CompiledFunction):
         avals += [Aval((self.num_experts, *o.shape), o.dtype) for o in expert_outs]
         return Signature(tuple(avals), (), ())
 
-    def call_expert(self, rows, params):
-        """Run the body on one expert's rows; (row outputs, per-expert outputs)."""
+    def call_expert(self, rows, params, avals=None, where="in the reference"):
+        """Run the body on one expert's rows; (row outputs, per-expert outputs). With the
+        call's global output ``avals``, each output must match them (``where``: the device,
+        for the error): a data-dependent shape or dtype would otherwise be silently
+        broadcast or cast into the result."""
         n = rows[0].shape[0]
         try:
             outs = self.body(*rows, *params)
@@ -191,7 +194,19 @@ class RoutedFunction(CompiledFunction):
             if o.ndim < 1 or o.shape[0] != n:
                 raise ProgramError(f"{self.name}: row output {i} has shape {o.shape}; it must"
                                    f" have one row per input row ({n})")
+        if avals is not None:
+            self._check_outputs(row_outs, expert_outs, avals, where)
         return row_outs, expert_outs
+
+    def _check_outputs(self, row_outs, expert_outs, avals, where) -> None:
+        want = [Aval((len(o), *a.shape[2:]), a.dtype) for o, a in zip(row_outs, avals)]
+        want += [Aval(a.shape[1:], a.dtype) for a in avals[self.row_outputs:]]
+        for k, (o, w) in enumerate(zip((*row_outs, *expert_outs), want)):
+            if Aval.of(o) != w:
+                raise ProgramError(
+                    f"{self.name}: output {k} {where} is {Aval.of(o)}, but abstract evaluation"
+                    f" found {w} (the body run on one zero-filled row). Output shapes (beyond"
+                    " the rows) and dtypes must not depend on the data, as under JAX tracing")
 
     # ---- the reference: the same routing, in one process ----------------------------------
     def evaluate(self, args) -> list:
@@ -206,7 +221,7 @@ class RoutedFunction(CompiledFunction):
         for e in range(self.num_experts):
             slots = np.flatnonzero(flat == e)
             rows = [_rows(a, slots, k, i in self.slot_args) for i, a in enumerate(tokens)]
-            row_outs, expert_outs = self.call_expert(rows, [p[e] for p in params])
+            row_outs, expert_outs = self.call_expert(rows, [p[e] for p in params], avals)
             for o, r in zip(outs, row_outs):
                 o.reshape(T * k, *o.shape[2:])[slots] = r
             for o, r in zip(outs[self.row_outputs:], expert_outs):
@@ -405,7 +420,8 @@ class ExpertKernel:
             mine = np.flatnonzero(local == e)
             these = [r[mine] for r in rows]
             one = [p[e] for p in params]
-            outs, extra = fn.call_expert(these, one)
+            outs, extra = fn.call_expert(these, one, self.spec.out_avals,
+                                         f"on device {self.device_id}")
             for o, r in zip(row_outs, outs):
                 o[mine] = r
             for o, r in zip(expert_outs, extra):

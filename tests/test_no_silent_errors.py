@@ -84,6 +84,19 @@ def test_nonzero_and_a_data_dependent_dtype_fail_too(client, mesh):
         pw.reference(f)(np.arange(1.0, 9.0))
 
 
+def test_a_routed_expert_with_a_data_dependent_dtype_fails_too(client):
+    tm, em = client.mesh((4,), ("tokens",)), client.mesh((4,), ("experts",))
+
+    def expert(x):
+        return x.astype(np.float32) if x.sum() > 0 else x  # float64 on the zero row
+
+    f = pw.expert_map(expert, tokens=tm, experts=em, num_experts=4, name="expert")
+    route = client.put(np.arange(8, dtype=np.int32).reshape(8, 1) % 4, tm, P("tokens"))
+    x = client.put(np.ones((8, 2)), tm, P("tokens"))
+    msg = error_of(f(route, x))
+    assert "expert: output 0 on device" in msg and "float32" in msg and "float64" in msg
+
+
 # == 2. replicated outputs ======================================================================
 
 
