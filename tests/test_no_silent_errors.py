@@ -32,16 +32,8 @@ from pathways import P
 WAIT = 60.0  # bound on every wait; nothing depends on it being reached
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4) as c:
-        yield c
-
-
-@pytest.fixture
-def client(cluster):
-    with pw.connect(cluster.address) as c:
-        yield c
+# ``client``: conftest's, on the session's cluster of 2 hosts x 4 devices, which the tests here
+# share with the rest of the suite on purpose: what they do to it must not disturb the others.
 
 
 @pytest.fixture
@@ -254,8 +246,8 @@ HOSTILE = textwrap.dedent("""
 """)
 
 
-def test_a_hostile_client_never_stalls_another(cluster, client, mesh):
-    hostile = subprocess.Popen([sys.executable, "-c", HOSTILE, cluster.address],
+def test_a_hostile_client_never_stalls_another(pw_cluster, client, mesh):
+    hostile = subprocess.Popen([sys.executable, "-c", HOSTILE, pw_cluster.address],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert hostile.stdout.readline().strip() == "stuck"
