@@ -12,7 +12,17 @@ from . import moe
 from .array import Array
 from .client import Client, connect
 from .cluster import local_cluster
-from .collectives import all_gather, all_to_all, axis_index, pmean, ppermute, psum
+from .collectives import (
+    all_gather,
+    all_to_all,
+    axis_index,
+    pmax,
+    pmean,
+    pmin,
+    ppermute,
+    psum,
+    psum_scatter,
+)
 from .compiled import CompiledFunction, shard_map
 from .cost import DeviceSpec
 from .errors import (
@@ -40,6 +50,7 @@ __all__ = [
     "DeviceOutOfMemory", "DeviceSpec", "HostLost", "Mesh", "P", "PathwaysError",
     "Pipeline", "ProgramError", "RemoteError", "ResourceError", "RoutedFunction",
     "ShardingError", "Stage", "all_gather", "all_to_all", "axis_index", "connect",
-    "expert_map", "local_cluster", "moe", "pmean", "ppermute", "program", "psum", "reference",
+    "expert_map", "local_cluster", "moe", "pmax", "pmean", "pmin", "ppermute", "program", "psum",
+    "psum_scatter", "reference",
     "shard_map",
 ]

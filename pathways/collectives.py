@@ -52,9 +52,12 @@ __all__ = [
     "axis_index",
     "current_env",
     "kernel_env",
+    "pmax",
     "pmean",
+    "pmin",
     "ppermute",
     "psum",
+    "psum_scatter",
     "run_spmd",
 ]
 
@@ -351,34 +354,79 @@ def _tracked(gathers: bool):
     the collective runs as written."""
     def wrap(raw):
         @functools.wraps(raw)
-        def collective(x, axes, *args, **kwargs):
+        def collective(x, *args, **kwargs):
             env = _env.get()
             if env is not None and env.tracks_rep:
+                axes = args[0] if args else kwargs.get("axis_name")
                 return env.collective(raw, gathers, x, axes, args, kwargs)
-            return raw(x, axes, *args, **kwargs)
+            return raw(x, *args, **kwargs)
         return collective
     return wrap
 
 
 @_tracked(gathers=True)
-def psum(x, axes):
-    """Sum of ``x`` over the group along ``axes``, added in position order on every member.
+def psum(x, axis_name):
+    """Sum of ``x`` over the group along ``axis_name`` (one mesh axis or several), added in
+    position order on every member.
 
     >>> total = pw.shard_map(lambda x: pw.psum(x, "data"), mesh, P("data"), P())
     """
-    env, members, position = _group("psum", axes)
+    env, members, position = _group("psum", axis_name)
     return env.reduce_all(members, position, np.asarray(x))
 
 
 @_tracked(gathers=True)
-def pmean(x, axes):
+def pmean(x, axis_name):
     """Mean of ``x`` over the group (psum divided by the group size; ints become floats).
 
     >>> col_mean = pw.shard_map(lambda x: pw.pmean(x.mean(axis=0), "data"), mesh,
     ...                         P("data"), P())
     """
-    env, members, position = _group("pmean", axes)
+    env, members, position = _group("pmean", axis_name)
     return np.asarray(env.reduce_all(members, position, np.asarray(x)) / len(members))
+
+
+@_tracked(gathers=True)
+def pmax(x, axis_name):
+    """Elementwise maximum of ``x`` over the group (``jax.lax.pmax``; NaN propagates).
+
+    >>> peak = pw.shard_map(lambda x: pw.pmax(x.max(), "data"), mesh, P("data"), P())
+    """
+    values, _ = _gather("pmax", np.asarray(x), axis_name)
+    return np.asarray(np.maximum.reduce(values))
+
+
+@_tracked(gathers=True)
+def pmin(x, axis_name):
+    """Elementwise minimum of ``x`` over the group (``jax.lax.pmin``; NaN propagates).
+
+    >>> low = pw.shard_map(lambda x: pw.pmin(x.min(), "data"), mesh, P("data"), P())
+    """
+    values, _ = _gather("pmin", np.asarray(x), axis_name)
+    return np.asarray(np.minimum.reduce(values))
+
+
+@_tracked(gathers=False)
+def psum_scatter(x, axis_name, scatter_dimension: int = 0, tiled: bool = False):
+    """The psum of ``x`` over the group, of which member j keeps block j along
+    ``scatter_dimension`` (``jax.lax.psum_scatter``). Not tiled, that dimension must have the
+    group's size and disappears; tiled, it is split into group-size blocks.
+
+    >>> part = pw.shard_map(lambda x: pw.psum_scatter(x, "data", tiled=True), mesh,
+    ...                     P(), P("data"))       # the sum, sharded: reduce-scatter
+    """
+    x = np.asarray(x)
+    dim = _check_axis("psum_scatter", "scatter_dimension", scatter_dimension, x.ndim)
+    env, members, position = _group("psum_scatter", axis_name)
+    n = len(members)
+    if tiled and x.shape[dim] % n or not tiled and x.shape[dim] != n:
+        need = f"divisible by {n}" if tiled else f"equal to {n}"
+        raise ShardingError(f"psum_scatter: dimension {dim} of shape {x.shape} must be {need},"
+                            f" the group size of axes {axis_name!r} (tiled={tiled})")
+    blocks = np.split(x, n, axis=dim) if tiled else [np.take(x, j, axis=dim) for j in range(n)]
+    everyone = list(range(n))
+    got = env.exchange(members, position, dict(enumerate(blocks)), everyone)
+    return _ordered_sum([got[p] for p in everyone])
 
 
 def _ordered_sum(values: list) -> np.ndarray:
@@ -390,7 +438,7 @@ def _ordered_sum(values: list) -> np.ndarray:
 
 
 @_tracked(gathers=True)
-def all_gather(x, axes, axis: int = 0, tiled: bool = False):
+def all_gather(x, axis_name, axis: int = 0, tiled: bool = False):
     """Every member's ``x``, stacked along a new dimension ``axis`` (or concatenated if tiled).
 
     >>> whole = pw.shard_map(lambda x: pw.all_gather(x, "data", tiled=True), mesh,
@@ -401,12 +449,12 @@ def all_gather(x, axes, axis: int = 0, tiled: bool = False):
         axis = _check_axis("all_gather", "axis", axis, x.ndim)
     else:
         axis = _check_axis("all_gather", "axis", axis, x.ndim + 1)
-    values, _ = _gather("all_gather", x, axes)
+    values, _ = _gather("all_gather", x, axis_name)
     return np.concatenate(values, axis=axis) if tiled else np.stack(values, axis=axis)
 
 
 @_tracked(gathers=False)
-def ppermute(x, axes, perm):
+def ppermute(x, axis_name, perm):
     """Send ``x`` along the (source position, destination position) pairs of ``perm``.
 
     A device that is nobody's destination gets zeros_like(x).
@@ -416,7 +464,7 @@ def ppermute(x, axes, perm):
     ...                      P(None, "model"), P(None, "model"))
     """
     x = np.asarray(x)
-    env, members, position = _group("ppermute", axes)
+    env, members, position = _group("ppermute", axis_name)
     pairs = _check_perm(perm, len(members))
     outgoing = {dst: x for src, dst in pairs if src == position}
     sources = [src for src, dst in pairs if dst == position]
@@ -440,7 +488,7 @@ def _check_perm(perm, n: int) -> list[tuple[int, int]]:
 
 
 @_tracked(gathers=False)
-def all_to_all(x, axes, split_axis: int, concat_axis: int):
+def all_to_all(x, axis_name, split_axis: int, concat_axis: int):
     """Split ``x`` in group-size chunks along ``split_axis``; chunk j goes to position j.
 
     The chunks received are concatenated along ``concat_axis`` in source order, so that
@@ -452,12 +500,12 @@ def all_to_all(x, axes, split_axis: int, concat_axis: int):
     x = np.asarray(x)
     split_axis = _check_axis("all_to_all", "split_axis", split_axis, x.ndim)
     concat_axis = _check_axis("all_to_all", "concat_axis", concat_axis, x.ndim)
-    env, members, position = _group("all_to_all", axes)
+    env, members, position = _group("all_to_all", axis_name)
     n = len(members)
     if x.shape[split_axis] % n:
         raise ShardingError(
             f"all_to_all: dimension {split_axis} of shape {x.shape} has size "
-            f"{x.shape[split_axis]}, not divisible by the group size {n} of axes {axes!r}"
+            f"{x.shape[split_axis]}, not divisible by the group size {n} of axes {axis_name!r}"
         )
     chunks = np.split(x, n, axis=split_axis)
     everyone = list(range(n))
@@ -465,14 +513,14 @@ def all_to_all(x, axes, split_axis: int, concat_axis: int):
     return np.concatenate([got[p] for p in everyone], axis=concat_axis)
 
 
-def axis_index(axes) -> int:
-    """This device's position along ``axes`` (no communication).
+def axis_index(axis_name) -> int:
+    """This device's position along ``axis_name`` (no communication).
 
     >>> tag = pw.shard_map(lambda x: x * 0 + pw.axis_index("data"), mesh, P("data"), P("data"))
     """
-    env, _members, position = _group("axis_index", axes)
+    env, _members, position = _group("axis_index", axis_name)
     if env.tracks_rep:  # the position varies along these axes wherever it goes next
-        env.escape(env.all - ({axes} if isinstance(axes, str) else set(axes)))
+        env.escape(env.all - ({axis_name} if isinstance(axis_name, str) else set(axis_name)))
     return position
 
 

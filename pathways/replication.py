@@ -11,8 +11,9 @@ the set of axes it is known to be the same along. The rules are JAX's:
 
 - an argument is replicated along the axes its ``in_specs`` entry leaves out;
 - numpy operations keep the axes all their tagged operands share (constants share all);
-- ``psum``, ``pmean`` and ``all_gather`` over axes make the result replicated along them;
-  ``ppermute`` and ``all_to_all`` make it vary along them;
+- ``psum``, ``pmean``, ``pmax``, ``pmin`` and ``all_gather`` over axes make the result
+  replicated along them; ``ppermute``, ``all_to_all`` and ``psum_scatter`` make it vary along
+  them;
 - a value that leaves the analysis (``float(x)``, ``bool(x)`` in an ``if``, ``np.asarray(x)``,
   ``x.tolist()``, ``axis_index``) may carry variation anywhere afterwards: the axes it varied
   along are proven for no output;
@@ -69,11 +70,12 @@ class RepEnv(AbstractEnv):
         self._views: dict[int, tuple[np.ndarray, list]] = {}  # id(root) -> (root, wrappers)
 
     def collective(self, raw, gathers: bool, x, axes, args, kwargs):
-        """``raw(x, axes, ...)`` run untagged; its result replicated along ``axes`` if the
-        collective ``gathers`` (psum, pmean, all_gather), else varying along them."""
+        """``raw(x, *args, **kwargs)`` run untagged; its result replicated along ``axes``
+        (its axis_name) if the collective ``gathers`` (psum, pmean, pmax, pmin, all_gather),
+        else varying along them."""
         names = {axes} if isinstance(axes, str) else set(axes)
         rep = self.rep_of(x)
-        out = raw(self.unwrap(x), axes, *self.unwrap(args), **self.unwrap(kwargs))
+        out = raw(self.unwrap(x), *self.unwrap(args), **self.unwrap(kwargs))
         return Tagged(np.asarray(out), rep | names if gathers else rep - names, self)
 
     def escape(self, rep) -> None:

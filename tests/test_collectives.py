@@ -36,9 +36,12 @@ from pathways.collectives import (
     axis_index,
     current_env,
     kernel_env,
+    pmax,
     pmean,
+    pmin,
     ppermute,
     psum,
+    psum_scatter,
     run_spmd,
 )
 from pathways.errors import CollectiveTimeout, ProgramError, ShardingError
@@ -98,6 +101,39 @@ def test_reductions_and_gathers_match_numpy(case, axis, seed):
         assert np.allclose(mean, np.mean(xs, axis=0))
         assert np.array_equal(stacked, np.stack(xs, axis=axis))
         assert np.array_equal(tiled, np.concatenate(xs, axis=min(axis, 1)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(mesh_and_axes(), st.integers(0, 1), st.integers(0, 2**16))
+def test_pmax_pmin_and_psum_scatter_match_numpy(case, dim, seed):
+    mesh, names, axes = case
+    n = math.prod(mesh)
+    group = len(ref_group(mesh, names, axes, 0)[0])
+    shape = [3, 2]
+    shape[dim] = 2 * group  # tiled: two rows (or columns) per member; untiled: see below
+    args = inputs(n, tuple(shape), seed)
+
+    def body(x):  # JAX's keyword spellings
+        untiled = np.stack([x] * group, axis=dim)
+        return (pmax(x, axis_name=axes), pmin(x, axes),
+                psum_scatter(x, axes, scatter_dimension=dim, tiled=True),
+                psum_scatter(untiled, axis_name=axes, scatter_dimension=dim))
+
+    for i, (hi, lo, tiled, untiled) in enumerate(run_spmd(body, mesh, names, args, timeout=10)):
+        members, position = ref_group(mesh, names, axes, i)
+        xs = [args[j][0] for j in members]
+        total = np.sum(xs, axis=0)
+        assert np.array_equal(hi, np.max(xs, axis=0)) and np.array_equal(lo, np.min(xs, axis=0))
+        assert np.array_equal(tiled, np.split(total, group, axis=dim)[position])
+        assert np.array_equal(untiled, total)  # each member's block j is the whole x summed
+
+
+def test_psum_scatter_checks_its_dimension():
+    def body(x):
+        return psum_scatter(x, "model", scatter_dimension=0)  # needs size 4, has 3
+
+    with pytest.raises(ShardingError, match="must be equal to 4"):
+        run_spmd(body, MESH, NAMES, [(np.zeros((3, 2)),)] * 8, timeout=10)
 
 
 @settings(max_examples=40, deadline=None)

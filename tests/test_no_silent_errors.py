@@ -132,6 +132,19 @@ def test_psum_of_a_constant_is_the_axis_size_everywhere(client, mesh):
     assert pw.reference(f)(x0).tolist() == (x0 * 8).tolist()
 
 
+def test_jax_spelled_collectives_on_the_cluster_equal_the_reference(client, mesh):
+    x0 = np.arange(64.0).reshape(8, 8) % 7
+    peak = pw.shard_map(lambda b: pw.pmax(b, axis_name="d") - pw.pmin(b, "d"), mesh,
+                        P("d"), P())
+    scatter = pw.shard_map(lambda b: pw.psum_scatter(b, "d", scatter_dimension=1, tiled=True),
+                           mesh, P("d"), P(None, "d"))
+    x = client.put(x0, mesh, P("d"))
+    assert peak.signature([x.aval]).checks == ((),)  # pmax/pmin prove replication
+    for f in (peak, scatter):
+        np.testing.assert_array_equal(f(x).result(WAIT), pw.reference(f)(x0))
+    np.testing.assert_array_equal(scatter(x).result(WAIT), x0.sum(0, keepdims=True))
+
+
 def test_an_error_of_the_abstract_pass_says_so(client, mesh):
     f = pw.shard_map(lambda b: np.linalg.inv(b.reshape(1, 1)), mesh, P("d"), P("d"))
     with pytest.raises(pw.ProgramError, match="abstract evaluation.*zero-filled"):
