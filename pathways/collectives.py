@@ -488,13 +488,17 @@ def _check_perm(perm, n: int) -> list[tuple[int, int]]:
 
 
 @_tracked(gathers=False)
-def all_to_all(x, axis_name, split_axis: int, concat_axis: int):
-    """Split ``x`` in group-size chunks along ``split_axis``; chunk j goes to position j.
+def all_to_all(x, axis_name, split_axis: int, concat_axis: int, tiled: bool = False):
+    """Chunk j of ``x`` along ``split_axis`` goes to position j; what arrives is put together
+    along ``concat_axis`` in source order (``jax.lax.all_to_all``).
 
-    The chunks received are concatenated along ``concat_axis`` in source order, so that
-    dimension grows by the group size while ``split_axis`` shrinks by it.
+    Not tiled (JAX's default): ``x.shape[split_axis]`` is the group size; that dimension
+    goes, and the received chunks are stacked into a new dimension at ``concat_axis``.
+    Tiled: ``split_axis`` is split into group-size chunks (it shrinks by the group size) and
+    they are concatenated along ``concat_axis`` (it grows by it).
 
-    >>> to_cols = pw.shard_map(lambda x: pw.all_to_all(x, "data", split_axis=1, concat_axis=0),
+    >>> to_cols = pw.shard_map(lambda x: pw.all_to_all(x, "data", split_axis=1, concat_axis=0,
+    ...                                                tiled=True),
     ...                        mesh, P("data", None), P(None, "data"))   # rows -> columns
     """
     x = np.asarray(x)
@@ -502,15 +506,21 @@ def all_to_all(x, axis_name, split_axis: int, concat_axis: int):
     concat_axis = _check_axis("all_to_all", "concat_axis", concat_axis, x.ndim)
     env, members, position = _group("all_to_all", axis_name)
     n = len(members)
-    if x.shape[split_axis] % n:
-        raise ShardingError(
-            f"all_to_all: dimension {split_axis} of shape {x.shape} has size "
-            f"{x.shape[split_axis]}, not divisible by the group size {n} of axes {axis_name!r}"
-        )
-    chunks = np.split(x, n, axis=split_axis)
+    if tiled and x.shape[split_axis] % n or not tiled and x.shape[split_axis] != n:
+        need = f"not divisible by the group size {n}" if tiled else \
+            f"not the group size {n} (pass tiled=True to split it in chunks)"
+        raise ShardingError(f"all_to_all: dimension {split_axis} of shape {x.shape} has size"
+                            f" {x.shape[split_axis]}, {need} of axes {axis_name!r}")
+    if tiled:
+        chunks = np.split(x, n, axis=split_axis)
+    else:
+        chunks = [np.take(x, j, axis=split_axis) for j in range(n)]
     everyone = list(range(n))
     got = env.exchange(members, position, dict(enumerate(chunks)), everyone)
-    return np.concatenate([got[p] for p in everyone], axis=concat_axis)
+    received = [got[p] for p in everyone]
+    if tiled:
+        return np.concatenate(received, axis=concat_axis)
+    return np.stack(received, axis=concat_axis)
 
 
 def axis_index(axis_name) -> int:

@@ -166,8 +166,8 @@ def test_all_to_all_matches_numpy(case, split_axis, concat_axis, seed):
     args = inputs(n, tuple(shape), seed)
 
     results = run_spmd(
-        lambda x: all_to_all(x, axes, split_axis, concat_axis), mesh, names, args, timeout=10
-    )
+        lambda x: all_to_all(x, axes, split_axis, concat_axis, tiled=True), mesh, names, args,
+        timeout=10)
     for i, got in enumerate(results):
         members, position = ref_group(mesh, names, axes, i)
         chunks = [np.split(args[j][0], size, axis=split_axis)[position] for j in members]
@@ -176,6 +176,24 @@ def test_all_to_all_matches_numpy(case, split_axis, concat_axis, seed):
         want_shape[split_axis] //= size
         want_shape[concat_axis] *= size
         assert got.shape == tuple(want_shape)
+
+
+@settings(max_examples=40, deadline=None)
+@given(mesh_and_axes(), st.integers(0, 2), st.integers(0, 2), st.integers(0, 2**16))
+def test_untiled_all_to_all_is_jax_default(case, split_axis, concat_axis, seed):
+    mesh, names, axes = case
+    size = len(ref_group(mesh, names, axes, 0)[0])
+    shape = [2, 3, 1]
+    shape[split_axis] = size
+    args = inputs(math.prod(mesh), tuple(shape), seed)
+    results = run_spmd(lambda x: all_to_all(x, axes, split_axis, concat_axis), mesh, names,
+                       args, timeout=10)
+    for i, got in enumerate(results):
+        members, position = ref_group(mesh, names, axes, i)
+        # JAX: the split dimension goes; what each member sent is stacked at concat_axis
+        want = np.stack([np.take(args[j][0], position, axis=split_axis) for j in members],
+                        axis=concat_axis)
+        assert np.array_equal(got, want)
 
 
 def test_multi_axis_psum_by_hand():
@@ -212,6 +230,8 @@ def test_shape_and_argument_errors():
     x = np.zeros((6, 2))
     with kernel_env(AbstractEnv(MESH, NAMES)):
         with pytest.raises(ShardingError, match="not divisible by the group size 4"):
+            all_to_all(x, "model", 0, 1, tiled=True)
+        with pytest.raises(ShardingError, match="not the group size 4 .pass tiled=True"):
             all_to_all(x, "model", 0, 1)
         with pytest.raises(ProgramError, match="split_axis=2"):
             all_to_all(x, "data", 2, 0)
@@ -344,9 +364,10 @@ def test_abstract_env_shapes_and_dtypes():
         assert pmean(x, ("data", "model")).dtype == np.float32
         assert all_gather(x, "model", axis=1).shape == (4, 4, 6)
         assert all_gather(x, "model", axis=1, tiled=True).shape == (4, 24)
-        assert all_to_all(x, "data", 1, 0).shape == (8, 3)
+        assert all_to_all(x, "data", 1, 0, tiled=True).shape == (8, 3)
+        assert all_to_all(x[:2], "data", 0, 1).shape == (6, 2)
         # Position 0 sends nothing and receives from 1; then neither sends nor receives.
         assert ppermute(x, "model", [(1, 0)]).shape == (4, 6)
         assert ppermute(x, "model", [(1, 2)]).dtype == np.float32
         assert axis_index("model") == 0
-    assert env.next_collective() == 8  # one number per exchange; axis_index takes none
+    assert env.next_collective() == 9  # one number per exchange; axis_index takes none

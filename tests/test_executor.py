@@ -353,7 +353,7 @@ def every_collective(x):
         all_gather(x, ("model", "data"), tiled=True),
         ppermute(x, ("data", "model"), RING),
         ppermute(x, "model", [(0, 1)]),  # position 0 of each group gets zeros
-        all_to_all(x, "model", split_axis=0, concat_axis=1),
+        all_to_all(x, "model", split_axis=0, concat_axis=1, tiled=True),
     )
 
 

@@ -38,7 +38,7 @@ def test_collectives_across_hosts_match_the_reference(client):
     def body(x):
         g = pw.all_gather(x, "data", axis=0, tiled=True)  # crosses hosts
         p = pw.ppermute(x, "model", [(i, (i + 1) % 4) for i in range(4)])
-        a = pw.all_to_all(x, "model", split_axis=0, concat_axis=1)
+        a = pw.all_to_all(x, "model", split_axis=0, concat_axis=1, tiled=True)
         m = pw.pmean(x, ("data", "model"))
         i = pw.axis_index("data") * 10 + pw.axis_index("model")
         return g.sum(axis=0, keepdims=True) + p.sum() + a.sum() + m + i
