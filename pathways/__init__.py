@@ -9,7 +9,7 @@
 """
 
 from . import moe
-from .array import Array
+from .array import Array, NamedSharding
 from .client import Client, connect
 from .cluster import local_cluster
 from .collectives import (
@@ -47,7 +47,7 @@ from .tracer import program, reference
 __all__ = [
     "Array", "Client", "ClientClosed", "ClientGone", "CollectiveTimeout", "CompiledFunction",
     "CoordinatorLost",
-    "DeviceOutOfMemory", "DeviceSpec", "HostLost", "Mesh", "P", "PathwaysError",
+    "DeviceOutOfMemory", "DeviceSpec", "HostLost", "Mesh", "NamedSharding", "P", "PathwaysError",
     "Pipeline", "ProgramError", "RemoteError", "ResourceError", "RoutedFunction",
     "ShardingError", "Stage", "all_gather", "all_to_all", "axis_index", "connect",
     "expert_map", "local_cluster", "moe", "pmax", "pmean", "pmin", "ppermute", "program", "psum",

@@ -11,11 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from .compiled import Aval
-from .errors import PathwaysError
+from .errors import PathwaysError, ProgramError
+
+
+@dataclass(frozen=True)
+class NamedSharding:
+    """Where an array lives, as JAX's ``NamedSharding``: a mesh and a partition spec.
+
+    >>> x.sharding.mesh, x.sharding.spec       # the mesh and P(...) it was placed with
+    """
+
+    mesh: object
+    spec: object
+
+    def __repr__(self):
+        return f"NamedSharding({self.mesh}, {self.spec})"
 
 
 class Array:
@@ -40,6 +56,30 @@ class Array:
     shape = property(lambda self: self.aval.shape)
     dtype = property(lambda self: self.aval.dtype)
     ndim = property(lambda self: len(self.aval.shape))
+    size = property(lambda self: math.prod(self.aval.shape))
+    sharding = property(lambda self: NamedSharding(self.mesh, self.spec))
+
+    def __len__(self):
+        if not self.aval.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.aval.shape[0]
+
+    def __array__(self, dtype=None, copy=None):
+        """``np.asarray(a)``: the global value (waits for it and fetches it, as result())."""
+        value = self.result()
+        return value if dtype is None else value.astype(dtype)
+
+    def _compute_elsewhere(self, *args, **kwargs):
+        raise ProgramError(
+            "a pw.Array is computed on the devices, not in the client: put the arithmetic or"
+            " indexing in a shard_map body (pw.shard_map(lambda x: x + 1, mesh, spec, spec)(a)),"
+            " or fetch the value first (a.result() or np.asarray(a)) to use numpy on it")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _compute_elsewhere
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _compute_elsewhere
+    __matmul__ = __rmatmul__ = __pow__ = __rpow__ = __mod__ = __rmod__ = _compute_elsewhere
+    __neg__ = __pos__ = __abs__ = __getitem__ = __setitem__ = _compute_elsewhere
+    __lt__ = __le__ = __gt__ = __ge__ = _compute_elsewhere
 
     def __repr__(self):
         state = "deleted" if self._deleted else ("done" if self.done() else "pending")

@@ -36,6 +36,7 @@ from .errors import (
     PathwaysError,
     ProgramError,
     RemoteError,
+    as_raised,
 )
 from .ir import Eqn, Program
 from .lowering import Placement, lower, placement_of, skeleton
@@ -174,7 +175,7 @@ class Client:
             if fut is None:
                 return
             if kind == "error":
-                fut.set_exception(msg[2] if isinstance(msg[2], Exception)
+                fut.set_exception(as_raised(msg[2]) if isinstance(msg[2], Exception)
                                   else PathwaysError(str(msg[2])))
             else:
                 fut.set_result(msg[2])
@@ -642,7 +643,7 @@ def _check_picklable(value: np.ndarray) -> None:
 
 def _as_remote(err) -> Exception:
     if isinstance(err, PathwaysError):
-        return err
+        return as_raised(err)
     return RemoteError(str(err))
 
 

@@ -22,7 +22,7 @@ from plaque import security
 from plaque.liveness import GRACE_TIMEOUTS, Listening
 from plaque.logutil import dropped
 
-from .errors import ClientGone, HostLost, ResourceError
+from .errors import ClientGone, HostLost, RemoteError, ResourceError
 from .lowering import rebuild
 from .resource_manager import ResourceManager
 from .scheduler import (
@@ -377,8 +377,14 @@ class Coordinator:
                 self.cluster.core.send_user(w, ("abort_gangs", gangs, reason))
 
     def _explain(self, error):
-        """What a client should see: a lost Plaque worker is a lost host, named."""
-        return self._host_lost(error) if isinstance(error, plaque.WorkerLost) else error
+        """What a client should see: a lost Plaque worker is a lost host, named; a kernel's
+        own exception is said as the kernel's, not as the operator that carried it."""
+        if isinstance(error, plaque.WorkerLost):
+            return self._host_lost(error)
+        origin = getattr(error, "origin", None)
+        if isinstance(error, plaque.OperatorError) and isinstance(origin, dict):
+            return RemoteError.from_origin(origin)
+        return error
 
     def _host_lost(self, error: plaque.WorkerLost) -> HostLost:
         info = self.hosts.get(error.worker) or self._departed.get(error.worker, {})

@@ -28,7 +28,30 @@ class ProgramError(PathwaysError, ValueError):
 
 
 class RemoteError(PathwaysError):
-    """A computation failed on a host; carries the remote traceback and where it happened."""
+    """A computation failed on a host; carries the remote traceback and where it happened.
+
+    ``origin`` (when the failure was a kernel's own exception): ``{"type": (module, name),
+    "message", "function", "device", "host", "traceback"}``. The client raises such an error
+    as an exception of the original class too when that is a standard one (``as_raised``):
+    ``except ValueError`` and ``except pw.RemoteError`` both catch it.
+    """
+
+    def __init__(self, message: str = "", origin: dict | None = None):
+        super().__init__(message)
+        self.origin = origin
+
+    def __reduce__(self):
+        return (_rebuild_remote, (type(self).__mro__[1] if _is_raised(type(self)) else
+                                  type(self), str(self), self.origin))
+
+    @classmethod
+    def from_origin(cls, origin: dict) -> RemoteError:
+        """The error a kernel's exception becomes: where it happened, then its remote
+        traceback as lines."""
+        name = origin["type"][1]
+        return cls(f"{origin['function']} failed on device {origin['device']}"
+                   f" ({origin['host']}): {name}: {origin['message']}\n--- remote traceback"
+                   f" ---\n{origin['traceback'].rstrip()}", origin)
 
 
 class HostLost(PathwaysError):
@@ -49,3 +72,38 @@ class CoordinatorLost(PathwaysError):
 
 class KernelTimeout(PathwaysError):
     """A kernel's body ran longer than its time limit and was interrupted."""
+
+
+def _rebuild_remote(cls, message, origin):
+    return cls(message, origin)
+
+
+_RAISED: dict[type, type] = {}
+
+
+def _is_raised(cls) -> bool:
+    return cls in _RAISED.values()
+
+
+def as_raised(err: BaseException) -> BaseException:
+    """``err`` as the client raises it: a RemoteError whose kernel raised a standard
+    exception (``ValueError``, ``ZeroDivisionError``, ``KeyError``...) becomes an instance of
+    a class deriving from both, so either ``except`` catches it."""
+    origin = getattr(err, "origin", None)
+    if not isinstance(err, RemoteError) or not origin or origin["type"][0] != "builtins":
+        return err
+    import builtins
+
+    cls = getattr(builtins, origin["type"][1], None)
+    if not (isinstance(cls, type) and issubclass(cls, Exception)) or \
+            issubclass(cls, PathwaysError):
+        return err
+    try:
+        raised = _RAISED.get(cls)
+        if raised is None:
+            raised = _RAISED[cls] = type(f"Remote{cls.__name__}", (RemoteError, cls), {
+                "__module__": __name__, "__doc__": f"A kernel raised {cls.__name__} on a host.",
+                "__str__": RemoteError.__str__})
+        return raised(str(err), origin)
+    except TypeError:  # a class that cannot be combined or built from a message alone
+        return err

@@ -11,6 +11,8 @@ finished, so consumers and the coordinator learn completion through progress tra
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from .errors import RemoteError
 from .protocol import transfer_key
 
 log = logging.getLogger("pathways.kernel")
+_HOSTNAME = socket.gethostname()
 
 @dataclass(frozen=True)
 class Incoming:
@@ -243,11 +246,14 @@ class Kernel:
 
 
 def kernel_error(name: str, device: int, exc: BaseException) -> RemoteError:
-    """What the readers of a failed kernel's outputs get: where it failed, and why."""
+    """What the readers of a failed kernel's outputs get: where it failed (function, device,
+    host), why (the exception's class and message), and its traceback as lines."""
     if isinstance(exc, RemoteError):
         return exc
-    return RemoteError(f"{name} failed on device {device}: {exc!r}\n"
-                       + "".join(traceback.format_exception(exc)))
+    return RemoteError.from_origin({
+        "type": (type(exc).__module__, type(exc).__qualname__), "message": str(exc),
+        "function": name, "device": device, "host": f"{_HOSTNAME} pid {os.getpid()}",
+        "traceback": "".join(traceback.format_exception(exc))})
 
 
 def poison(host, keys, err: Exception, owner) -> None:

@@ -249,13 +249,13 @@ class CoordinatorCore:
                 self._events.append(("run_done", gid, t, run.result))
 
     def _on_error(self, sender, payload):
-        gid, t, node, shard, worker, message, tb = payload
+        gid, t, node, shard, worker, message, tb, origin = payload
         g = self.graphs.get(gid)
         run = g.runs.get(t) if g else None
         if run is None or run.failed:
             return
         run.failed = True
-        err = OperatorError(node, shard, worker, t, message, tb)
+        err = OperatorError(node, shard, worker, t, message, tb, origin)
         self._events.append(("run_failed", gid, t, err))
 
     def _on_heartbeat(self, sender, payload):

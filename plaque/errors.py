@@ -14,16 +14,19 @@ class GraphError(PlaqueError):
 class OperatorError(PlaqueError):
     """An operator raised on a worker; carries where it happened and the remote traceback."""
 
-    def __init__(self, node: str, shard: int, worker: int, timestamp, message: str, remote_tb: str):
+    def __init__(self, node: str, shard: int, worker: int, timestamp, message: str, remote_tb: str,
+                 origin=None):
         self.node, self.shard, self.worker, self.timestamp = node, shard, worker, timestamp
         self.remote_traceback = remote_tb
+        self.origin = origin  # what the operator's exception said of its own origin, if any
         super().__init__(
             f"operator {node!r} shard {shard} on worker {worker} failed at t={timestamp}:"
             f" {message}\n--- remote traceback ---\n{remote_tb}"
         )
 
     def __reduce__(self):
-        args = (self.node, self.shard, self.worker, self.timestamp, "", self.remote_traceback)
+        args = (self.node, self.shard, self.worker, self.timestamp, "", self.remote_traceback,
+                self.origin)
         return (_rebuild_operator_error, (args, str(self)))
 
 

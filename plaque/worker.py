@@ -370,7 +370,8 @@ class WorkerCore:
         name = g.graph.nodes[node].name
         tb = "".join(traceback.format_exception(exc))
         log.info("operator %s[%d] failed at t=%s: %r", name, shard, t, exc)
-        report = (g.gid, t, name, shard, self.id, repr(exc), tb)
+        # an error that knows its own origin (e.g. a kernel's exception it wraps) says so
+        report = (g.gid, t, name, shard, self.id, repr(exc), tb, getattr(exc, "origin", None))
         self._send(COORDINATOR, CONTROL, Kind.ERROR, report)
 
     def step(self) -> None:

@@ -244,3 +244,43 @@ def test_helpers_reached_through_closures_and_partials_are_shipped(client):
     x = client.put(np.arange(4.0), mesh, P("d"))
     np.testing.assert_array_equal(via_lambda(x).result(30), np.arange(4.0) * 3 + 1)
     np.testing.assert_array_equal(via_partial(x).result(30), np.arange(4.0) * 2)
+
+
+def test_an_array_answers_as_a_jax_array_does(client):
+    mesh = client.mesh((2, 4), ("data", "model"))
+    x0 = np.arange(32.0).reshape(8, 4)
+    x = client.put(x0, mesh, P("data"))
+    assert (x.shape, x.ndim, x.size, len(x), x.dtype) == ((8, 4), 2, 32, 8, np.float64)
+    assert x.sharding.mesh is mesh and x.sharding.spec == P("data", None)  # normalized
+    np.testing.assert_array_equal(np.asarray(x), x0)
+    assert np.asarray(x, dtype=np.float32).dtype == np.float32
+    y = pw.shard_map(lambda b: b * 2, mesh, P("data"), P("data"))(x)
+    assert y.block_until_ready() is y
+    for misuse in (lambda: x + 1, lambda: 1 - x, lambda: x[0], lambda: x @ x, lambda: -x,
+                   lambda: x < 2):
+        with pytest.raises(pw.ProgramError, match="inside a shard_map body|in a shard_map body"):
+            misuse()
+    assert x in [y, x] and x != y  # identity comparisons still work
+
+
+def test_a_kernel_s_standard_exception_is_raised_as_its_own_class(client):
+    mesh = client.mesh((2, 4), ("data", "model"))
+
+    def picky(b):
+        if b.sum() > 0:  # zeros in the abstract pass: only the devices raise
+            raise ValueError("too big to handle")
+        return b
+
+    f = pw.shard_map(picky, mesh, P("data"), P("data"))
+    y = f(client.put(np.ones((8, 4)), mesh, P("data")))
+    with pytest.raises(ValueError, match="too big to handle") as info:
+        y.result(60)
+    err = info.value
+    assert isinstance(err, pw.RemoteError) and isinstance(err, pw.PathwaysError)
+    text = str(err)
+    assert text.startswith("picky failed on device ") and "pid" in text
+    assert "ValueError: too big to handle" in text
+    assert "\n--- remote traceback ---\n" in text and 'in picky\n' in text  # lines, no repr
+    with pytest.raises(ZeroDivisionError):  # a Python int division, not numpy's warning
+        pw.shard_map(lambda b: b * (int(b.sum()) // 0) if b.sum() > 0 else b, mesh, P("data"),
+                     P("data"))(client.put(np.ones((8,), np.int64), mesh, P("data"))).result(60)
