@@ -114,6 +114,8 @@ class ProgramFunction:
     def __call__(self, *arrays):
         from .array import Array
 
+        if current_trace() is not None:  # called while tracing another program: inlined
+            return self.fn(*arrays)      # into it, as nested jax.jit calls are
         if not arrays or not all(isinstance(a, Array) for a in arrays):
             raise ProgramError(f"{self.__name__}: call a program with pw.Array arguments"
                                " (client.put(...)); for numpy use pw.reference(f)")

@@ -284,3 +284,26 @@ def test_a_kernel_s_standard_exception_is_raised_as_its_own_class(client):
     with pytest.raises(ZeroDivisionError):  # a Python int division, not numpy's warning
         pw.shard_map(lambda b: b * (int(b.sum()) // 0) if b.sum() > 0 else b, mesh, P("data"),
                      P("data"))(client.put(np.ones((8,), np.int64), mesh, P("data"))).result(60)
+
+
+def test_nested_programs_are_inlined_as_nested_jit_is(client):
+    mesh = client.mesh((2, 4), ("data", "model"))
+    step = pw.shard_map(lambda b: pw.psum(b, "data") * 0.5 + 1.0, mesh, P("data"), P("data"))
+
+    @pw.program
+    def twice(x):
+        return step(step(x))
+
+    @pw.program
+    def outer(x):
+        y = twice(x)
+        return twice(y), y
+
+    x0 = np.arange(32.0).reshape(8, 4)
+    program = outer.trace([pw.compiled.Aval((8, 4), np.dtype(np.float64))])
+    assert len(program.eqns) == 4  # one program: the inner calls' equations, inlined
+    z, y = outer(client.put(x0, mesh, P("data")))
+    want_z, want_y = pw.reference(outer)(x0)
+    np.testing.assert_array_equal(z.result(60), want_z)
+    np.testing.assert_array_equal(y.result(60), want_y)
+    np.testing.assert_array_equal(want_y, pw.reference(twice)(x0))
