@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import collectives, replication
+from . import collectives, replication, tree
 from . import cost as cost_model
 from .errors import ProgramError, ShardingError
 from .mesh import Mesh
@@ -58,12 +58,17 @@ ABSTRACT_PASS = ("while finding its output shapes and dtypes (abstract evaluatio
 
 
 def _specs(specs, what: str) -> tuple[tuple, bool]:
-    """(tuple of specs, single) from a P, None, or a tuple/list of them."""
+    """(tuple of specs, single) from a P, None, or a tuple/list of them; ((), False) for a
+    pytree of them (tuples, lists, dicts, dataclasses), which calls flatten first."""
     if specs is None or isinstance(specs, P):
         return (specs,), True
     if isinstance(specs, (tuple, list)) and all(s is None or isinstance(s, P) for s in specs):
         return tuple(specs), False
-    raise ShardingError(f"{what} must be a P(...) or a tuple of them, got {specs!r}")
+    leaves = tree.flatten(specs)[0] if tree.is_node(specs) else [specs]
+    if all(s is None or isinstance(s, P) for s in leaves):
+        return (), False
+    raise ShardingError(f"{what} must be a P(...), or a tuple, list, dict or dataclass of them,"
+                        f" got {specs!r}")
 
 
 class CompiledFunction:
@@ -82,8 +87,12 @@ class CompiledFunction:
             raise ProgramError(f"shard_map needs a Mesh (client.mesh(...)), got {mesh!r}")
         self.body, self.mesh, self.cost = body, mesh, cost
         self.name = name or getattr(body, "__name__", "body")
-        self.in_specs, self._broadcast_in = _specs(in_specs, "in_specs")
-        self.out_specs, self.single_output = _specs(out_specs, "out_specs")
+        flat_in, self._broadcast_in = _specs(in_specs, "in_specs")
+        flat_out, single = _specs(out_specs, "out_specs")
+        self.in_specs, self.out_specs, self.single_output = flat_in, flat_out, single
+        self._spec_trees = (in_specs, out_specs)  # as given, for pytree arguments/results
+        self._nested = not flat_in or not flat_out
+        self._flat: dict[tuple, CompiledFunction] = {}  # per argument structure and avals
         self.check_rep = bool(check_rep)
         if limit is not None and not (isinstance(limit, (int, float)) and limit > 0):
             raise ProgramError(f"shard_map limit must be a number of seconds > 0, got {limit!r}")
@@ -236,10 +245,60 @@ class CompiledFunction:
     def __call__(self, *args):
         from .tracer import current_trace, run_op_by_op
 
+        if self._nested or any(tree.is_node(a) for a in args):
+            return self._call_tree(args)
         trace = current_trace()
         if trace is not None:
             return trace.record(self, args)
         return run_op_by_op(self, args)
+
+    # ---- pytrees: a flat function per argument structure -----------------------------------
+
+    def _call_tree(self, args):
+        """Pytree arguments (tuples, lists, dicts, dataclasses of arrays) and results: the
+        call runs a flat twin of this function, one argument per leaf, and the results are
+        put back in the body's structure."""
+        leaves, in_def = tree.flatten(args)
+        key = (in_def, tuple((tuple(a.shape), np.dtype(a.dtype)) for a in leaves))
+        flat = self._flat.get(key)
+        if flat is None:
+            flat = self._flat[key] = self._flat_twin(args, in_def, leaves)
+        outs = flat(*leaves)
+        return tree.unflatten(flat.out_def, outs if isinstance(outs, tuple) else (outs,))
+
+    def _flat_twin(self, args, in_def, leaves) -> CompiledFunction:
+        in_specs = tree.per_leaf(self._in_prefix(len(args)), args, f"{self.name}: in_specs")
+        body = self.body
+
+        def flat_body(*shards):
+            out_leaves, out_def = tree.flatten(body(*tree.unflatten(in_def, shards)))
+            if out_def != want_def:
+                raise ProgramError(f"{self.name} returned another structure than it did on"
+                                   f" zero-filled shards: {out_def} instead of {want_def}")
+            return tuple(out_leaves)
+
+        m = self.mesh
+        zeros = [np.zeros(a.shape, a.dtype) for a in
+                 CompiledFunction(body, m, tuple(in_specs), P()).shard_avals(
+                     [Aval.of(x) for x in leaves])]
+        with collectives.kernel_env(collectives.AbstractEnv(m.shape, m.axis_names)):
+            try:
+                out = body(*tree.unflatten(in_def, zeros))
+            except Exception as exc:
+                raise ProgramError(f"{self.name} fails on shards {ABSTRACT_PASS}: {exc!r}") \
+                    from exc
+        out_specs = tree.per_leaf(self._spec_trees[1], out, f"{self.name}: out_specs")
+        want_def = tree.flatten(out)[1]
+        flat = CompiledFunction(flat_body, m, tuple(in_specs), tuple(out_specs), cost=self.cost,
+                                name=self.name, check_rep=self.check_rep, limit=self.limit)
+        flat.out_def = want_def
+        return flat
+
+    def _in_prefix(self, nargs: int):
+        spec = self._spec_trees[0]
+        if spec is None or isinstance(spec, P):
+            return (spec,) * nargs
+        return spec
 
 
 def shard_map(body, mesh: Mesh, in_specs, out_specs, cost=None, name=None,

@@ -13,6 +13,7 @@ import threading
 
 import numpy as np
 
+from . import tree
 from .compiled import Aval, CompiledFunction
 from .errors import ProgramError
 from .ir import Eqn, Program, Var, evaluate
@@ -111,11 +112,40 @@ class ProgramFunction:
             self._cache[key] = trace_program(self.fn, key, self.__name__)
         return self._cache[key]
 
+    def trace_tree(self, in_def, avals) -> tuple[Program, object]:
+        """The program for pytree arguments of structure ``in_def`` whose leaves have
+        ``avals`` (one program input per leaf, one output per result leaf), and the results'
+        structure."""
+        key = (in_def, tuple(avals))
+        if key not in self._cache:
+            out_def: list = []
+
+            def flat_fn(*tracers):
+                leaves, d = tree.flatten(self.fn(*tree.unflatten(in_def, tracers)))
+                out_def.append(d)
+                return tuple(leaves)
+
+            self._cache[key] = (trace_program(flat_fn, key[1], self.__name__), out_def[0])
+        return self._cache[key]
+
+    def _call_tree(self, args):
+        from .array import Array
+
+        leaves, in_def = tree.flatten(args)
+        if not leaves or not all(isinstance(a, Array) for a in leaves):
+            raise ProgramError(f"{self.__name__}: call a program with pw.Array arguments, or"
+                               " tuples, lists, dicts and dataclasses of them")
+        program, out_def = self.trace_tree(in_def, [Aval(a.shape, a.dtype) for a in leaves])
+        outs = leaves[0].client.run_program(program, leaves)
+        return tree.unflatten(out_def, outs)
+
     def __call__(self, *arrays):
         from .array import Array
 
         if current_trace() is not None:  # called while tracing another program: inlined
             return self.fn(*arrays)      # into it, as nested jax.jit calls are
+        if any(tree.is_node(a) for a in arrays):
+            return self._call_tree(arrays)
         if not arrays or not all(isinstance(a, Array) for a in arrays):
             raise ProgramError(f"{self.__name__}: call a program with pw.Array arguments"
                                " (client.put(...)); for numpy use pw.reference(f)")
@@ -163,6 +193,18 @@ def reference(f):
     >>> np.allclose(chain(client.put(x0, mesh, P("data"))).result(), want)
     """
     def run(*args):
+        if any(tree.is_node(a) for a in args):
+            leaves, in_def = tree.flatten(args)
+            leaves = [np.asarray(a) for a in leaves]
+            if isinstance(f, ProgramFunction):
+                prog, out_def = f.trace_tree(in_def, [Aval.of(a) for a in leaves])
+                return tree.unflatten(out_def, evaluate(prog, *leaves))
+            flat = f._flat_twin(args, in_def, leaves) if isinstance(f, CompiledFunction) \
+                else None
+            if flat is None:
+                raise ProgramError(f"pw.reference needs a @pw.program or shard_map, got {f!r}")
+            outs = evaluate(single_call_program(flat, [Aval.of(a) for a in leaves]), *leaves)
+            return tree.unflatten(flat.out_def, outs)
         args = [np.asarray(a) for a in args]
         avals = [Aval.of(a) for a in args]
         if isinstance(f, ProgramFunction):

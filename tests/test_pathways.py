@@ -1,6 +1,7 @@
 """Pathways core mechanisms on a real local cluster (coordinator + 2 host processes), every
 result checked against the reference interpreter."""
 
+import dataclasses
 import asyncio
 import threading
 
@@ -307,3 +308,49 @@ def test_nested_programs_are_inlined_as_nested_jit_is(client):
     np.testing.assert_array_equal(z.result(60), want_z)
     np.testing.assert_array_equal(y.result(60), want_y)
     np.testing.assert_array_equal(want_y, pw.reference(twice)(x0))
+
+
+@dataclasses.dataclass
+class Layer:
+    w: object
+    b: object
+
+
+def test_pytrees_as_arguments_specs_and_results(client):
+    mesh = client.mesh((2, 4), ("data", "model"))
+
+    def sgd(params, batch):
+        layer, scale = params["layer"], params["scale"]
+        y = batch @ layer.w + layer.b
+        grad = pw.psum(batch.T @ y, "data")
+        return {"layer": Layer(layer.w - scale * grad, layer.b)}, (y, [pw.psum(y.sum(), "data")])
+
+    step = pw.shard_map(sgd, mesh, in_specs=(P(), P("data")),
+                        out_specs=({"layer": P()}, (P("data"), [P()])))
+    rng = np.random.default_rng(0)
+    w0, b0, x0 = rng.normal(size=(4, 3)), rng.normal(size=(3,)), rng.normal(size=(8, 4))
+    params = {"layer": Layer(client.put(w0, mesh), client.put(b0, mesh)),
+              "scale": client.put(np.float64(0.1), mesh)}
+    new, (y, [total]) = step(params, client.put(x0, mesh, P("data")))
+    assert isinstance(new["layer"], Layer) and isinstance(new["layer"].w, pw.Array)
+    want_y = x0 @ w0 + b0
+    np.testing.assert_allclose(y.result(60), want_y)
+    np.testing.assert_allclose(total.result(60), want_y.sum())
+    np.testing.assert_allclose(new["layer"].w.result(60), w0 - 0.1 * x0.T @ want_y)
+    ref_new, (ref_y, [ref_total]) = pw.reference(step)(
+        {"layer": Layer(w0, b0), "scale": np.float64(0.1)}, x0)
+    np.testing.assert_array_equal(ref_new["layer"].w, new["layer"].w.result(60))
+    np.testing.assert_array_equal(ref_y, y.result(60))
+
+    @pw.program
+    def two_steps(params, batch):
+        new, _ = step(params, batch)
+        new = {"layer": new["layer"], "scale": params["scale"]}
+        return step(new, batch)[0]["layer"].w
+
+    w2 = two_steps(params, client.put(x0, mesh, P("data")))
+    np.testing.assert_allclose(w2.result(60), pw.reference(two_steps)(
+        {"layer": Layer(w0, b0), "scale": np.float64(0.1)}, x0))
+    with pytest.raises(pw.ProgramError, match="does not match the structure"):
+        pw.shard_map(sgd, mesh, in_specs=({"w": P()}, P("data")), out_specs=P())(
+            params, client.put(x0, mesh, P("data")))
