@@ -1,8 +1,8 @@
 """Pathways core mechanisms on a real local cluster (coordinator + 2 host processes), every
 result checked against the reference interpreter."""
 
-import dataclasses
 import asyncio
+import dataclasses
 import threading
 
 import numpy as np
