@@ -277,12 +277,6 @@ def run_config(hosts: int, costs, budget: float, reps: int, profile: bool, secur
     return results, prof
 
 
-def _announced(host_counts):
-    for hosts in host_counts:
-        print(f"{hosts} host(s) x {PER_HOST} devices:", flush=True)
-        yield hosts
-
-
 def main(argv=None) -> int:
     ap = bench_parser(__doc__, "1 and 2 hosts, two costs, short cells",
                       "py-spy the cluster during each mode on the largest config")
@@ -299,16 +293,15 @@ def main(argv=None) -> int:
     profile_text = None
     sweep_hosts = max(host_counts)
     with security_for_all(args.insecure) as security:
-        measured = [(hosts, *run_config(hosts, [FIG5_COST] + (sweep_costs if hosts == sweep_hosts
-                                                               else []),
-                                        budget, reps, args.profile and hosts == sweep_hosts,
-                                        security))
-                    for hosts in _announced(host_counts)]
-    for hosts, results, prof in measured:
-        fig5[hosts] = results[FIG5_COST]
-        if hosts == sweep_hosts:
-            sweep = {c: results[c] for c in sweep_costs}
-            profile_text = prof
+        for hosts in host_counts:
+            print(f"{hosts} host(s) x {PER_HOST} devices:", flush=True)
+            costs = [FIG5_COST] + (sweep_costs if hosts == sweep_hosts else [])
+            results, prof = run_config(hosts, costs, budget, reps,
+                                       args.profile and hosts == sweep_hosts, security)
+            fig5[hosts] = results[FIG5_COST]
+            if hosts == sweep_hosts:
+                sweep = {c: results[c] for c in sweep_costs}
+                profile_text = prof
     elapsed = time.perf_counter() - started
 
     rows = [_row("5", fig5[h]) for h in host_counts]

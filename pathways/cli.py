@@ -12,6 +12,8 @@ import time
 
 import uvloop
 
+from plaque.cli import address_arg
+
 
 def _coordinator(args) -> int:
     from .coordinator import Coordinator
@@ -28,26 +30,12 @@ def _coordinator(args) -> int:
     return 0
 
 
-def _address(text: str) -> str:
-    """argparse type of a coordinator address, ``tcp://HOST:PORT`` or, naming the cluster's
-    key directory, ``tcp://HOST:PORT?keys=DIR``: a malformed one is a one-line usage error."""
-    from plaque.security import split_address
-
-    try:
-        split_address(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
 def _host(args) -> int:
-    from plaque.security import ENV, split_address
+    from plaque.security import adopt
 
     from .host import serve_host
 
-    coordinator, keys = split_address(args.coordinator)
-    if keys is not None:  # the host's every socket takes its keys from the environment
-        os.environ[ENV] = keys
+    coordinator = adopt(args.coordinator)
     if os.environ.get("PLAQUE_DIE_WITH_PARENT"):
         from plaque.cli import _die_with_parent
 
@@ -212,7 +200,7 @@ def main(argv=None) -> int:
     co.add_argument("--client-timeout", type=float, default=5.0,
                     help="a client silent this long is gone: its buffers and runs are freed")
     ho = sub.add_parser("host", help="run a host that joins a coordinator")
-    ho.add_argument("--coordinator", required=True, type=_address,
+    ho.add_argument("--coordinator", required=True, type=address_arg,
                     help="the coordinator's address (tcp://HOST:PORT[?keys=DIR])")
     ho.add_argument("--island", type=int, default=0)
     ho.add_argument("--devices", type=int, default=4)
@@ -224,13 +212,13 @@ def main(argv=None) -> int:
     ho.add_argument("--bind", default="tcp://127.0.0.1")
     ho.add_argument("--coordinator-timeout", type=float, default=10.0)
     st = sub.add_parser("status", help="show islands, hosts, devices and clients")
-    st.add_argument("address", type=_address, help="tcp://HOST:PORT[?keys=DIR]")
+    st.add_argument("address", type=address_arg, help="tcp://HOST:PORT[?keys=DIR]")
     st.add_argument("--watch", type=float, nargs="?", const=1.0, default=None,
                     metavar="SECONDS", help="refresh every SECONDS (default 1) until Ctrl-C")
     ke = sub.add_parser("keys", help="create the CURVE key pair a secured cluster needs")
     ke.add_argument("directory")
     tr = sub.add_parser("trace", help="record every device's timeline as Chrome trace JSON")
-    tr.add_argument("address", type=_address, help="tcp://HOST:PORT[?keys=DIR]")
+    tr.add_argument("address", type=address_arg, help="tcp://HOST:PORT[?keys=DIR]")
     tr.add_argument("--seconds", type=float, default=5.0)
     tr.add_argument("-o", "--output", default="trace.json")
     pl = sub.add_parser("plot", help="draw a trace as a PNG timeline (needs matplotlib)")

@@ -131,10 +131,13 @@ class CompiledFunction:
         """The mesh result ``k`` lives on."""
         return self.mesh
 
-    def shard_avals(self, in_avals) -> list[Aval]:
+    def shard_avals(self, in_avals, specs=None) -> list[Aval]:
+        """One device's avals of arguments of ``in_avals`` (under ``specs``, by default the
+        function's in_specs)."""
         m = self.mesh
         out = []
-        for i, (a, spec) in enumerate(zip(in_avals, self.arg_specs(len(in_avals)))):
+        specs = self.arg_specs(len(in_avals)) if specs is None else specs
+        for i, (a, spec) in enumerate(zip(in_avals, specs)):
             try:
                 spec = normalize_spec(spec, len(a.shape), m.axis_names)
                 out.append(Aval(shard_shape(a.shape, m.shape, m.axis_names, spec), a.dtype))
@@ -155,19 +158,23 @@ class CompiledFunction:
             sig = self._signatures[key] = self._abstract_eval(key)
         return sig
 
-    def _abstract_eval(self, in_avals) -> Signature:
+    def _on_zeros(self, run, zeros):
+        """``run(zeros)`` in the abstract pass: its errors say they came from there."""
         m = self.mesh
-        zeros = [np.zeros(a.shape, a.dtype) for a in self.shard_avals(in_avals)]
-        env = collectives.AbstractEnv(m.shape, m.axis_names)
-        with collectives.kernel_env(env):
+        with collectives.kernel_env(collectives.AbstractEnv(m.shape, m.axis_names)):
             try:
-                outs = self._as_tuple(self.body(*zeros))
+                return run(zeros)
             except (ShardingError, ProgramError) as exc:
                 raise type(exc)(f"{exc} ({ABSTRACT_PASS})") from exc
             except Exception as exc:
                 raise ProgramError(f"{self.name} fails on shards of shapes "
                                    f"{[str(Aval.of(z)) for z in zeros]} {ABSTRACT_PASS}: "
                                    f"{exc!r}") from exc
+
+    def _abstract_eval(self, in_avals) -> Signature:
+        m = self.mesh
+        zeros = [np.zeros(a.shape, a.dtype) for a in self.shard_avals(in_avals)]
+        outs = self._on_zeros(lambda z: self._as_tuple(self.body(*z)), zeros)
         avals, specs = [], []
         for o, spec in zip(outs, self.out_specs):
             spec = normalize_spec(spec, o.ndim, m.axis_names)
@@ -258,15 +265,22 @@ class CompiledFunction:
         """Pytree arguments (tuples, lists, dicts, dataclasses of arrays) and results: the
         call runs a flat twin of this function, one argument per leaf, and the results are
         put back in the body's structure."""
-        leaves, in_def = tree.flatten(args)
-        key = (in_def, tuple((tuple(a.shape), np.dtype(a.dtype)) for a in leaves))
-        flat = self._flat.get(key)
-        if flat is None:
-            flat = self._flat[key] = self._flat_twin(args, in_def, leaves)
+        flat, leaves = self.twin(args)
         outs = flat(*leaves)
         return tree.unflatten(flat.out_def, outs if isinstance(outs, tuple) else (outs,))
 
-    def _flat_twin(self, args, in_def, leaves) -> CompiledFunction:
+    def twin(self, args) -> tuple[CompiledFunction, list]:
+        """The flat function (one argument and result per leaf; ``out_def``: the results'
+        structure) that runs this one on pytree ``args``, and their leaves. Made once per
+        argument structure and leaf avals."""
+        leaves, in_def = tree.flatten(args)
+        key = (in_def, tuple(Aval.of(a) for a in leaves))
+        flat = self._flat.get(key)
+        if flat is None:
+            flat = self._flat[key] = self._flat_twin(args, in_def, key[1])
+        return flat, leaves
+
+    def _flat_twin(self, args, in_def, avals) -> CompiledFunction:
         in_specs = tree.per_leaf(self._in_prefix(len(args)), args, f"{self.name}: in_specs")
         body = self.body
 
@@ -277,20 +291,13 @@ class CompiledFunction:
                                    f" zero-filled shards: {out_def} instead of {want_def}")
             return tuple(out_leaves)
 
-        m = self.mesh
-        zeros = [np.zeros(a.shape, a.dtype) for a in
-                 CompiledFunction(body, m, tuple(in_specs), P()).shard_avals(
-                     [Aval.of(x) for x in leaves])]
-        with collectives.kernel_env(collectives.AbstractEnv(m.shape, m.axis_names)):
-            try:
-                out = body(*tree.unflatten(in_def, zeros))
-            except Exception as exc:
-                raise ProgramError(f"{self.name} fails on shards {ABSTRACT_PASS}: {exc!r}") \
-                    from exc
+        zeros = [np.zeros(a.shape, a.dtype) for a in self.shard_avals(avals, in_specs)]
+        out = self._on_zeros(lambda z: body(*tree.unflatten(in_def, z)), zeros)
         out_specs = tree.per_leaf(self._spec_trees[1], out, f"{self.name}: out_specs")
         want_def = tree.flatten(out)[1]
-        flat = CompiledFunction(flat_body, m, tuple(in_specs), tuple(out_specs), cost=self.cost,
-                                name=self.name, check_rep=self.check_rep, limit=self.limit)
+        flat = CompiledFunction(flat_body, self.mesh, tuple(in_specs), tuple(out_specs),
+                                cost=self.cost, name=self.name, check_rep=self.check_rep,
+                                limit=self.limit)
         flat.out_def = want_def
         return flat
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import builtins
+
 
 class PathwaysError(Exception):
     """Base class of every error the Pathways runtime raises."""
@@ -40,9 +42,8 @@ class RemoteError(PathwaysError):
         super().__init__(message)
         self.origin = origin
 
-    def __reduce__(self):
-        return (_rebuild_remote, (type(self).__mro__[1] if _is_raised(type(self)) else
-                                  type(self), str(self), self.origin))
+    def __reduce__(self):  # keeps ``origin`` across processes
+        return (type(self), (str(self), self.origin))
 
     @classmethod
     def from_origin(cls, origin: dict) -> RemoteError:
@@ -74,15 +75,7 @@ class KernelTimeout(PathwaysError):
     """A kernel's body ran longer than its time limit and was interrupted."""
 
 
-def _rebuild_remote(cls, message, origin):
-    return cls(message, origin)
-
-
-_RAISED: dict[type, type] = {}
-
-
-def _is_raised(cls) -> bool:
-    return cls in _RAISED.values()
+_RAISED: dict[type, type] = {}  # standard exception class -> Remote<class>(RemoteError, class)
 
 
 def as_raised(err: BaseException) -> BaseException:
@@ -92,8 +85,6 @@ def as_raised(err: BaseException) -> BaseException:
     origin = getattr(err, "origin", None)
     if not isinstance(err, RemoteError) or not origin or origin["type"][0] != "builtins":
         return err
-    import builtins
-
     cls = getattr(builtins, origin["type"][1], None)
     if not (isinstance(cls, type) and issubclass(cls, Exception)) or \
             issubclass(cls, PathwaysError):
@@ -103,7 +94,8 @@ def as_raised(err: BaseException) -> BaseException:
         if raised is None:
             raised = _RAISED[cls] = type(f"Remote{cls.__name__}", (RemoteError, cls), {
                 "__module__": __name__, "__doc__": f"A kernel raised {cls.__name__} on a host.",
-                "__str__": RemoteError.__str__})
+                "__str__": RemoteError.__str__,
+                "__reduce__": lambda e: (RemoteError, (str(e), e.origin))})  # made here only
         return raised(str(err), origin)
     except TypeError:  # a class that cannot be combined or built from a message alone
         return err

@@ -420,7 +420,7 @@ class Executor:
     def _begin(self, shard: _Shard) -> None:
         shard.cursor = shard.start
         shard.segment = self.clock()
-        limit = getattr(shard.kernel, "limit", None) or self.kernel_limit
+        limit = self._limit(shard.kernel)
         if limit:
             shard.limit_at = time.monotonic() + limit
         glet = None
@@ -463,13 +463,16 @@ class Executor:
         shard.end = max(shard.cursor, shard.start + shard.waited + modelled)
         shard.done = True
 
+    def _limit(self, kernel) -> float | None:
+        """Seconds ``kernel``'s body may run: its own ``limit``, else the executor's."""
+        return getattr(kernel, "limit", None) or self.kernel_limit
+
     def _timed_out(self, shard: _Shard) -> KernelTimeout:
         kernel = shard.kernel
-        limit = getattr(kernel, "limit", None) or self.kernel_limit
         return KernelTimeout(
             f"{getattr(kernel, 'name', kernel)!s} on {shard.device.name} ran longer than its"
-            f" limit of {limit:g} s and was stopped (shard_map(..., limit=seconds) sets a"
-            " function's limit, 'pathways host --kernel-limit' a host's default)")
+            f" limit of {self._limit(kernel):g} s and was stopped (shard_map(..., limit=seconds)"
+            " sets a function's limit, 'pathways host --kernel-limit' a host's default)")
 
     def _switch(self, shard: _Shard, switch, *args) -> None:
         """Run the shard's greenlet until it parks or ends; then schedule its end."""

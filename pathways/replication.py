@@ -120,22 +120,24 @@ class RepEnv(AbstractEnv):
         return result
 
     def register(self, t: Tagged) -> None:
-        root = t.a
-        while isinstance(root.base, np.ndarray):
-            root = root.base
+        root = _root(t.a)
         self._views.setdefault(id(root), (root, []))[1].append(t)
 
     def written(self, targets, rep) -> None:
         """Data sharing ``rep`` was written into ``targets``."""
         for t in targets:
             if isinstance(t, Tagged):
-                root = t.a
-                while isinstance(root.base, np.ndarray):
-                    root = root.base
-                for view in self._views.get(id(root), (None, [t]))[1]:
+                for view in self._views.get(id(_root(t.a)), (None, [t]))[1]:
                     view.rep &= rep
             elif isinstance(t, np.ndarray):
                 self.escape(rep)  # an array the analysis does not follow now holds it
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (``a`` itself unless it is a view)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
 
 
 class Tagged(NDArrayOperatorsMixin):

@@ -105,6 +105,7 @@ class ProgramFunction:
         self.__name__ = getattr(fn, "__name__", "program")
         self.__doc__ = getattr(fn, "__doc__", None)
         self._cache: dict[tuple, Program] = {}
+        self._tree_cache: dict[tuple, tuple[Program, object]] = {}  # pytree arguments
 
     def trace(self, avals) -> Program:
         key = tuple(avals)
@@ -117,7 +118,7 @@ class ProgramFunction:
         ``avals`` (one program input per leaf, one output per result leaf), and the results'
         structure."""
         key = (in_def, tuple(avals))
-        if key not in self._cache:
+        if key not in self._tree_cache:
             out_def: list = []
 
             def flat_fn(*tracers):
@@ -125,8 +126,8 @@ class ProgramFunction:
                 out_def.append(d)
                 return tuple(leaves)
 
-            self._cache[key] = (trace_program(flat_fn, key[1], self.__name__), out_def[0])
-        return self._cache[key]
+            self._tree_cache[key] = (trace_program(flat_fn, key[1], self.__name__), out_def[0])
+        return self._tree_cache[key]
 
     def _call_tree(self, args):
         from .array import Array
@@ -199,10 +200,9 @@ def reference(f):
             if isinstance(f, ProgramFunction):
                 prog, out_def = f.trace_tree(in_def, [Aval.of(a) for a in leaves])
                 return tree.unflatten(out_def, evaluate(prog, *leaves))
-            flat = f._flat_twin(args, in_def, leaves) if isinstance(f, CompiledFunction) \
-                else None
-            if flat is None:
+            if not isinstance(f, CompiledFunction):
                 raise ProgramError(f"pw.reference needs a @pw.program or shard_map, got {f!r}")
+            flat, _ = f.twin(tree.unflatten(in_def, leaves))
             outs = evaluate(single_call_program(flat, [Aval.of(a) for a in leaves]), *leaves)
             return tree.unflatten(flat.out_def, outs)
         args = [np.asarray(a) for a in args]

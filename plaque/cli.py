@@ -36,8 +36,9 @@ async def serve_worker(join: str, bind: str, coordinator_timeout: float) -> str:
     return await serve_worker_core(core, transport)
 
 
-def _join_address(text: str) -> str:
-    """argparse type of ``--join``: a malformed address is a one-line usage error."""
+def address_arg(text: str) -> str:
+    """argparse type of an address (``tcp://HOST:PORT``, optionally ``?keys=DIR``): a
+    malformed one is a one-line usage error."""
     try:
         security.split_address(text)
     except ValueError as exc:
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
     parser.add_argument("-v", "--verbose", action="count", default=0)
     sub = parser.add_subparsers(dest="command", required=True)
     w = sub.add_parser("worker", help="start a worker that joins a cluster")
-    w.add_argument("--join", required=True, type=_join_address,
+    w.add_argument("--join", required=True, type=address_arg,
                    help="the cluster's address (printed by the driver), ?keys=DIR after it"
                         " to name its CURVE key directory (else $PLAQUE_KEYS)")
     w.add_argument("--bind", default="tcp://127.0.0.1",
@@ -63,9 +64,7 @@ def main(argv=None) -> int:
                         "%(levelname)s %(name)s: %(message)s")
     if os.environ.get("PLAQUE_DIE_WITH_PARENT"):
         _die_with_parent()
-    join, keys = security.split_address(args.join)
-    if keys is not None:  # every socket of the worker takes its keys from the environment
-        os.environ[security.ENV] = keys
+    join = security.adopt(args.join)
     reason = uvloop.run(serve_worker(join, args.bind, args.coordinator_timeout))
     logging.getLogger("plaque.worker").info("exited: %s", reason)
     return 0

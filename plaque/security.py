@@ -103,6 +103,15 @@ def split_address(address: str) -> tuple[str, str | None]:
     return endpoint, directory or None
 
 
+def adopt(address: str) -> str:
+    """A process started with ``address``: its endpoint; the key directory it names, if any,
+    becomes this process's ``$PLAQUE_KEYS`` (every socket it makes then uses it)."""
+    endpoint, directory = split_address(address)
+    if directory is not None:
+        os.environ[ENV] = directory
+    return endpoint
+
+
 def with_keys(address: str, directory) -> str:
     """``address`` naming the key directory ``directory`` (see ``split_address``)."""
     return f"{address}?{QUERY}{directory}"
