@@ -31,8 +31,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import inspect
 import itertools
 import math
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
@@ -349,12 +351,34 @@ def _check_axis(name: str, what: str, axis: int, ndim: int) -> int:
     return axis % ndim
 
 
+jax_tracing: contextvars.ContextVar[bool] = contextvars.ContextVar("jax_tracing", default=False)
+
+
+def _as_jax(raw, x, args, kwargs):
+    """``jax.lax``'s collective of the same name and meaning, called with these arguments (a
+    pw collective inside a JAX body's trace)."""
+    import jax
+
+    bound = inspect.signature(raw).bind(x, *args, **kwargs)
+    bound.apply_defaults()
+    named = dict(bound.arguments)
+    return getattr(jax.lax, raw.__name__)(named.pop("x"), named.pop("axis_name"), **named)
+
+
+def _is_tracer(x) -> bool:
+    """Whether ``x`` is a JAX tracer (then a pw collective is JAX's, wherever it is traced)."""
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(x, jax.core.Tracer)
+
+
 def _tracked(gathers: bool):
-    """Let the replication analysis see this collective (``RepEnv.collective``); elsewhere
-    the collective runs as written."""
+    """Let the replication analysis see this collective (``RepEnv.collective``), and a JAX
+    body's trace bind JAX's own; elsewhere the collective runs as written."""
     def wrap(raw):
         @functools.wraps(raw)
         def collective(x, *args, **kwargs):
+            if jax_tracing.get() or _is_tracer(x):
+                return _as_jax(raw, x, args, kwargs)
             env = _env.get()
             if env is not None and env.tracks_rep:
                 axes = args[0] if args else kwargs.get("axis_name")
@@ -528,6 +552,12 @@ def axis_index(axis_name) -> int:
 
     >>> tag = pw.shard_map(lambda x: x * 0 + pw.axis_index("data"), mesh, P("data"), P("data"))
     """
+    if jax_tracing.get() or (_env.get() is None and "jax" in sys.modules):
+        try:  # inside a JAX trace (ours, or a plain jax.shard_map): JAX's own
+            return sys.modules["jax"].lax.axis_index(axis_name)
+        except NameError:
+            if jax_tracing.get():
+                raise
     env, _members, position = _group("axis_index", axis_name)
     if env.tracks_rep:  # the position varies along these axes wherever it goes next
         env.escape(env.all - ({axis_name} if isinstance(axis_name, str) else set(axis_name)))

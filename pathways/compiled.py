@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import collectives, replication, tree
+from . import collectives, jax_body, replication, tree
 from . import cost as cost_model
 from .errors import ProgramError, ShardingError
 from .mesh import Mesh
@@ -50,6 +50,7 @@ class Signature:
     avals: tuple[Aval, ...]
     shards: tuple[Aval, ...]
     checks: tuple[tuple[str, ...], ...]
+    ins: tuple[Aval, ...] = ()  # the global argument avals it is for
 
 
 ABSTRACT_PASS = ("while finding its output shapes and dtypes (abstract evaluation: the body runs"
@@ -99,6 +100,10 @@ class CompiledFunction:
         self.limit = limit
         self._signatures: dict[tuple, Signature] = {}
         self._costs: dict[tuple, float] = {}  # (shapes and dtypes, device spec) -> seconds
+        self.jax = None  # a JaxBody when the body is written with JAX
+        if not self._nested and jax_body.uses_jax(body):
+            self.jax = jax_body.JaxBody(body, mesh.axis_names, mesh.shape, flat_in,
+                                        flat_out, self.check_rep, self.name)
 
     def __repr__(self):
         return f"<compiled {self.name} on {self.mesh}>"
@@ -121,6 +126,8 @@ class CompiledFunction:
 
         other = copy.copy(self)
         other.mesh = mesh
+        if self.jax is not None:
+            other.jax = self.jax.retarget(mesh.axis_names, mesh.shape)
         return other
 
     def in_mesh(self, i: int) -> Mesh:
@@ -163,25 +170,44 @@ class CompiledFunction:
         m = self.mesh
         with collectives.kernel_env(collectives.AbstractEnv(m.shape, m.axis_names)):
             try:
-                return run(zeros)
+                out = run(zeros)
             except (ShardingError, ProgramError) as exc:
                 raise type(exc)(f"{exc} ({ABSTRACT_PASS})") from exc
             except Exception as exc:
+                if isinstance(exc, ImportError) and (exc.name or "").split(".")[0] == "jax":
+                    raise ProgramError(f"{self.name}: {jax_body.INSTALL_HINT}") from exc
+                if jax_body.came_from_jax(exc):
+                    raise jax_body.NotNumpy from exc
                 raise ProgramError(f"{self.name} fails on shards of shapes "
                                    f"{[str(Aval.of(z)) for z in zeros]} {ABSTRACT_PASS}: "
                                    f"{exc!r}") from exc
+        if jax_body.returns_jax(out):
+            raise jax_body.NotNumpy
+        return out
 
     def _abstract_eval(self, in_avals) -> Signature:
         m = self.mesh
+        if self.jax is not None:
+            self.shard_avals(in_avals)  # our errors for a wrong count or an uneven split
+            plan = self.jax.plan(in_avals, self.single_output)
+            outs, shards = ([Aval(tuple(a.shape), np.dtype(a.dtype)) for a in avals]
+                            for avals in (plan.out_avals, plan.shard_out_avals))
+            return Signature(tuple(outs), tuple(shards), tuple(() for _ in outs),
+                             tuple(in_avals))
         zeros = [np.zeros(a.shape, a.dtype) for a in self.shard_avals(in_avals)]
-        outs = self._on_zeros(lambda z: self._as_tuple(self.body(*z)), zeros)
+        try:
+            outs = self._as_tuple(self._on_zeros(lambda z: self.body(*z), zeros))
+        except jax_body.NotNumpy:  # JAX in a way uses_jax could not see: trace it as JAX
+            self.jax = jax_body.JaxBody(self.body, m.axis_names, m.shape, self.in_specs,
+                                        self.out_specs, self.check_rep, self.name)
+            return self._abstract_eval(in_avals)
         avals, specs = [], []
         for o, spec in zip(outs, self.out_specs):
             spec = normalize_spec(spec, o.ndim, m.axis_names)
             specs.append(spec)
             avals.append(Aval(global_shape_of(o.shape, m.shape, m.axis_names, spec), o.dtype))
         return Signature(tuple(avals), tuple(Aval.of(o) for o in outs),
-                         self._rep_checks(in_avals, zeros, specs))
+                         self._rep_checks(in_avals, zeros, specs), tuple(in_avals))
 
     def _rep_checks(self, in_avals, zeros, out_specs) -> tuple[tuple[str, ...], ...]:
         """Per output, the axes it must be replicated along that no proof covers."""
@@ -220,10 +246,18 @@ class CompiledFunction:
         ``sig``; (outputs, modelled seconds on a device of ``spec``)."""
         token = collectives._env.set(env)
         try:
-            outs = self.checked(self.body(*shards), sig, device)
+            outs = self.checked(self.run_body(shards, sig), sig, device)
         finally:
             collectives._env.reset(token)
-        return outs, self.cost_of(shards, outs, spec)
+        return outs, self.cost_of(shards, outs, spec, sig)
+
+    def run_body(self, shards, sig: Signature):
+        """What the body returns on one device's ``shards`` (inside its kernel environment):
+        a numpy body is called; a JAX body runs its compiled plan."""
+        if self.jax is not None:
+            outs = self.jax.run(shards, sig.ins, self.single_output)
+            return outs[0] if self.single_output else outs
+        return self.body(*shards)
 
     def checked(self, outs, sig: Signature, device) -> tuple:
         """What the body returned on ``device``, as a tuple of arrays, once checked against
@@ -235,15 +269,20 @@ class CompiledFunction:
             replication.check_replicas(self.name, outs, sig.checks, device)
         return outs
 
-    def cost_of(self, inputs, outputs, spec) -> float:
+    def cost_of(self, inputs, outputs, spec, sig: Signature | None = None) -> float:
         """Modelled seconds of one execution: ``cost`` if given (a number, or a function of
-        the input shapes), else the roofline estimate for a device of ``spec``. Worked out
-        once per signature (shapes and dtypes in and out) and device spec."""
+        the input shapes), else the roofline estimate for a device of ``spec`` (of the flops
+        and bytes XLA counts in a JAX body's plan for ``sig``). Worked out once per signature
+        (shapes and dtypes in and out) and device spec."""
         key = (tuple((a.shape, a.dtype) for a in inputs),
                tuple((a.shape, a.dtype) for a in outputs), spec)
         seconds = self._costs.get(key)
         if seconds is None:
-            default = cost_model.estimate_kernel(list(inputs), list(outputs), spec)
+            if self.jax is not None and sig is not None:
+                plan = self.jax.plan(sig.ins, self.single_output)
+                default = cost_model.kernel_time(plan.flops, plan.bytes, spec)
+            else:
+                default = cost_model.estimate_kernel(list(inputs), list(outputs), spec)
             seconds = cost_model.resolve_cost(self.cost, [a.shape for a in inputs], default)
             if len(self._costs) < COSTS_KEPT:
                 self._costs[key] = seconds
@@ -291,8 +330,16 @@ class CompiledFunction:
                                    f" zero-filled shards: {out_def} instead of {want_def}")
             return tuple(out_leaves)
 
-        zeros = [np.zeros(a.shape, a.dtype) for a in self.shard_avals(avals, in_specs)]
-        out = self._on_zeros(lambda z: body(*tree.unflatten(in_def, z)), zeros)
+        shard_avals = self.shard_avals(avals, in_specs)
+        zeros = [np.zeros(a.shape, a.dtype) for a in shard_avals]
+        try:
+            if jax_body.uses_jax(body):
+                raise jax_body.NotNumpy
+            out = self._on_zeros(lambda z: body(*tree.unflatten(in_def, z)), zeros)
+        except jax_body.NotNumpy:
+            out = jax_body.out_shapes(lambda *z: body(*tree.unflatten(in_def, z)),
+                                      self.mesh.axis_names, self.mesh.shape, shard_avals,
+                                      self.name)
         out_specs = tree.per_leaf(self._spec_trees[1], out, f"{self.name}: out_specs")
         want_def = tree.flatten(out)[1]
         flat = CompiledFunction(flat_body, self.mesh, tuple(in_specs), tuple(out_specs),

@@ -68,7 +68,7 @@ def evaluate_eqn(eqn: Eqn, args: list, timeout: float = 60.0) -> list:
 
     def body(*shards):
         env = collectives.current_env()
-        return fn.checked(fn.body(*shards), sig, env.flat_index)
+        return fn.checked(fn.run_body(shards, sig), sig, env.flat_index)
 
     results = collectives.run_spmd(body, m.shape, m.axis_names, per_device, timeout=timeout)
     outs = []

@@ -8,6 +8,12 @@ import pytest
 
 import plaque
 
+# Plain JAX, the reference of the JAX body tests, runs jax.shard_map on 8 CPU devices of this
+# process; the flag must be set before jax is first imported.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_force_host_platform_device_count=8").strip()
+
 
 @pytest.fixture(params=["inproc", "tcp"])
 def cluster(request):

@@ -1,0 +1,341 @@
+"""JAX bodies (issue 14, part 1): shard_map bodies written with jax.numpy, jax.lax collectives
+and jax.grad run on the cluster, each checked against plain JAX running the same
+``jax.shard_map`` in this process on 8 CPU devices (conftest sets XLA_FLAGS)."""
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pathways as pw
+from pathways import P
+from pathways.compiled import Aval
+from pathways.jax_body import uses_jax
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+from conftest import load_example  # noqa: E402
+from jax.sharding import Mesh as JaxMesh  # noqa: E402
+from jax.sharding import PartitionSpec as JaxP  # noqa: E402
+
+TOL = {"rtol": 2e-5, "atol": 2e-5}
+
+
+def _jax_specs(specs):
+    if specs is None or isinstance(specs, P):
+        return JaxP(*(specs or ()))
+    if isinstance(specs, dict):
+        return {k: _jax_specs(v) for k, v in specs.items()}
+    return type(specs)(_jax_specs(s) for s in specs)
+
+
+def plain_jax(body, shape, names, in_specs, out_specs):
+    """``body`` under jax.shard_map on this process's CPU devices."""
+    devices = np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape)
+    return jax.jit(jax.shard_map(body, mesh=JaxMesh(devices, names),
+                                 in_specs=_jax_specs(in_specs),
+                                 out_specs=_jax_specs(out_specs)))
+
+
+def assert_same(got, want):
+    got, want = jax.tree.leaves(got), jax.tree.leaves(want)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        w = np.asarray(w)
+        assert (g.shape, g.dtype) == (w.shape, w.dtype)
+        np.testing.assert_allclose(g, w, **TOL)
+
+
+def on_cluster(client, body, shape, names, in_specs, out_specs, *args):
+    """Run ``body`` with pathways on the shared cluster and with plain JAX; compare."""
+    mesh = client.mesh(shape, names)
+    fn = pw.shard_map(body, mesh, in_specs, out_specs)
+    specs = in_specs if type(in_specs) is tuple else (in_specs,) * len(args)
+    put = [client.put(a, mesh, s) for a, s in zip(args, specs)]
+    got = fn(*put)
+    got = jax.tree.map(lambda a: a.result(), got, is_leaf=lambda a: isinstance(a, pw.Array))
+    assert_same(got, plain_jax(body, shape, names, in_specs, out_specs)(*args))
+    return fn, got
+
+
+def rand(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# ---- the jax.shard_map tutorial's examples ------------------------------------------------
+
+def test_matmul_psum_and_reduce_scatter(client):
+    def matmul_psum(a, b):
+        return jax.lax.psum(a @ b, "i")
+
+    def matmul_reduce_scatter(a, b):
+        return jax.lax.psum_scatter(a @ b, "i", scatter_dimension=0, tiled=True)
+
+    a, b = rand(8, 16), rand(16, 4, seed=1)
+    specs = (P(None, "i"), P("i", None))
+    fn, got = on_cluster(client, matmul_psum, (4,), ("i",), specs, P(), a, b)
+    assert fn.jax is not None  # it ran as JAX, not as a numpy body
+    np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-5)
+    on_cluster(client, matmul_reduce_scatter, (4,), ("i",), specs, P("i", None), a, b)
+
+
+@pytest.mark.parametrize("tiled", [True, False])
+def test_all_gather(client, tiled):
+    def gather(x):
+        return jax.lax.all_gather(x, "i", axis=0, tiled=tiled)
+
+    on_cluster(client, gather, (4,), ("i",), P("i"), P("i"), rand(8, 3))
+
+
+def test_ppermute_ring_and_collective_matmul(client):
+    def ring(x):
+        n = jax.lax.axis_size("i")
+        return jax.lax.ppermute(x, "i", [(j, (j + 1) % n) for j in range(n)])
+
+    on_cluster(client, ring, (4,), ("i",), P("i"), P("i"), rand(8, 2))
+
+    def collective_matmul(lhs_block, rhs_block):
+        """The tutorial's all-gather matmul: shift rhs blocks round the ring and overlap."""
+        n = jax.lax.axis_size("i")
+        idx = jax.lax.axis_index("i")
+        shift = functools.partial(jax.lax.ppermute, axis_name="i",
+                                  perm=[(j, (j + 1) % n) for j in range(n)])
+        width = lhs_block.shape[1] // n
+
+        def lhs_cols(j):
+            return jax.lax.dynamic_slice_in_dim(lhs_block, j * width, width, 1)
+
+        out = lhs_cols(idx) @ rhs_block
+        for i in range(1, n):
+            rhs_block = shift(rhs_block)
+            out = out + lhs_cols((idx - i) % n) @ rhs_block
+        return out
+
+    lhs, rhs = rand(8, 16), rand(16, 12, seed=1)
+    _, got = on_cluster(client, collective_matmul, (4,), ("i",), (P("i", None), P("i", None)),
+                        P("i", None), lhs, rhs)
+    np.testing.assert_allclose(got, lhs @ rhs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("tiled", [True, False])
+def test_all_to_all(client, tiled):
+    def a2a(x):
+        if tiled:
+            return jax.lax.all_to_all(x, "i", 0, 1, tiled=True)
+        return jax.lax.all_to_all(x.reshape(4, 2, 3), "i", 0, 2)
+
+    on_cluster(client, a2a, (4,), ("i",), P("i"), P("i"), rand(32, 3))
+
+
+def test_dp_tp_mlp(client):
+    """The tutorial's data- and tensor-parallel MLP layer, on a (2, 4) mesh."""
+    def layer(x, w1, w2):
+        h = jax.nn.relu(x @ w1)
+        return jax.lax.psum(h @ w2, "model")
+
+    x, w1, w2 = rand(8, 16), rand(16, 32, seed=1), rand(32, 16, seed=2)
+    specs = (P("data", None), P(None, "model"), P("model", None))
+    on_cluster(client, layer, (2, 4), ("data", "model"), specs, P("data", None), x, w1, w2)
+
+
+def test_pmax_pmin_pmean_and_pw_spellings(client):
+    """pw's collectives inside a JAX body mean jax.lax's (and inside plain jax.shard_map)."""
+    def body(x):
+        y = jax.lax.pmax(x, "i") - jax.lax.pmin(x, "i") + jax.lax.pmean(x, "i")
+        return y, pw.psum(jnp.sin(x), "i") + pw.axis_index("i"), \
+            pw.all_gather(x, "i", tiled=True)
+
+    on_cluster(client, body, (4,), ("i",), P("i"), (P(), P("i"), P("i")), rand(8, 2))
+
+
+# ---- training with jax.grad inside the body ---------------------------------------------
+
+def test_transformer_training_matches_plain_jax(client):
+    """Several DP + TP training steps of a transformer block (jax.value_and_grad inside the
+    body, pytree parameters): the same losses and parameters as plain JAX."""
+    ex = load_example("jax_transformer")
+    mesh = client.mesh((2, 4), ("data", "model"))
+    step, ref = ex.pathways_step(mesh), ex.jax_step(jax.devices()[:8])
+    params = {k: client.put(v, mesh, ex.SPECS[k]) for k, v in ex.init().items()}
+    want_params = ex.init()
+    losses, want_losses = [], []
+    for i in range(3):
+        x, t = ex.batch(i)
+        params, loss = step(params, client.put(x, mesh, ex.DATA_SPEC),
+                            client.put(t, mesh, ex.DATA_SPEC))
+        want_params, want_loss = ref(want_params, x, t)
+        losses.append(float(loss.result()))
+        want_losses.append(float(want_loss))
+    np.testing.assert_allclose(losses, want_losses, rtol=1e-4)
+    assert losses[-1] < losses[0]
+    for k, v in params.items():
+        np.testing.assert_allclose(v.result(), np.asarray(want_params[k]), rtol=1e-3,
+                                   atol=1e-5)
+
+
+def test_grad_in_reference_interpreter():
+    """pw.reference runs JAX bodies too (threads, no cluster)."""
+    def step(w, x):
+        loss, g = jax.value_and_grad(lambda w: jax.lax.psum(jnp.sum((x @ w) ** 2), "i"))(w)
+        return w - 0.1 * g, loss
+
+    mesh = pw.Mesh.abstract((4,), ("i",))
+    w, x = rand(3, 2), rand(8, 3, seed=1)
+    got = pw.reference(pw.shard_map(step, mesh, (P(), P("i")), (P(), P())))(w, x)
+    assert_same(got, plain_jax(step, (4,), ("i",), (P(), P("i")), (P(), P()))(w, x))
+
+
+# ---- a differential suite: random bodies from a small grammar ----------------------------
+
+UNARY = {"sin": jnp.sin, "tanh": jnp.tanh, "neg_sq": lambda x: -x * x,
+         "exp": lambda x: jnp.exp(-jnp.abs(x)), "scale": lambda x: 1.5 * x + 0.25,
+         "softmax": lambda x: jax.nn.softmax(x, axis=-1),
+         "cumsum": lambda x: jnp.cumsum(x, axis=0) / 8.0,
+         "matmul": lambda x: x @ jnp.arange(16.0, dtype=x.dtype).reshape(4, 4) / 16.0}
+RING = [(j, (j + 1) % 4) for j in range(4)]
+COLLECTIVES = {
+    "psum": lambda x: jax.lax.psum(x, "m"),
+    "pmean": lambda x: jax.lax.pmean(x, ("d", "m")),
+    "pmax": lambda x: jax.lax.pmax(x, "m"),
+    "pmin": lambda x: jax.lax.pmin(x, "d"),
+    "ppermute": lambda x: jax.lax.ppermute(x, "m", RING),
+    "all_to_all": lambda x: jax.lax.all_to_all(x, "m", 0, 0, tiled=True),
+    "scatter_gather": lambda x: jax.lax.all_gather(
+        jax.lax.psum_scatter(x, "m", tiled=True), "m", tiled=True),
+    "axis_index": lambda x: x + jax.lax.axis_index("m").astype(x.dtype),
+}
+OPS = {**UNARY, **COLLECTIVES}
+
+
+def _compose(names):
+    """x <- op(x + y / 2) for each op: x + y varies along both axes, so every collective of
+    the grammar is valid under JAX's replication rules whatever came before."""
+    def body(x, y):
+        for name in names:
+            x = OPS[name](x + 0.5 * y)
+        return x
+    body.__name__ = "_".join(names)
+    return body
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(names=st.lists(st.sampled_from(sorted(OPS)), min_size=1, max_size=6),
+       seed=st.integers(0, 2**16))
+def test_random_bodies_match_plain_jax(client, names, seed):
+    body = _compose(names)
+    both = P(("d", "m"))
+    on_cluster(client, body, (2, 4), ("d", "m"), (P("d"), both), both,
+               rand(16, 4, seed=seed), rand(64, 4, seed=seed + 1))
+
+
+# ---- what a body is, errors ---------------------------------------------------------------
+
+def _helper(x):
+    return jnp.tanh(x)
+
+
+def test_uses_jax_tells_jax_bodies_from_numpy_bodies():
+    assert not uses_jax(lambda x: np.tanh(x) * 2)
+    assert not uses_jax(lambda x: pw.psum(x, "i"))
+    assert uses_jax(lambda x: jnp.tanh(x))
+    assert uses_jax(lambda x: jax.lax.psum(x, "i"))
+    assert uses_jax(lambda x: _helper(x) + 1)  # through a helper function
+    assert uses_jax(functools.partial(lambda w, x: x @ w, jnp.ones((2, 2))))
+    from jax import lax
+    assert uses_jax(lambda x: lax.pmax(x, "i"))
+
+
+def test_jax_hidden_behind_an_object_is_still_found(client):
+    """A body whose JAX use the static check cannot see (a method on an object) fails the
+    numpy pass in JAX's way and is traced as JAX instead."""
+    class Model:
+        def __init__(self, ops):
+            self.ops = ops
+
+    model = Model({"reduce": __import__("jax").lax.psum})
+
+    def body(x):
+        return model.ops["reduce"](x * 2, "i")
+
+    assert not uses_jax(body)
+    fn, _ = on_cluster(client, body, (4,), ("i",), P("i"), P(), rand(8, 2))
+    assert fn.jax is not None
+
+
+def test_float64_follows_jax_config():
+    """x64 off (JAX's default): float64 arguments become float32, as under jax.jit."""
+    mesh = pw.Mesh.abstract((2,), ("i",))
+    fn = pw.shard_map(lambda x: jnp.sin(x), mesh, P("i"), P("i"))
+    assert fn.abstract_eval([Aval((4,), np.dtype(np.float64))])[0].dtype == np.float32
+    with jax.enable_x64(True):
+        fn64 = pw.shard_map(lambda x: jnp.sin(x), mesh, P("i"), P("i"))
+    got = pw.reference(fn64)(np.arange(4.0))
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, np.sin(np.arange(4.0)))
+
+
+def test_unreplicated_out_spec_is_refused_by_jax_check():
+    mesh = pw.Mesh.abstract((4,), ("i",))
+    fn = pw.shard_map(lambda x: jnp.sin(x), mesh, P("i"), P())
+    with pytest.raises(pw.ProgramError, match="<lambda>.*replicat"):
+        fn.abstract_eval([Aval((8,), np.dtype(np.float32))])
+    unchecked = pw.shard_map(lambda x: jnp.sin(x), mesh, P("i"), P(), check_rep=False)
+    assert unchecked.abstract_eval([Aval((8,), np.dtype(np.float32))])[0].shape == (2,)
+
+
+def test_collective_inside_scan_says_what_to_do():
+    def body(x):
+        def step(c, _):
+            return c + jax.lax.ppermute(c, "i", [(0, 1), (1, 0)]), None
+        return jax.lax.scan(step, x, None, length=3)[0]
+
+    fn = pw.shard_map(body, pw.Mesh.abstract((2,), ("i",)), P("i"), P("i"))
+    with pytest.raises(pw.ProgramError, match="inside scan.*Python"):
+        fn.abstract_eval([Aval((4,), np.dtype(np.float32))])
+
+
+def test_modelled_time_comes_from_xla_cost_analysis():
+    """A matmul's modelled time is its flops at the device's peak: 2*M*N*K from XLA."""
+    mesh = pw.Mesh.abstract((2,), ("i",))
+    fn = pw.shard_map(jnp.matmul, mesh, (P("i"), P()), P("i"))
+    avals = [Aval((512, 256), np.dtype(np.float32)), Aval((256, 512), np.dtype(np.float32))]
+    sig = fn.signature(avals)
+    plan = fn.jax.plan(sig.ins, fn.single_output)
+    assert plan.flops == 2 * 256 * 256 * 512
+    spec = pw.DeviceSpec(flops=1e9, hbm_bandwidth=1e15)
+    assert fn.cost_of([], [], spec, sig) == pytest.approx(plan.flops / 1e9)
+    assert pw.shard_map(jnp.matmul, mesh, (P("i"), P()), P("i"), cost=0.5) \
+        .cost_of([], [], spec, sig) == 0.5
+
+
+def test_without_jax_numpy_bodies_work_and_jax_bodies_say_how_to_install(tmp_path):
+    script = textwrap.dedent("""
+        import sys
+        sys.modules["jax"] = None  # as if the extra were not installed
+        import numpy as np
+        import pathways as pw
+        from pathways import P
+        mesh = pw.Mesh.abstract((2,), ("i",))
+        ok = pw.reference(pw.shard_map(lambda x: pw.psum(x, "i"), mesh, P("i"), P()))
+        assert np.allclose(ok(np.arange(4.0)), [2.0, 4.0])
+
+        def body(x):
+            import jax.numpy as jnp
+            return jnp.sin(x)
+
+        try:
+            pw.reference(pw.shard_map(body, mesh, P("i"), P("i")))(np.arange(4.0))
+        except pw.ProgramError as exc:
+            print(exc)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0, out.stderr
+    assert "pip install -e '.[jax]'" in out.stdout
