@@ -102,9 +102,20 @@ def jax_step(devices):
                                  out_specs=(specs, JaxP())))
 
 
-def train(client, mesh, steps: int) -> list[float]:
-    """Train ``steps`` steps on ``mesh``; the losses."""
-    step = pathways_step(mesh)
+def jax_losses(steps: int) -> list[float]:
+    """The same training under plain jax.shard_map in this process."""
+    if len(jax.devices()) < 8:
+        raise SystemExit("--check needs 8 JAX devices: run with"
+                         " XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    step, params, losses = jax_step(jax.devices()[:8]), init(), []
+    for i in range(steps):
+        params, loss = step(params, *batch(i))
+        losses.append(float(loss))
+    return losses
+
+
+def train(client, mesh, step, steps: int) -> list[float]:
+    """Train ``steps`` steps of ``step`` on ``mesh`` from the initial parameters; the losses."""
     params = {k: client.put(v, mesh, SPECS[k]) for k, v in init().items()}
     losses = []
     for i in range(steps):
@@ -118,23 +129,35 @@ def train(client, mesh, steps: int) -> list[float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    parser.add_argument("--check", action="store_true",
+                        help="also train with plain JAX and compare the losses (needs 8 CPU"
+                             " devices: XLA_FLAGS=--xla_force_host_platform_device_count=8)")
     args = parser.parse_args()
     if jax is None:
         raise SystemExit(pw.jax_body.INSTALL_HINT)
     with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4) as cluster, \
             pw.connect(cluster.address) as client:
         mesh = client.mesh((2, 4), ("data", "model"))
-        train(client, mesh, 1)  # compile (client and hosts) before timing
+        step = pathways_step(mesh)
+        t0 = time.perf_counter()
+        train(client, mesh, step, 1)  # trace and compile, on the client and the hosts
+        print(f"traced, cut at collectives and compiled in {time.perf_counter() - t0:.1f} s")
         with client.trace() as tracing:
             t0 = time.perf_counter()
-            losses = train(client, mesh, args.steps)
+            losses = train(client, mesh, step, args.steps)
             seconds = time.perf_counter() - t0
         for i in range(0, len(losses), max(1, len(losses) // 5)):
             print(f"step {i:3d}  loss {losses[i]:.5f}")
         print(f"step {len(losses) - 1:3d}  loss {losses[-1]:.5f}")
         busy = utilization(tracing.trace)
         print(f"{args.steps} steps in {seconds:.2f} s on 8 emulated TPUs; device utilization"
-              f" {np.mean(list(busy.values())):.1%} (modelled kernel time / traced time)")
+              f" {np.mean(list(busy.values())):.1%} (busy / traced time; a device is busy for"
+              " the longer of the modelled and the real kernel time)")
+        if args.check:
+            want = jax_losses(args.steps)
+            gap = max(abs(a - b) / abs(b) for a, b in zip(losses, want))
+            print(f"plain JAX (jax.shard_map on {len(jax.devices())} CPU devices): largest"
+                  f" relative loss difference {gap:.1e}")
     return 0
 
 

@@ -29,7 +29,7 @@ from plaque.logutil import dropped
 from plaque.worker import WorkerCore
 from plaque.zmq_transport import ZmqTransport
 
-from . import protocol
+from . import jax_body, protocol
 from .cost import DeviceSpec
 from .device import EmulatedDevice
 from .errors import ClientGone, DeviceOutOfMemory, ProgramError, RemoteError
@@ -338,6 +338,7 @@ async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
     # switch interval would add up to 5 ms to every hand-off between them (a dispatch
     # arriving, a kernel finishing), so hand over far more often.
     sys.setswitchinterval(SWITCH_INTERVAL)
+    jax_body.on_host()
     ctx = zmq.Context()
     info = await loop.run_in_executor(None, _coordinator_info, coordinator, ctx)
     host = Host(island, num_devices, spec, kernel_limit)

@@ -52,12 +52,32 @@ _INLINED_CALLS = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call",
                   "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint"}
 
 
+_on_host = False
+
+
+def on_host() -> None:
+    """Configure JAX, when a body first needs it, for a host process: segments run on the
+    executor's thread (no asynchronous dispatch to a worker thread and back) and XLA uses one
+    thread per computation (a host shares its cores with its peers)."""
+    global _on_host
+    _on_host = True
+    if "jax" not in sys.modules:
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_cpu_multi_thread_eigen" not in flags:
+            os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false"
+                                       " intra_op_parallelism_threads=1").strip()
+
+
 def require():
     """The ``jax`` module, or a ProgramError saying how to install the extra."""
     try:
         import jax
     except ImportError as exc:
         raise ProgramError(INSTALL_HINT) from exc
+    global _on_host
+    if _on_host:
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
+        _on_host = False  # done
     return jax
 
 
@@ -155,13 +175,22 @@ class JaxBody:
         self.in_specs, self.out_specs = tuple(in_specs), tuple(out_specs)
         self.x64 = bool(jax.config.jax_enable_x64)
         self.token = uuid.uuid4().hex  # names this body in every process's plan cache
+        self._last = None  # (argument avals, plan) of the latest run, in this process
+
+    def __getstate__(self):
+        return {**self.__dict__, "_last": None}
+
+    @staticmethod
+    def _x64(on: bool):
+        return require().enable_x64(on)
 
     def retarget(self, axis_names, mesh_shape) -> JaxBody:
         if (tuple(axis_names), tuple(mesh_shape)) == (self.axis_names, self.mesh_shape):
             return self
         other = JaxBody.__new__(JaxBody)
         other.__dict__.update(self.__dict__, axis_names=tuple(axis_names),
-                              mesh_shape=tuple(mesh_shape), token=uuid.uuid4().hex)
+                              mesh_shape=tuple(mesh_shape), token=uuid.uuid4().hex,
+                              _last=None)
         return other
 
     def plan(self, in_avals, single_output: bool) -> Plan:
@@ -203,9 +232,13 @@ class JaxBody:
 
     def run(self, shards, in_avals, single_output: bool) -> tuple:
         """One device's outputs (numpy) for its ``shards``, inside its kernel environment."""
-        plan = self.plan(in_avals, single_output)
-        jax = require()
-        with jax.enable_x64(self.x64):
+        last = self._last
+        if last is not None and last[0] is in_avals:  # every kernel of a program: one lookup
+            plan = last[1]
+        else:
+            plan = self.plan(in_avals, single_output)
+            self._last = (in_avals, plan)
+        with self._x64(self.x64):
             return plan.run(shards)
 
 
@@ -394,13 +427,16 @@ def _segment(eqns, live_after, name) -> Segment:
         return tuple(env[v] for v in outs)
 
     structs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in ins]
+    jitted = jax.jit(run)
     try:
-        compiled = jax.jit(run).lower(*structs).compile()
+        compiled = jitted.lower(*structs).compile()
     except Exception as exc:
         raise ProgramError(f"{name}: XLA could not compile a segment of the body: {exc}") \
             from exc
     flops, nbytes = _cost(compiled)
-    return Segment(ins, outs, compiled, flops, nbytes)
+    # Calls go through the jitted function: JAX's C++ dispatch path, and its cache already
+    # holds what was just compiled.
+    return Segment(ins, outs, jitted, flops, nbytes)
 
 
 def _ordered(eqns):

@@ -33,3 +33,19 @@ def test_two_clients_example_shares_the_island_by_weight():
     assert out.count("results correct") == 2
     got = [int(p) for p in re.findall(r"= (\d+)% \(weight share", out)]
     assert len(got) == 2 and abs(got[0] - 25) <= 5 and abs(got[1] - 75) <= 5, out
+
+
+def test_jax_transformer_example_trains_and_matches_plain_jax():
+    import os
+
+    import pytest
+
+    pytest.importorskip("jax")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "jax_transformer.py"),
+                          "--steps", "4", "--check"],
+                         capture_output=True, text=True, timeout=240, check=True,
+                         env=env).stdout
+    assert "device utilization" in out
+    gap = float(out.rsplit("relative loss difference", 1)[1].split()[0])
+    assert gap < 1e-4, out

@@ -339,3 +339,18 @@ def test_without_jax_numpy_bodies_work_and_jax_bodies_say_how_to_install(tmp_pat
                          timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.returncode == 0, out.stderr
     assert "pip install -e '.[jax]'" in out.stdout
+
+
+def test_the_readme_jax_snippet_matches_plain_jax():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    code = re.search(r"<!-- jax -->\s*```python\n(.*?)```", text, re.S).group(1)
+    scope = {"pw": pw, "P": P, "mesh": pw.Mesh.abstract((4,), ("data",))}
+    exec(code, scope)
+    w, x, y = rand(3, 2), rand(8, 3, seed=1), rand(8, 2, seed=2)
+    got = pw.reference(scope["step"])(w, x, y)
+    want = plain_jax(scope["sgd"], (4,), ("data",), (P(), P("data"), P("data")),
+                     (P(), P()))(w, x, y)
+    assert_same(got, want)
