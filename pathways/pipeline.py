@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import collectives
+from . import collectives, jax_body
 from .compiled import Aval, shard_map
 from .errors import ProgramError
 from .sharding import P
@@ -62,6 +62,28 @@ class Stage:
     backward: Callable
     cost: float | None = None
 
+    @classmethod
+    def from_jax(cls, init, fn: Callable, cost: float | None = None) -> Stage:
+        """A stage whose ``fn(params, x) -> y`` is written in JAX; its backward is ``jax.vjp``
+        of ``fn``, recomputing the forward from the saved input (as ``jax.checkpoint`` does),
+        so there is no backward to write.
+
+        >>> stage = pw.Stage.from_jax((w, b), lambda p, x: jnp.tanh(x @ p[0] + p[1]))
+        """
+        jax = jax_body.require()
+
+        def forward(params, x):
+            return fn(params, x), x
+
+        def backward(params, x, dy):
+            # Each device's gradient stays its own (the update sums them once): the params
+            # are made "varying" first, or JAX's transposition would already sum them.
+            params = jax.tree.map(lambda p: jax.lax.pcast(p, AXIS, to="varying"), params)
+            _, vjp = jax.vjp(fn, params, x)
+            return vjp(dy)
+
+        return cls(init, forward, backward, cost)
+
 
 # ---- nests of arrays -------------------------------------------------------------------------
 
@@ -76,6 +98,8 @@ def _flatten(tree) -> tuple[list, object]:
         keys = sorted(tree)
         parts = [_flatten(tree[k]) for k in keys]
         return [x for p in parts for x in p[0]], ("dict", tuple(keys), tuple(p[1] for p in parts))
+    if type(tree).__module__.startswith("jax"):  # a JAX stage's value, traced
+        return [tree], None
     return [np.asarray(tree)], None
 
 
