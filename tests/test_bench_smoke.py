@@ -8,8 +8,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = ["plaque_bench.py", "dispatch.py", "pipeline.py", "islands.py", "gpipe.py", "moe.py",
-           "jax_bodies.py",
-           "multitenancy.py", "scale.py"]
+           "multitenancy.py", "scale.py", "jax_bodies.py"]
 
 
 PLOTS = {"dispatch.py", "multitenancy.py"}  # sweeps that can draw themselves
