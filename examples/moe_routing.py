@@ -48,9 +48,10 @@ def batch(task, rng, size):
 class Model:
     """The step program for given token and expert meshes."""
 
-    def __init__(self, tm, em, top_k, capacity_factor, lr, aux_weight=0.1):
+    def __init__(self, tm, em, top_k, capacity_factor, lr, aux_weight=0.1, expert=None):
         self.layers = [moe.MoELayer(tm, em, E, top_k, capacity_factor, aux_weight,
-                                    name=f"moe{i}") for i in range(2)]
+                                    name=f"moe{i}", expert=expert) for i in range(2)]
+        self.tm, self.em = tm, em
         ax = tm.axis_names[0]
         t, r = P(ax), P()
 
@@ -108,6 +109,16 @@ def init(seed=1):
     return [w_in, w_out, *(a for layer in layers for a in layer)]
 
 
+def jax_expert():
+    """The experts written in JAX (their backward is then jax.vjp of this)."""
+    import jax
+
+    def expert(x, w1, w2):
+        return jax.nn.relu(x @ w1) @ w2
+
+    return expert
+
+
 def train(client, args, log=print):
     """Train on the cluster; returns (losses, tokens per expert per layer, drop fractions)."""
     if args.islands == 2:
@@ -116,7 +127,8 @@ def train(client, args, log=print):
     else:
         tm = client.mesh((4,), ("data",))
         em = client.mesh((4,), ("expert",))
-    model = Model(tm, em, args.top_k, args.capacity, args.lr, args.aux_weight)
+    model = Model(tm, em, args.top_k, args.capacity, args.lr, args.aux_weight,
+                  expert=jax_expert() if args.jax else None)
     where = {d.id: (d.host, d.island) for d in client.devices()}
     log(f"tokens on devices {list(tm.devices)}, 8 experts per layer on devices"
         f" {list(em.devices)} (hosts {sorted({where[d][0] for d in em.devices})},"
@@ -189,6 +201,9 @@ def parse(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--check", type=int, default=0, metavar="N",
                     help="also train N steps in-process and compare the losses")
+    ap.add_argument("--jax", action="store_true",
+                    help="experts written in JAX, their backward by jax.vjp (the [jax] extra);"
+                         " --check still compares with the numpy experts")
     return ap.parse_args(argv)
 
 
@@ -200,6 +215,9 @@ def main(argv=None):
         with pw.connect(cluster.address) as client:
             losses, _, _, (model, _) = train(client, args)
     if args.check:
+        if args.jax:  # the reference: the same model with the hand-written numpy experts
+            model = Model(model.tm, model.em, args.top_k, args.capacity, args.lr,
+                          args.aux_weight)
         ref = reference_losses(model, args, args.check)
         diff = np.abs(ref - losses[:args.check]).max()
         print(f"the first {args.check} losses equal the in-process reference"

@@ -28,6 +28,7 @@ import math
 
 import numpy as np
 
+from . import jax_body
 from .compiled import shard_map
 from .errors import ProgramError
 from .mesh import Mesh
@@ -119,6 +120,49 @@ def ffn_grad(x, g, w1, w2):
     return dh @ w1.T, x.T @ dh, h.T @ g
 
 
+class JaxExpert:
+    """An ``expert(x, w1, w2)`` written in JAX, as ``forward`` (``ffn``'s contract) and
+    ``grad`` (``ffn_grad``'s: ``jax.vjp`` of it). Both are jitted, with the rows padded with
+    zeros to the next power of two: an expert sees a different number of rows at every call,
+    and this bounds the compilations to one per power of two. Padding is exact for experts
+    that treat rows independently (as the routing assumes): padded rows' outputs are cut off
+    and, with a zero gradient, add nothing to the weights' gradients."""
+
+    def __init__(self, expert):
+        jax_body.require()
+        self.expert = expert
+        self._jitted = None  # (forward, backward), made where first called
+
+    def __getstate__(self):  # jitted functions are rebuilt on each host
+        return {"expert": self.expert, "_jitted": None}
+
+    def _fns(self):
+        if self._jitted is None:
+            jax = jax_body.require()
+
+            def backward(x, g, w1, w2):
+                return jax.vjp(self.expert, x, w1, w2)[1](g)
+
+            self._jitted = (jax.jit(self.expert), jax.jit(backward))
+        return self._jitted
+
+    def forward(self, x, w1, w2):
+        n = len(x)
+        return np.asarray(self._fns()[0](_pad_rows(x), w1, w2))[:n]
+
+    def grad(self, x, g, w1, w2):
+        n = len(x)
+        dx, dw1, dw2 = self._fns()[1](_pad_rows(x), _pad_rows(g.astype(x.dtype)), w1, w2)
+        return np.asarray(dx)[:n], np.asarray(dw1), np.asarray(dw2)
+
+
+def _pad_rows(a):
+    """``a`` with zero rows appended up to the next power of two (at least one row)."""
+    n = 1 << max(0, (len(a) - 1).bit_length())
+    return a if n == len(a) else np.concatenate([a, np.zeros((n - len(a), *a.shape[1:]),
+                                                             a.dtype)])
+
+
 class MoELayer:
     """A Mixture of Experts feed-forward layer with residual, over a token and an expert mesh.
 
@@ -129,11 +173,14 @@ class MoELayer:
     >>> layer = pw.moe.MoELayer(tm, em, num_experts=8, top_k=2, capacity_factor=1.25)
     >>> y, saved, aux, load = layer.forward(x, wr, w1, w2)
     >>> dx, dwr, dw1, dw2 = layer.backward(dy, saved, wr, w1, w2)
+
+    ``expert(x, w1, w2)`` replaces ``ffn`` (one expert on its rows); written in JAX, its
+    backward is ``jax.vjp`` of it (``JaxExpert``), else ``expert_grad`` must be given.
     """
 
     def __init__(self, tokens: Mesh, experts: Mesh, num_experts: int, top_k: int = 1,
                  capacity_factor: float | None = 1.25, aux_weight: float = 0.01,
-                 name: str = "moe"):
+                 name: str = "moe", expert=None, expert_grad=None):
         if top_k not in (1, 2) or top_k > num_experts:
             raise ProgramError(f"top_k must be 1 (Switch) or 2 (GShard) and at most the number"
                                f" of experts, got {top_k}")
@@ -143,6 +190,14 @@ class MoELayer:
         self.tokens, self.experts, self.num_experts = tokens, experts, num_experts
         self.top_k, self.capacity_factor, self.aux_weight = top_k, capacity_factor, aux_weight
         self.name = name
+        if expert is not None and expert_grad is None:
+            if not jax_body.uses_jax(expert):
+                raise ProgramError("a numpy expert needs its expert_grad(x, g, w1, w2) ->"
+                                   " (dx, dw1, dw2); a JAX expert gets jax.vjp's")
+            jitted = JaxExpert(expert)
+            expert, expert_grad = jitted.forward, jitted.grad
+        expert, self._expert_grad = expert or ffn, expert_grad or ffn_grad
+        grad_of = self._expert_grad
         ax = tokens.axis_names[0]
         t, r = P(ax), P()
         k, cf, E, groups = top_k, capacity_factor, num_experts, tokens.size
@@ -176,11 +231,11 @@ class MoELayer:
         self._router_bwd_body = router_bwd
 
         def expert_bwd(x, g, w1, w2):
-            dx, dw1, dw2 = ffn_grad(x, g, w1, w2)
+            dx, dw1, dw2 = grad_of(x, g, w1, w2)
             return dx.astype(x.dtype), dw1.astype(w1.dtype), dw2.astype(w2.dtype)
 
         self.router = shard_map(router, tokens, (t, r), (t, t, t, t), name=f"{name}_router")
-        self.ffn = expert_map(ffn, tokens, experts, E, name=f"{name}_experts")
+        self.ffn = expert_map(expert, tokens, experts, E, name=f"{name}_experts")
         self.combine = shard_map(combine, tokens, t, t, name=f"{name}_combine")
         self.combine_bwd = shard_map(combine_bwd, tokens, t, (t, t), name=f"{name}_combine_bwd")
         self.ffn_bwd = expert_map(expert_bwd, tokens, experts, E, token_args=2, slot_args=(1,),
@@ -207,8 +262,10 @@ class MoELayer:
 
     def _sgd_fns(self, lr):
         if lr not in self._sgd:
+            grad_of = self._expert_grad
+
             def expert_step(x, g, w1, w2):
-                dx, dw1, dw2 = ffn_grad(x, g, w1, w2)
+                dx, dw1, dw2 = grad_of(x, g, w1, w2)
                 return dx.astype(x.dtype), (w1 - lr * dw1).astype(w1.dtype), \
                     (w2 - lr * dw2).astype(w2.dtype)
 

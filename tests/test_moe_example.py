@@ -56,3 +56,12 @@ def test_the_script_runs_experts_on_another_island_and_checks_itself():
     assert "capacity factor none (dropless)" in out
     assert re.search(r"layer 0: .* dropped 0\.0%", out)
     assert "the first 4 losses equal the in-process reference" in out
+
+
+def test_experts_written_in_jax_train_as_the_numpy_experts():
+    """--jax: experts in JAX, backward by jax.vjp; the losses equal the numpy experts'."""
+    pytest.importorskip("jax")
+    out = subprocess.run([sys.executable, str(EXAMPLE), "--jax", "--steps", "8", "--every",
+                          "4", "--check", "4"], capture_output=True, text=True, timeout=180,
+                         check=True).stdout
+    assert "the first 4 losses equal the in-process reference" in out, out
