@@ -10,7 +10,9 @@ exactly as under ``jax.shard_map``. The per-device jaxpr inside is cut into a *p
   CPU (nested calls such as ``jax.jit`` or ``custom_jvp`` functions are inlined into it);
 - ``Collective``: one collective equation, run by ``pathways.collectives`` (on a host, through
   its ICI path: the device's kernel parks there until its peers' values arrive);
-- ``Call``: a nested call whose own jaxpr contains collectives, planned recursively.
+- ``Call``, ``Scan``, ``While``, ``Cond``: a nested call, ``lax.scan``, ``while_loop`` or
+  ``cond`` whose own jaxprs contain collectives, planned recursively; the loop runs here, the
+  body's plan per iteration.
 
 Plans are cached per (function, mesh axes, argument avals) in each process. A kernel's
 modelled time is the roofline (``pw.DeviceSpec``) of the flops and bytes XLA's cost analysis
@@ -269,6 +271,60 @@ class Call:
     eqn: object
     plan: Plan
 
+    def run(self, args) -> list:
+        return list(self.plan.run(args))
+
+
+@dataclass
+class Scan:
+    """``lax.scan`` whose body holds collectives: the loop runs here, the body's plan per
+    iteration (every device runs the same iterations, so collectives stay in step)."""
+
+    eqn: object
+    plan: Plan
+
+    def run(self, args) -> list:
+        p = self.eqn.params
+        nc, nk, length = p["num_consts"], p["num_carry"], p["length"]
+        consts, carry, xs = args[:nc], list(args[nc:nc + nk]), args[nc + nk:]
+        ys = [None] * length
+        for i in reversed(range(length)) if p["reverse"] else range(length):
+            outs = self.plan.run([*consts, *carry, *(x[i] for x in xs)])
+            carry, ys[i] = list(outs[:nk]), outs[nk:]
+        stacked = [np.stack([y[k] for y in ys]) if length else
+                   np.zeros(v.aval.shape, v.aval.dtype)
+                   for k, v in enumerate(self.eqn.outvars[nk:])]
+        return carry + stacked
+
+
+@dataclass
+class While:
+    """``lax.while_loop`` whose condition or body holds collectives, run here."""
+
+    eqn: object
+    cond: Plan
+    plan: Plan
+
+    def run(self, args) -> list:
+        p = self.eqn.params
+        cc, bc = p["cond_nconsts"], p["body_nconsts"]
+        cond_consts, body_consts, carry = args[:cc], args[cc:cc + bc], list(args[cc + bc:])
+        while bool(self.cond.run([*cond_consts, *carry])[0]):
+            carry = list(self.plan.run([*body_consts, *carry]))
+        return carry
+
+
+@dataclass
+class Cond:
+    """``lax.cond`` / ``switch`` with collectives in a branch: the branch is chosen here."""
+
+    eqn: object
+    branches: list
+
+    def run(self, args) -> list:
+        index = int(np.clip(int(args[0]), 0, len(self.branches) - 1))
+        return list(self.branches[index].run(args[1:]))
+
 
 class Plan:
     """A per-device jaxpr as steps; ``run`` evaluates them on numpy values."""
@@ -277,15 +333,9 @@ class Plan:
         self.jaxpr, self.consts, self.steps, self.name = jaxpr, consts, steps, name
         self.shard_out_avals = [v.aval for v in jaxpr.outvars]  # one device's results
         self.out_avals: list = []  # global results (the top plan's, set by its tracer)
-        self.flops = sum(s.flops for s in self._segments())
-        self.bytes = sum(s.bytes for s in self._segments())
-
-    def _segments(self):
-        for step in self.steps:
-            if isinstance(step, Segment):
-                yield step
-            elif isinstance(step, Call):
-                yield from step.plan._segments()
+        costs = [_step_cost(step) for step in self.steps]
+        self.flops = sum(c[0] for c in costs)
+        self.bytes = sum(c[1] for c in costs)
 
     def run(self, args) -> tuple:
         env = dict(zip(self.jaxpr.constvars, self.consts))
@@ -297,10 +347,28 @@ class Plan:
                 env.update(zip(step.outs, (np.asarray(o) for o in outs)))
             elif isinstance(step, Collective):
                 _run_collective(step.eqn, env)
-            else:
+            else:  # a call or a loop with collectives inside
                 ins = [_read(env, v) for v in step.eqn.invars]
-                env.update(zip(step.eqn.outvars, step.plan.run(ins)))
+                env.update(zip(step.eqn.outvars, step.run(ins)))
         return tuple(_read(env, v) for v in self.jaxpr.outvars)
+
+
+def _step_cost(step) -> tuple[float, float]:
+    """(flops, bytes) XLA counts for a step: a scan's body times its length, a cond's
+    costliest branch, a while loop's condition and body once (its trip count is not known
+    before it runs: give such a body ``cost=``); collectives count as none here."""
+    if isinstance(step, Segment):
+        return step.flops, step.bytes
+    if isinstance(step, Scan):
+        return step.plan.flops * step.eqn.params["length"], \
+            step.plan.bytes * step.eqn.params["length"]
+    if isinstance(step, Cond):
+        return max(b.flops for b in step.branches), max(b.bytes for b in step.branches)
+    if isinstance(step, While):
+        return step.cond.flops + step.plan.flops, step.cond.bytes + step.plan.bytes
+    if isinstance(step, Call):
+        return step.plan.flops, step.plan.bytes
+    return 0.0, 0.0
 
 
 def _read(env, var):
@@ -378,18 +446,32 @@ def _plan_jaxpr(jaxpr: _Jaxpr, consts, name) -> Plan:
         if prim in _COLLECTIVES:
             close(i)
             steps.append(Collective(eqn))
-        elif prim in _INLINED_CALLS and _communicates(eqn, _COLLECTIVES):
-            close(i)
-            sub, sub_consts = _open(_call_jaxpr(eqn))
-            steps.append(Call(eqn, _plan_jaxpr(sub, sub_consts, name)))
         elif _communicates(eqn, _COLLECTIVES):
-            raise ProgramError(
-                f"{name}: a collective inside {prim} (lax.scan, while_loop, cond...) is not"
-                " supported in a pathways body yet; write the loop in Python around it")
+            close(i)
+            steps.append(_control_step(eqn, name))
         else:
             pending.append(eqn)
     close(len(jaxpr.eqns))
     return Plan(jaxpr, consts, steps, name)
+
+
+def _control_step(eqn, name):
+    """The step of a call, scan, while or cond whose jaxprs hold collectives."""
+    prim = eqn.primitive.name
+
+    def plan(param):
+        return _plan_jaxpr(*_open(param), name)
+
+    if prim in _INLINED_CALLS:
+        return Call(eqn, plan(_call_jaxpr(eqn)))
+    if prim == "scan":
+        return Scan(eqn, plan(eqn.params["jaxpr"]))
+    if prim == "while":
+        return While(eqn, plan(eqn.params["cond_jaxpr"]), plan(eqn.params["body_jaxpr"]))
+    if prim == "cond":
+        return Cond(eqn, [plan(b) for b in eqn.params["branches"]])
+    raise ProgramError(f"{name}: a collective inside {prim} is not supported in a pathways"
+                       " body; move it out (a Python loop around a collective works)")
 
 
 def _call_jaxpr(eqn):

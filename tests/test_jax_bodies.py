@@ -290,15 +290,25 @@ def test_unreplicated_out_spec_is_refused_by_jax_check():
     assert unchecked.abstract_eval([Aval((8,), np.dtype(np.float32))])[0].shape == (2,)
 
 
-def test_collective_inside_scan_says_what_to_do():
-    def body(x):
-        def step(c, _):
-            return c + jax.lax.ppermute(c, "i", [(0, 1), (1, 0)]), None
-        return jax.lax.scan(step, x, None, length=3)[0]
+def test_collectives_inside_scan_while_and_cond(client):
+    """Loops and conditionals whose bodies hold collectives run their iterations on the
+    host, the body's plan per iteration (fori_loop over a ppermute ring, as in the
+    tutorial's collective matmul written with a loop)."""
+    ring = [(j, (j + 1) % 4) for j in range(4)]
 
-    fn = pw.shard_map(body, pw.Mesh.abstract((2,), ("i",)), P("i"), P("i"))
-    with pytest.raises(pw.ProgramError, match="inside scan.*Python"):
-        fn.abstract_eval([Aval((4,), np.dtype(np.float32))])
+    def body(x):
+        def step(c, xi):
+            return c + jax.lax.ppermute(c, "i", ring) * xi, c.sum()
+        c, ys = jax.lax.scan(step, x, jnp.arange(3.0))
+        w = jax.lax.fori_loop(0, 2, lambda k, v: v * 0.5 + jax.lax.ppermute(v, "i", ring), x)
+        n = jax.lax.while_loop(lambda s: s[1] < 3, lambda s: (
+            s[0] + jax.lax.ppermute(s[0], "i", ring), s[1] + 1), (x, 0))[0]
+        total = jax.lax.psum(x.sum(), "i")
+        z = jax.lax.cond(total > 0, lambda v: jax.lax.ppermute(v, "i", ring),
+                         lambda v: v * 2.0, x)
+        return c, ys, w, n, z
+
+    on_cluster(client, body, (4,), ("i",), P("i"), (P("i"),) * 5, rand(16))
 
 
 def test_modelled_time_comes_from_xla_cost_analysis():
@@ -311,6 +321,15 @@ def test_modelled_time_comes_from_xla_cost_analysis():
     assert plan.flops == 2 * 256 * 256 * 512
     spec = pw.DeviceSpec(flops=1e9, hbm_bandwidth=1e15)
     assert fn.cost_of([], [], spec, sig) == pytest.approx(plan.flops / 1e9)
+    ring = [(0, 1), (1, 0)]
+
+    def looped(a, b):  # 3 matmuls, a ppermute after each: a scan the plan runs itself
+        return jax.lax.scan(lambda c, _: (jax.lax.ppermute(c @ b, "i", ring), None), a,
+                            None, length=3)[0]
+
+    scan = pw.shard_map(looped, mesh, (P("i"), P()), P("i"))
+    sq = [Aval((512, 512), np.dtype(np.float32))] * 2
+    assert scan.jax.plan(scan.signature(sq).ins, True).flops == 3 * 2 * 256 * 512 * 512
     assert pw.shard_map(jnp.matmul, mesh, (P("i"), P()), P("i"), cost=0.5) \
         .cost_of([], [], spec, sig) == 0.5
 
