@@ -100,13 +100,16 @@ class CompiledFunction:
         self.limit = limit
         self._signatures: dict[tuple, Signature] = {}
         self._costs: dict[tuple, float] = {}  # (shapes and dtypes, device spec) -> seconds
-        self.jax = None  # a JaxBody when the body is written with JAX
-        if not self._nested and jax_body.uses_jax(body):
-            self.jax = jax_body.JaxBody(body, mesh.axis_names, mesh.shape, flat_in,
-                                        flat_out, self.check_rep, self.name)
+        self.jax = None  # a JaxBody once abstract evaluation finds the body written in JAX
 
     def __repr__(self):
         return f"<compiled {self.name} on {self.mesh}>"
+
+    def _as_jax(self) -> None:
+        """Run the body as JAX from now on (``pathways.jax_body``)."""
+        m = self.mesh
+        self.jax = jax_body.JaxBody(self.body, m.axis_names, m.shape, self.in_specs,
+                                    self.out_specs, self.check_rep, self.name)
 
     def arg_specs(self, nargs: int) -> tuple:
         """The spec of each of ``nargs`` arguments (one P given applies to all)."""
@@ -187,6 +190,8 @@ class CompiledFunction:
 
     def _abstract_eval(self, in_avals) -> Signature:
         m = self.mesh
+        if self.jax is None and jax_body.uses_jax(self.body):
+            self._as_jax()
         if self.jax is not None:
             self.shard_avals(in_avals)  # our errors for a wrong count or an uneven split
             plan = self.jax.plan(in_avals, self.single_output)
@@ -198,8 +203,7 @@ class CompiledFunction:
         try:
             outs = self._as_tuple(self._on_zeros(lambda z: self.body(*z), zeros))
         except jax_body.NotNumpy:  # JAX in a way uses_jax could not see: trace it as JAX
-            self.jax = jax_body.JaxBody(self.body, m.axis_names, m.shape, self.in_specs,
-                                        self.out_specs, self.check_rep, self.name)
+            self._as_jax()
             return self._abstract_eval(in_avals)
         avals, specs = [], []
         for o, spec in zip(outs, self.out_specs):
@@ -331,15 +335,20 @@ class CompiledFunction:
             return tuple(out_leaves)
 
         shard_avals = self.shard_avals(avals, in_specs)
-        zeros = [np.zeros(a.shape, a.dtype) for a in shard_avals]
-        try:
-            if jax_body.uses_jax(body):
-                raise jax_body.NotNumpy
-            out = self._on_zeros(lambda z: body(*tree.unflatten(in_def, z)), zeros)
-        except jax_body.NotNumpy:
-            out = jax_body.out_shapes(lambda *z: body(*tree.unflatten(in_def, z)),
-                                      self.mesh.axis_names, self.mesh.shape, shard_avals,
-                                      self.name)
+
+        def on_leaves(*leaves):
+            return body(*tree.unflatten(in_def, leaves))
+
+        out = None
+        if not jax_body.uses_jax(body):
+            try:
+                out = self._on_zeros(lambda z: on_leaves(*z),
+                                     [np.zeros(a.shape, a.dtype) for a in shard_avals])
+            except jax_body.NotNumpy:
+                pass
+        if out is None:  # a JAX body: its output structure from JAX's trace
+            out = jax_body.out_shapes(on_leaves, self.mesh.axis_names, self.mesh.shape,
+                                      shard_avals, self.name)
         out_specs = tree.per_leaf(self._spec_trees[1], out, f"{self.name}: out_specs")
         want_def = tree.flatten(out)[1]
         flat = CompiledFunction(flat_body, self.mesh, tuple(in_specs), tuple(out_specs),

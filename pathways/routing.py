@@ -80,9 +80,6 @@ class RoutedFunction(CompiledFunction):
         if row_outputs < 1:
             raise ProgramError("expert_map: at least one row output is needed")
         super().__init__(body, experts, None, None, cost=cost, name=name)
-        # A body in JAX runs as called, per expert: its row count follows the routing, so
-        # there is no one shape to trace it at (jax.numpy on numpy rows is eager JAX).
-        self.jax = None
         self.token_mesh, self.num_experts = tokens, num_experts
         self.token_args, self.slot_args = token_args, frozenset(slot_args)
         self.row_outputs = row_outputs

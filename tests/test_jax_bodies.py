@@ -274,9 +274,9 @@ def test_float64_follows_jax_config():
     mesh = pw.Mesh.abstract((2,), ("i",))
     fn = pw.shard_map(lambda x: jnp.sin(x), mesh, P("i"), P("i"))
     assert fn.abstract_eval([Aval((4,), np.dtype(np.float64))])[0].dtype == np.float32
-    with jax.enable_x64(True):
-        fn64 = pw.shard_map(lambda x: jnp.sin(x), mesh, P("i"), P("i"))
-    got = pw.reference(fn64)(np.arange(4.0))
+    fn64 = pw.shard_map(lambda x: jnp.sin(x), mesh, P("i"), P("i"))
+    with jax.enable_x64(True):  # as with jax.jit, the setting where it is first traced
+        got = pw.reference(fn64)(np.arange(4.0))
     assert got.dtype == np.float64
     np.testing.assert_allclose(got, np.sin(np.arange(4.0)))
 
@@ -329,7 +329,8 @@ def test_modelled_time_comes_from_xla_cost_analysis():
 
     scan = pw.shard_map(looped, mesh, (P("i"), P()), P("i"))
     sq = [Aval((512, 512), np.dtype(np.float32))] * 2
-    assert scan.jax.plan(scan.signature(sq).ins, True).flops == 3 * 2 * 256 * 512 * 512
+    ins = scan.signature(sq).ins
+    assert scan.jax.plan(ins, True).flops == 3 * 2 * 256 * 512 * 512
     assert pw.shard_map(jnp.matmul, mesh, (P("i"), P()), P("i"), cost=0.5) \
         .cost_of([], [], spec, sig) == 0.5
 
