@@ -178,11 +178,12 @@ def plan_of(closed, name) -> Plan:
     const_of = dict(zip(outer.constvars, closed.consts))
     n_args = len(outer.invars)
     position = {v: i for i, v in enumerate(outer.invars)}
-    if [position.get(v) for v in eqn.invars[-n_args:]] != list(range(n_args)) or any(
-            v not in const_of for v in eqn.invars[:-n_args] if not _is_literal(v)):
+    n_consts = len(eqn.invars) - n_args
+    if [position.get(v) for v in eqn.invars[n_consts:]] != list(range(n_args)) or any(
+            v not in const_of for v in eqn.invars[:n_consts] if not _is_literal(v)):
         raise ProgramError(f"{name}: unexpected trace (shard_map arguments out of order)")
     consts = [_read(const_of, v) if _is_literal(v) else np.asarray(const_of[v])
-              for v in eqn.invars[:len(eqn.invars) - n_args]]
+              for v in eqn.invars[:n_consts]]
     body = _Jaxpr(inner.constvars + inner.invars[:len(consts)], inner.invars[len(consts):],
                   inner.outvars, inner.eqns)
     return _plan_jaxpr(body, consts, name)

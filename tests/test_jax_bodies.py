@@ -411,3 +411,17 @@ def test_expert_body_in_jax(client):
     for t in range(8):
         want = row_grad(x[t], w[route[t, 0]])
         np.testing.assert_allclose(got[t, 0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_body_closing_over_jax_arrays():
+    """Arrays the body closes over become constants of its plan (shipped with the body)."""
+    w = jnp.arange(8.0, dtype=jnp.float32).reshape(4, 2) / 8
+    table = jnp.ones((300, 4), jnp.float32)
+
+    def body(x):
+        return jax.lax.psum(x @ w + table[:x.shape[0]].sum(), "i")
+
+    mesh = pw.Mesh.abstract((2,), ("i",))
+    x = rand(4, 4)
+    got = pw.reference(pw.shard_map(body, mesh, P("i"), P()))(x)
+    assert_same(got, plain_jax(body, (2,), ("i",), P("i"), P())(x))
