@@ -20,12 +20,12 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
-from .collectives import KernelEnv, _Abandoned, _ordered_sum
+from .collectives import KernelEnv, _ordered_sum
 from .errors import CollectiveTimeout, ProgramError
+from .rendezvous import FAILED_GANGS_KEPT, Abandoned
 
 log = logging.getLogger("pathways.exchange")
 
-FAILED_GANGS_KEPT = 10_000
 PLANS_KEPT = 4096  # collective groups whose local/remote split an executor remembers
 
 
@@ -185,7 +185,7 @@ class Exchanges:
         """The shard reaches an exchange: its virtual time there (it must not be failed)."""
         gang = key[0]
         if gang in self._failed_gangs:
-            raise _Abandoned(f"exchange {key!r} at {me!r} abandoned: {self._failed_gangs[gang]}")
+            raise Abandoned(f"exchange {key!r} at {me!r} abandoned: {self._failed_gangs[gang]}")
         shard.cursor += self.ex.clock() - shard.segment
         return shard.cursor
 
@@ -273,7 +273,7 @@ class Exchanges:
         for k, shard in list(self._parked.items()):
             if k[0][0] == gang:
                 del self._parked[k]
-                self.ex.resume_later(shard, _Abandoned(
+                self.ex.resume_later(shard, Abandoned(
                     f"exchange {k[0]!r} at {k[1]!r} abandoned: {reason}"))
 
 

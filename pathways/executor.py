@@ -53,8 +53,6 @@ log = logging.getLogger("pathways.executor")
 COLLECTIVE_TIMEOUT = 60.0
 KERNEL_LIMIT = 30.0  # seconds a body may run on the host's thread (a host's default)
 RUNNERS_KEPT = 64  # idle body greenlets kept for reuse
-PLANS_KEPT = 4096  # collective groups whose local/remote split an executor remembers
-FAILED_GANGS_KEPT = 10_000
 
 
 class _Shard:

@@ -29,8 +29,8 @@ from . import collectives
 from .errors import ProgramError, ShardingError
 from .jax_plan import Plan, plan_of
 
-__all__ = ["JaxBody", "NotNumpy", "came_from_jax", "out_shapes", "require", "returns_jax",
-           "uses_jax"]
+__all__ = ["JaxBody", "NotNumpy", "came_from_jax", "is_jax_type", "out_shapes", "require",
+           "returns_jax", "uses_jax"]
 
 INSTALL_HINT = ("this body uses JAX, which is an optional extra: install it with"
                 " .venv/bin/pip install -e '.[jax]' (or pip install 'pathways-open[jax]')")
@@ -67,12 +67,19 @@ def require():
 
 # ---- which bodies are JAX bodies ---------------------------------------------------------------
 
+def _in_jax(module_name) -> bool:
+    return (module_name or "").split(".")[0] in ("jax", "jaxlib")
+
+
+def is_jax_type(value) -> bool:
+    """Whether ``value``'s class comes from JAX (a JAX array or tracer, a JAX exception)."""
+    return _in_jax(type(value).__module__)
+
+
 def _is_jax_value(value) -> bool:
     if isinstance(value, types.ModuleType):
-        return value.__name__.split(".")[0] in ("jax", "jaxlib")
-    module = getattr(value, "__module__", None) or type(value).__module__ or ""
-    return module.split(".")[0] in ("jax", "jaxlib") or \
-        type(value).__module__.split(".")[0] in ("jax", "jaxlib")
+        return _in_jax(value.__name__)
+    return _in_jax(getattr(value, "__module__", None)) or is_jax_type(value)
 
 
 def uses_jax(fn, depth: int = 3) -> bool:
@@ -132,12 +139,12 @@ class NotNumpy(Exception):
 def returns_jax(outs) -> bool:
     """Whether a body's result holds JAX arrays (a body run eagerly on numpy that is JAX)."""
     items = outs if isinstance(outs, (tuple, list)) else (outs,)
-    return any(type(o).__module__.split(".")[0] in ("jax", "jaxlib") for o in items)
+    return any(is_jax_type(o) for o in items)
 
 
 def came_from_jax(exc: BaseException) -> bool:
     """Whether ``exc`` was raised inside JAX (e.g. jax.lax.psum outside a JAX trace)."""
-    if type(exc).__module__.split(".")[0] in ("jax", "jaxlib"):
+    if is_jax_type(exc):
         return True
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
@@ -210,9 +217,7 @@ class JaxBody:
         with _traced(self.name, in_avals), jax.enable_x64(self.x64):
             closed = jax.make_jaxpr(mapped)(*structs)
         with jax.enable_x64(self.x64):
-            plan = plan_of(closed, self.name)
-        plan.out_avals = list(closed.out_avals)
-        return plan
+            return plan_of(closed, self.name)
 
     def run(self, shards, in_avals, single_output: bool) -> tuple:
         """One device's outputs (numpy) for its ``shards``, inside its kernel environment."""

@@ -120,7 +120,7 @@ class Plan:
     def __init__(self, jaxpr, consts, steps, name):
         self.jaxpr, self.consts, self.steps, self.name = jaxpr, consts, steps, name
         self.shard_out_avals = [v.aval for v in jaxpr.outvars]  # one device's results
-        self.out_avals: list = []  # global results (the top plan's, set by its tracer)
+        self.out_avals: list = []  # global results (of the top plan: see plan_of)
         costs = [_step_cost(step) for step in self.steps]
         self.flops = sum(c[0] for c in costs)
         self.bytes = sum(c[1] for c in costs)
@@ -186,7 +186,9 @@ def plan_of(closed, name) -> Plan:
               for v in eqn.invars[:n_consts]]
     body = _Jaxpr(inner.constvars + inner.invars[:len(consts)], inner.invars[len(consts):],
                   inner.outvars, inner.eqns)
-    return _plan_jaxpr(body, consts, name)
+    plan = _plan_jaxpr(body, consts, name)
+    plan.out_avals = list(closed.out_avals)
+    return plan
 
 
 @dataclass

@@ -98,7 +98,7 @@ def _flatten(tree) -> tuple[list, object]:
         keys = sorted(tree)
         parts = [_flatten(tree[k]) for k in keys]
         return [x for p in parts for x in p[0]], ("dict", tuple(keys), tuple(p[1] for p in parts))
-    if type(tree).__module__.startswith("jax"):  # a JAX stage's value, traced
+    if jax_body.is_jax_type(tree):  # a JAX stage's value, traced
         return [tree], None
     return [np.asarray(tree)], None
 
