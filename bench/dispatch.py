@@ -94,7 +94,7 @@ class PathwaysRig:
         self.client, self.hosts = client, hosts
         self.devices = hosts * PER_HOST
         self.mesh = client.mesh((self.devices,), ("d",))
-        self._data = sorted({client._device_info[d]["data"] for d in self.mesh.devices})
+        self._data = sorted({client._device_info[d]["data"] for d in self.mesh.ids})
         self._fns: dict[tuple, object] = {}
 
     def _fn(self, mode: str, cost: float):
@@ -123,7 +123,7 @@ class PathwaysRig:
         for f in futures:
             for d, info in f.result(10)["devices"].items():
                 busy[int(d)] = info["busy_seconds"]
-        return {d: busy[d] for d in self.mesh.devices}
+        return {d: busy[d] for d in self.mesh.ids}
 
     def run(self, mode: str, cost: float, units: int, timeout: float) -> Cell:
         """Run ``units`` calls of the mode (each output into the next) and time them."""

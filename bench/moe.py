@@ -210,7 +210,7 @@ def measure_layers(sizes: Sizes) -> list[Cell]:
             pw.connect(cluster.address) as client:
         pids = [p.pid for p in cluster.processes[1:]]  # the hosts (0 is the coordinator)
         tm = client.mesh((D,), ("data",))
-        em = Mesh((D,), ("expert",), tm.devices, tm.slice_id, tm.island, tm.version,
+        em = Mesh((D,), ("expert",), tm.ids, tm.slice_id, tm.island, tm.version,
                   client=client)
         for skew in (False, True):
             routing = "skewed" if skew else "uniform"
@@ -266,7 +266,7 @@ def measure_scaling(sizes: Sizes) -> list[dict]:
 
         host_of = {dev.id: dev.host for dev in client.devices()}
         by_host: dict = {}
-        for dev in full.devices:
+        for dev in full.ids:
             by_host.setdefault(host_of[dev], []).append(dev)
         hosts = sorted(by_host)
         spread = [by_host[h][i] for i in range(4) for h in hosts]  # alternate the hosts
@@ -280,12 +280,12 @@ def measure_scaling(sizes: Sizes) -> list[dict]:
             _, traffic = timed(client, pids, fn, args, sizes.runs * sizes.reps, want)
             per_run = {key: v / (sizes.runs * sizes.reps) for key, v in traffic.items()}
             base = base or per_run["progress_sent"]
-            _, remote = routed_slots(x, wr, 2, 1.25, [host_of[i] for i in tm.devices],
-                                     [host_of[i] for i in em.devices])
+            _, remote = routed_slots(x, wr, 2, 1.25, [host_of[i] for i in tm.ids],
+                                     [host_of[i] for i in em.ids])
             rows_kb = remote * x.shape[1] * x.itemsize * 2 / 1e3
             rows.append({
                 "Expert shards": shards,
-                "Expert devices": ",".join(map(str, em.devices)),
+                "Expert devices": ",".join(map(str, em.ids)),
                 "Progress msgs/run": f"{per_run['progress_sent']:.1f}",
                 "vs 1 shard": f"{per_run['progress_sent'] / base:.2f}x",
                 "shards²": shards * shards,

@@ -82,7 +82,7 @@ def _client(index, address, weight, programs, go, results):
             t1, cpu1 = time.perf_counter(), time.process_time()
             ok = bool(np.array_equal(outs[-1].result(TIMEOUT), np.ones(DEVICES)))
             results.put({"index": index, "id": client.id, "weight": weight,
-                         "devices": tuple(mesh.devices), "t0": t0, "t1": t1,
+                         "devices": mesh.ids, "t0": t0, "t1": t1,
                          "submit": submitted - t0, "cpu": cpu1 - cpu0, "ok": ok})
     except BaseException:
         results.put({"index": index, "error": traceback.format_exc()})

@@ -138,11 +138,11 @@ class ChainRig:
         self._checked: set[int] = set()
 
     def host_of(self, mesh) -> int:
-        return self.client._device_info[mesh.devices[0]]["host"]
+        return self.client._device_info[mesh.ids[0]]["host"]
 
     def layout(self, stages: int) -> list[tuple[int, int]]:
         """(host, device) of each stage."""
-        return [(self.host_of(m), m.devices[0]) for m in self.meshes[:stages]]
+        return [(self.host_of(m), m.ids[0]) for m in self.meshes[:stages]]
 
     def program(self, stages: int):
         if stages not in self._programs:

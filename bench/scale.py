@@ -142,7 +142,7 @@ class Pipeline:
     def __init__(self, client, mesh):
         q = mesh.size // STAGES
         self.client = client
-        self.meshes = [pw.Mesh((q,), ("d",), mesh.devices[k * q:(k + 1) * q], client=client)
+        self.meshes = [pw.Mesh((q,), ("d",), mesh.ids[k * q:(k + 1) * q], client=client)
                        for k in range(STAGES)]
         stages = [pw.shard_map(stage_body(k), m, P("d"), P("d"))
                   for k, m in enumerate(self.meshes)]

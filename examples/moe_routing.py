@@ -129,10 +129,10 @@ def train(client, args, log=print):
         em = client.mesh((4,), ("expert",))
     model = Model(tm, em, args.top_k, args.capacity, args.lr, args.aux_weight,
                   expert=jax_expert() if args.jax else None)
-    where = {d.id: (d.host, d.island) for d in client.devices()}
-    log(f"tokens on devices {list(tm.devices)}, 8 experts per layer on devices"
-        f" {list(em.devices)} (hosts {sorted({where[d][0] for d in em.devices})},"
-        f" island(s) {sorted({where[d][1] for d in em.devices})})")
+    experts = list(em.devices.flat)  # device objects, as jax.sharding.Mesh.devices
+    log(f"tokens on devices {list(tm.ids)}, 8 experts per layer on devices"
+        f" {list(em.ids)} (hosts {sorted({d.host for d in experts})},"
+        f" island(s) {sorted({d.island for d in experts})})")
     log(f"routing: top-{args.top_k}, capacity factor {args.capacity or 'none (dropless)'}")
     params = [client.put(p, em if p.ndim == 3 else tm, P("expert") if p.ndim == 3 else P())
               for p in init(args.seed)]

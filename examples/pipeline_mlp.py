@@ -127,7 +127,7 @@ def main() -> int:
             pipe = Pipeline(client, run_stages, mse, args.microbatches, lr=args.lr,
                             devices_per_stage=args.devices_per_stage, schedule=args.schedule)
             for s, mesh in enumerate(pipe.meshes):
-                print(f"stage {s}: {LAYERS // args.stages} layers on devices {mesh.devices}")
+                print(f"stage {s}: {LAYERS // args.stages} layers on devices {list(mesh.ids)}")
             x0, t0 = next(batches(1))
             prog = pipe.traced(x0, t0)
             print(f"one step is one program of {len(prog.eqns)} compiled calls"

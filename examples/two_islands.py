@@ -155,10 +155,9 @@ class DataParallel:
 
     def placement(self) -> list[str]:
         """Where each slice landed: its devices' islands and hosts."""
-        info = {d.id: d for d in self.client.devices()}
-        return [f"slice {k}: devices {list(m.devices)}, island(s)"
-                f" {sorted({info[d].island for d in m.devices})},"
-                f" host(s) {sorted({info[d].host for d in m.devices})}"
+        return [f"slice {k}: devices {list(m.ids)}, island(s)"
+                f" {sorted({d.island for d in m.devices.flat})},"
+                f" host(s) {sorted({d.host for d in m.devices.flat})}"
                 for k, m in enumerate(self.meshes)]
 
     def train(self, theta, xs, ys, timeout: float = 300.0) -> Result:

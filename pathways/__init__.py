@@ -38,7 +38,7 @@ from .errors import (
     ResourceError,
     ShardingError,
 )
-from .mesh import Mesh
+from .mesh import Device, Mesh
 from .pipeline import Pipeline, Stage
 from .routing import RoutedFunction, expert_map
 from .sharding import P
@@ -46,7 +46,7 @@ from .tracer import program, reference
 
 __all__ = [
     "Array", "Client", "ClientClosed", "ClientGone", "CollectiveTimeout", "CompiledFunction",
-    "CoordinatorLost",
+    "CoordinatorLost", "Device",
     "DeviceOutOfMemory", "DeviceSpec", "HostLost", "Mesh", "NamedSharding", "P", "PathwaysError",
     "Pipeline", "ProgramError", "RemoteError", "ResourceError", "RoutedFunction",
     "ShardingError", "Stage", "all_gather", "all_to_all", "axis_index", "connect",

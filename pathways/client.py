@@ -17,7 +17,7 @@ import math
 import pickle
 import threading
 import time
-from collections import deque, namedtuple
+from collections import deque
 
 import numpy as np
 import uvloop
@@ -40,13 +40,12 @@ from .errors import (
 )
 from .ir import Eqn, Program
 from .lowering import Placement, lower, placement_of, skeleton
-from .mesh import Mesh
+from .mesh import Device, Mesh
 from .protocol import RunArg
 from .tracer import single_call_program
 
 log = logging.getLogger("pathways.client")
 
-Device = namedtuple("Device", "id island host kind")
 PING_INTERVAL = 1.0  # seconds between the client's "alive" messages to the coordinator
 
 
@@ -293,7 +292,7 @@ class Client:
         """Every device's recent kernels by device id: ``(seq, name, labels, start, end,
         failed)`` with labels client/run/eqn, times in seconds of the device host's clock.
 
-        >>> for seq, name, labels, start, end, failed in client.timeline()[mesh.devices[0]]:
+        >>> for seq, name, labels, start, end, failed in client.timeline()[mesh.ids[0]]:
         ...     print(seq, name, labels, f"{(end - start) * 1e3:.3f} ms", failed)
         """
         from .trace import collect
@@ -342,12 +341,12 @@ class Client:
         """
         value = np.asarray(value)  # no copy yet: a huge view must fail before it is copied
         spec = sharding.normalize_spec(spec, value.ndim, mesh.axis_names)
-        block = sharding.shard_shape(value.shape, mesh.shape, mesh.axis_names, spec)
+        block = sharding.shard_shape(value.shape, mesh.axis_sizes, mesh.axis_names, spec)
         self._check_fits(math.prod(block) * value.dtype.itemsize, mesh, "put")
         if value.dtype.hasobject:
             _check_picklable(value)
         value = np.array(value, copy=True)
-        shards = sharding.split(value, mesh.shape, mesh.axis_names, spec)
+        shards = sharding.split(value, mesh.axis_sizes, mesh.axis_names, spec)
         array_id = (self.id, next(self._array_ids))
         self._put_shards(array_id, mesh, shards)
         done: cf.Future = cf.Future()
@@ -369,13 +368,13 @@ class Client:
             raise ProgramError(f"generate needs a function of the slices, got {fn!r}")
         shape, dtype = tuple(int(n) for n in shape), np.dtype(dtype)
         spec = sharding.normalize_spec(spec, len(shape), mesh.axis_names)
-        block = sharding.shard_shape(shape, mesh.shape, mesh.axis_names, spec)
+        block = sharding.shard_shape(shape, mesh.axis_sizes, mesh.axis_names, spec)
         self._check_fits(int(np.prod(block)) * dtype.itemsize, mesh, "generate")
         blob = ship(fn, [fn])
         array_id = (self.id, next(self._array_ids))
         futures = []
-        for i, d in enumerate(mesh.devices):
-            slices = sharding.device_slices(shape, mesh.shape, mesh.axis_names, spec, i)
+        for i, d in enumerate(mesh.ids):
+            slices = sharding.device_slices(shape, mesh.axis_sizes, mesh.axis_names, spec, i)
             futures.append(self._request(self._data_address(d), (
                 "generate", None, array_id, d, blob, slices, block, dtype.str, (self.id, None))))
         status: cf.Future = cf.Future()
@@ -397,7 +396,7 @@ class Client:
 
     def _check_fits(self, nbytes, mesh, what):
         """A shard larger than a device's whole HBM can never be stored: say so at once."""
-        for d in mesh.devices:
+        for d in mesh.ids:
             hbm = self._device_info.get(d, {}).get("hbm")
             if hbm is not None and nbytes > hbm:
                 raise DeviceOutOfMemory(f"{what}: a shard of {nbytes} bytes is larger than the"
@@ -413,11 +412,11 @@ class Client:
         m = array.mesh
         by_slice: dict[tuple, list[int]] = {}
         for i in range(m.size):
-            sl = sharding.device_slices(array.shape, m.shape, m.axis_names, array.spec, i)
+            sl = sharding.device_slices(array.shape, m.axis_sizes, m.axis_names, array.spec, i)
             by_slice.setdefault(tuple((s.start, s.stop) for s in sl), []).append(i)
         futures = {}
         for members in by_slice.values():
-            d = m.devices[members[0]]
+            d = m.ids[members[0]]
             futures[members[0]] = self._request(self._data_address(d),
                                                 ("get", None, array.id, d))
         shards = [None] * m.size
@@ -425,7 +424,7 @@ class Client:
             value = futures[members[0]].result(timeout)
             for i in members:
                 shards[i] = value
-        return sharding.assemble(shards, m.shape, m.axis_names, array.spec)
+        return sharding.assemble(shards, m.axis_sizes, m.axis_names, array.spec)
 
     def _hold(self, arrays) -> None:
         """A run reads these arrays: their deletion waits for it."""
@@ -461,7 +460,7 @@ class Client:
         if self.closed:
             return
         per_host: dict[str, list] = {}
-        for d in array.mesh.devices:
+        for d in array.mesh.ids:
             if d in self._device_info:  # a lost host's buffers went with it
                 per_host.setdefault(self._data_address(d), []).append((array.id, d))
         for address, keys in per_host.items():
@@ -495,7 +494,7 @@ class Client:
             if self._remapped(a.mesh) is not a.mesh:
                 self._move(i, a, self._remapped(a.mesh))
         program = self._retarget(program)
-        placements = tuple(Placement(a.mesh.devices, tuple(a.spec), a.mesh.shape,
+        placements = tuple(Placement(a.mesh.ids, tuple(a.spec), a.mesh.axis_sizes,
                                      a.mesh.axis_names) for a in arrays)
         pid, out_places = self._install(program, placements)
         run_id = next(self._run_ids)
@@ -531,7 +530,7 @@ class Client:
         sl = self._request(self.address, ("remap", None, self.id, mesh.slice_id)
                            ).result(self.timeout)
         self._refresh_devices()
-        new = Mesh(mesh.shape, mesh.axis_names, sl.devices, sl.slice_id, sl.island, sl.version,
+        new = Mesh(mesh.axis_sizes, mesh.axis_names, sl.devices, sl.slice_id, sl.island, sl.version,
                    client=self)
         self._meshes[mesh.slice_id] = new
         return new
@@ -549,11 +548,11 @@ class Client:
         self._release(array)  # what is left of it on the devices that survived
         array.id = (self.id, next(self._array_ids))
         array.mesh = mesh
-        self._put_shards(array.id, mesh, sharding.split(array._value, mesh.shape,
+        self._put_shards(array.id, mesh, sharding.split(array._value, mesh.axis_sizes,
                                                         mesh.axis_names, array.spec))
 
     def _put_shards(self, array_id, mesh: Mesh, shards) -> None:
-        for d, shard in zip(mesh.devices, shards):
+        for d, shard in zip(mesh.ids, shards):
             self._send(self._data_address(d), ("put", array_id, d, shard, (self.id, None)))
 
     def _retarget(self, program):

@@ -108,7 +108,7 @@ class CompiledFunction:
     def _as_jax(self) -> None:
         """Run the body as JAX from now on (``pathways.jax_body``)."""
         m = self.mesh
-        self.jax = jax_body.JaxBody(self.body, m.axis_names, m.shape, self.in_specs,
+        self.jax = jax_body.JaxBody(self.body, m.axis_names, m.axis_sizes, self.in_specs,
                                     self.out_specs, self.check_rep, self.name)
 
     def arg_specs(self, nargs: int) -> tuple:
@@ -130,7 +130,7 @@ class CompiledFunction:
         other = copy.copy(self)
         other.mesh = mesh
         if self.jax is not None:
-            other.jax = self.jax.retarget(mesh.axis_names, mesh.shape)
+            other.jax = self.jax.retarget(mesh.axis_names, mesh.axis_sizes)
         return other
 
     def in_mesh(self, i: int) -> Mesh:
@@ -150,7 +150,7 @@ class CompiledFunction:
         for i, (a, spec) in enumerate(zip(in_avals, specs)):
             try:
                 spec = normalize_spec(spec, len(a.shape), m.axis_names)
-                out.append(Aval(shard_shape(a.shape, m.shape, m.axis_names, spec), a.dtype))
+                out.append(Aval(shard_shape(a.shape, m.axis_sizes, m.axis_names, spec), a.dtype))
             except ShardingError as exc:
                 raise ShardingError(f"{self.name}: argument {i} {a}: {exc}") from None
         return out
@@ -171,7 +171,7 @@ class CompiledFunction:
     def _on_zeros(self, run, zeros):
         """``run(zeros)`` in the abstract pass: its errors say they came from there."""
         m = self.mesh
-        with collectives.kernel_env(collectives.AbstractEnv(m.shape, m.axis_names)):
+        with collectives.kernel_env(collectives.AbstractEnv(m.axis_sizes, m.axis_names)):
             try:
                 out = run(zeros)
             except (ShardingError, ProgramError) as exc:
@@ -209,7 +209,7 @@ class CompiledFunction:
         for o, spec in zip(outs, self.out_specs):
             spec = normalize_spec(spec, o.ndim, m.axis_names)
             specs.append(spec)
-            avals.append(Aval(global_shape_of(o.shape, m.shape, m.axis_names, spec), o.dtype))
+            avals.append(Aval(global_shape_of(o.shape, m.axis_sizes, m.axis_names, spec), o.dtype))
         return Signature(tuple(avals), tuple(Aval.of(o) for o in outs),
                          self._rep_checks(in_avals, zeros, specs), tuple(in_avals))
 
@@ -222,7 +222,7 @@ class CompiledFunction:
             return tuple(() for _ in out_specs)
         in_specs = [normalize_spec(s, len(a.shape), m.axis_names)
                     for a, s in zip(in_avals, self.arg_specs(len(in_avals)))]
-        proven = replication.prove(self.body, zeros, in_specs, m.shape, m.axis_names,
+        proven = replication.prove(self.body, zeros, in_specs, m.axis_sizes, m.axis_names,
                                    len(out_specs), self.single_output)
         return tuple(tuple(a for a in axes if a not in p) for axes, p in zip(left_out, proven))
 
@@ -347,7 +347,7 @@ class CompiledFunction:
             except jax_body.NotNumpy:
                 pass
         if out is None:  # a JAX body: its output structure from JAX's trace
-            out = jax_body.out_shapes(on_leaves, self.mesh.axis_names, self.mesh.shape,
+            out = jax_body.out_shapes(on_leaves, self.mesh.axis_names, self.mesh.axis_sizes,
                                       shard_avals, self.name)
         out_specs = tree.per_leaf(self._spec_trees[1], out, f"{self.name}: out_specs")
         want_def = tree.flatten(out)[1]

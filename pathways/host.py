@@ -71,10 +71,10 @@ class Host:
 
     def kernel_env(self, mesh, flat_index: int, gang_key, device) -> ExecutorEnv:
         """Executor thread: where the collectives of the kernel running on ``device`` go."""
-        flat = self._flat.get(mesh.devices)
+        flat = self._flat.get(mesh.ids)
         if flat is None:
-            flat = self._flat[mesh.devices] = dict(enumerate(mesh.devices))
-        return ExecutorEnv(mesh.shape, mesh.axis_names, flat_index, flat, gang_key,
+            flat = self._flat[mesh.ids] = dict(enumerate(mesh.ids))
+        return ExecutorEnv(mesh.axis_sizes, mesh.axis_names, flat_index, flat, gang_key,
                            self.executor, device.current)
 
     def current_end(self, device: int) -> float:

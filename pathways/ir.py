@@ -34,7 +34,7 @@ class Eqn:
         outs = ", ".join(f"{v}:{v.aval}" for v in self.outputs)
         ins = ", ".join(map(str, self.inputs))
         m = self.fn.mesh
-        mesh = ",".join(f"{a}={n}" for a, n in zip(m.axis_names, m.shape))
+        mesh = ",".join(f"{a}={n}" for a, n in zip(m.axis_names, m.axis_sizes))
         return f"{outs} = {self.fn.name}[{mesh}]({ins})"
 
 
@@ -60,7 +60,7 @@ def evaluate_eqn(eqn: Eqn, args: list, timeout: float = 60.0) -> list:
     if getattr(fn, "routed", False):
         return fn.evaluate(args)
     specs = fn.arg_specs(len(args))
-    per_input = [sharding.split(a, m.shape, m.axis_names,
+    per_input = [sharding.split(a, m.axis_sizes, m.axis_names,
                                 sharding.normalize_spec(s, a.ndim, m.axis_names))
                  for a, s in zip(args, specs)]
     per_device = [tuple(shards[i] for shards in per_input) for i in range(m.size)]
@@ -70,12 +70,12 @@ def evaluate_eqn(eqn: Eqn, args: list, timeout: float = 60.0) -> list:
         env = collectives.current_env()
         return fn.checked(fn.run_body(shards, sig), sig, env.flat_index)
 
-    results = collectives.run_spmd(body, m.shape, m.axis_names, per_device, timeout=timeout)
+    results = collectives.run_spmd(body, m.axis_sizes, m.axis_names, per_device, timeout=timeout)
     outs = []
     for k, spec in enumerate(fn.out_specs):
         shards = [r[k] for r in results]
         spec = sharding.normalize_spec(spec, shards[0].ndim, m.axis_names)
-        outs.append(sharding.assemble(shards, m.shape, m.axis_names, spec))
+        outs.append(sharding.assemble(shards, m.axis_sizes, m.axis_names, spec))
     return outs
 
 

@@ -102,7 +102,7 @@ class KernelOp(DispatchedOp):
     def __init__(self, spec: KernelSpec):
         super().__init__()
         self.spec = spec
-        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.mesh.devices)
+        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.mesh.ids)
 
     def on_input(self, ctx, t, port, piece):
         self.assembler.on_piece(ctx, t, port, piece)
@@ -110,7 +110,7 @@ class KernelOp(DispatchedOp):
     def dispatch(self, ctx, t, cap):
         host = ctx.services["host"]
         arg = ctx.arg
-        device = self.spec.fn.mesh.devices[ctx.shard]
+        device = self.spec.fn.mesh.ids[ctx.shard]
         seq = arg.seqs[self.spec.index][device]
         kernel = Kernel(self.spec, ctx.shard, device, arg, host, cap)
         host.enqueue(device, seq, kernel)
@@ -236,7 +236,7 @@ class Kernel:
         poison(self.host, [self.key(v) for v in self.spec.outputs], err, self.owner)
         self._release_inputs()
         gang = (self.arg.client, self.arg.run_id, self.spec.index)
-        self.host.abort_gang(gang, self.spec.fn.mesh.devices, f"{self.name} failed on device"
+        self.host.abort_gang(gang, self.spec.fn.mesh.ids, f"{self.name} failed on device"
                              f" {self.device_id}: {exc!r}")
 
         def fail(cap):

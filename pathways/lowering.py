@@ -98,7 +98,7 @@ class LoweredProgram:
 
 def placement_of(m, spec, ndim) -> Placement:
     """Where a value of ``ndim`` dimensions with ``spec`` lives on mesh ``m``."""
-    return Placement(m.devices, tuple(normalize_spec(spec, ndim, m.axis_names)), m.shape,
+    return Placement(m.ids, tuple(normalize_spec(spec, ndim, m.axis_names)), m.axis_sizes,
                      m.axis_names)
 
 
@@ -146,7 +146,7 @@ class _Builder:
         for e, eqn in enumerate(self.program.eqns):
             self._kernel(e, eqn)
         g = self.graph
-        gangs = [e.fn.mesh.devices for e in self.program.eqns]
+        gangs = [e.fn.mesh.ids for e in self.program.eqns]
         islands = [self.island_of[d[0]] for d in gangs]
         return LoweredProgram(g, gangs, islands)
 
@@ -158,7 +158,7 @@ class _Builder:
         spec = KernelSpec(e, fn, tuple(v.id for v in eqn.inputs), tuple(v.id for v in eqn.outputs),
                           releases, incoming, fn.signature([v.aval for v in eqn.inputs]))
         node = g.node(f"{e}:{fn.name}", functools.partial(KernelOp, spec), fn.mesh.size,
-                      placement=self.hosts(fn.mesh.devices, fn.name), notify=self.notify)
+                      placement=self.hosts(fn.mesh.ids, fn.name), notify=self.notify)
         self._connect(e, eqn, range(len(eqn.inputs)), node)
         for v in eqn.outputs:
             self.producer[v.id] = node
@@ -189,12 +189,12 @@ class _Builder:
         fn, g = eqn.fn, self.graph
         tm, em = fn.token_mesh, fn.mesh
         incoming, releases = self._inputs(e, eqn)
-        links = tuple(tuple(self._link(a, b) for b in em.devices) for a in tm.devices)
+        links = tuple(tuple(self._link(a, b) for b in em.ids) for a in tm.ids)
         spec = RouteSpec(e, fn, tuple(v.id for v in eqn.inputs),
                          tuple(v.id for v in eqn.outputs), releases, incoming, links,
                          tuple(v.aval for v in eqn.outputs),
                          tuple(fn.split_avals([v.aval for v in eqn.inputs])[2]))
-        token_hosts, expert_hosts = self.hosts(tm.devices, fn.name), self.hosts(em.devices,
+        token_hosts, expert_hosts = self.hosts(tm.ids, fn.name), self.hosts(em.ids,
                                                                                 fn.name)
         route = g.node(f"{e}:{fn.name}:route", functools.partial(RouteOp, spec), tm.size,
                        placement=token_hosts, notify=self.notify)
@@ -232,7 +232,7 @@ class _Builder:
         expect = [0] * m.size
         for p in pieces:
             expect[p.dst] += 1
-        shape = shard_shape(v.aval.shape, m.shape, m.axis_names, need.spec)
+        shape = shard_shape(v.aval.shape, m.axis_sizes, m.axis_names, need.spec)
         return Incoming(v.id, shape, v.aval.dtype, tuple(expect))
 
     def _send(self, e, i, v, consumer):
@@ -240,7 +240,7 @@ class _Builder:
         m = self.program.eqns[e].fn.in_mesh(i)
         per_src: list[list] = [[] for _ in have.devices]
         for p in resharding.plan(v.aval.shape, have.mesh, have.spec, need.mesh, need.spec):
-            link = self._link(have.devices[p.src], m.devices[p.dst])
+            link = self._link(have.devices[p.src], m.ids[p.dst])
             per_src[p.src].append((p.dst, p.src_slices, p.dst_slices, link))
         spec = SendSpec(v.id, have.devices, tuple(map(tuple, per_src)),
                         0 if v.id in self.keep else self.uses[v.id])

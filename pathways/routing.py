@@ -66,9 +66,9 @@ class RoutedFunction(CompiledFunction):
         for what, m in (("tokens", tokens), ("experts", experts)):
             if not isinstance(m, Mesh):
                 raise ProgramError(f"expert_map: {what} must be a Mesh, got {m!r}")
-            if len(m.shape) != 1:
+            if len(m.axis_sizes) != 1:
                 raise ShardingError(f"expert_map: the {what} mesh must be 1-D, got shape"
-                                    f" {m.shape}")
+                                    f" {m.axis_sizes}")
         if num_experts < 1 or num_experts % experts.size:
             raise ShardingError(f"expert_map: {num_experts} experts cannot be spread evenly"
                                 f" over {experts.size} expert devices")
@@ -283,14 +283,14 @@ class RouteOp(DispatchedOp):
     def __init__(self, spec: RouteSpec):
         super().__init__()
         self.spec = spec
-        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.token_mesh.devices)
+        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.token_mesh.ids)
 
     def on_input(self, ctx, t, port, piece):
         self.assembler.on_piece(ctx, t, port, piece)
 
     def dispatch(self, ctx, t, cap):
         host, arg, shard = ctx.services["host"], ctx.arg, ctx.shard
-        device = self.spec.fn.token_mesh.devices[shard]
+        device = self.spec.fn.token_mesh.ids[shard]
         keys = [input_key(self.spec, arg, i, device) for i in range(1 + self.spec.fn.token_args)]
         left = [len(keys)]
 
@@ -339,7 +339,7 @@ class ExpertOp(DispatchedOp):
         super().__init__()
         self.spec = spec
         self.rows: dict = {}  # t -> [pieces], or an error message
-        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.mesh.devices)
+        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.mesh.ids)
 
     def on_input(self, ctx, t, port, piece):
         if port != len(self.spec.inputs):
@@ -356,7 +356,7 @@ class ExpertOp(DispatchedOp):
 
     def dispatch(self, ctx, t, cap):
         host, arg = ctx.services["host"], ctx.arg
-        device = self.spec.fn.mesh.devices[ctx.shard]
+        device = self.spec.fn.mesh.ids[ctx.shard]
         seq = arg.seqs[self.spec.index][device]
         received = self.rows.pop(t, [])
         if isinstance(received, list) and received:
@@ -500,7 +500,7 @@ class GatherOp(DispatchedOp):
     def dispatch(self, ctx, t, cap):
         host, arg = ctx.services["host"], ctx.arg
         fn, spec = self.spec.fn, self.spec
-        device = fn.token_mesh.devices[ctx.shard]
+        device = fn.token_mesh.ids[ctx.shard]
         owner = (arg.client, arg.run_id)
         got = self.rows.pop(t, [])
         keys = [(arg.array_id(v), device) for v in spec.outputs[:fn.row_outputs]]

@@ -135,7 +135,7 @@ def test_remap_after_a_host_loss_and_a_late_host_adds_capacity():
             want = pw.reference(twice)(np.arange(8.0))
             np.testing.assert_allclose(twice(x).result(timeout=30), want)
             infos = c._request(c.address, ("status", None)).result(10)["hosts"]
-            used = {c._device_info[d]["host"] for d in mesh.devices}
+            used = {d.host for d in mesh.devices.flat}
             victim = next(p for p in host_processes(cluster)
                           if any(infos[w]["pid"] == p.pid for w in used))
             victim.send_signal(signal.SIGKILL)
@@ -144,8 +144,8 @@ def test_remap_after_a_host_loss_and_a_late_host_adds_capacity():
                     twice(x).result(timeout=30)
             new = c.remap(mesh)
             assert new.shape == mesh.shape and new.version == mesh.version + 1
-            assert set(new.devices) != set(mesh.devices)
-            assert all(d in c._device_info for d in new.devices)  # healthy devices only
+            assert set(new.ids) != set(mesh.ids)
+            assert all(d in c._device_info for d in new.ids)  # healthy devices only
             # the same program and array, built on the old mesh, now run on the new one
             np.testing.assert_allclose(twice(x).result(timeout=30), want)
             assert x.mesh == new

@@ -192,7 +192,7 @@ def assert_cluster_serves(cluster, hosts):
         now = client._request(client.address, ("status", None)).result(10)["hosts"]
         assert identities(now) == identities(hosts)
         mesh = client.mesh((4,), ("x",))
-        assert len({client._device_info[d]["host"] for d in mesh.devices}) == 2
+        assert len({d.host for d in mesh.devices.flat}) == 2
         x = np.arange(8, dtype=np.float32).reshape(4, 2)
         y = pw.shard_map(body, mesh, P("x"), P("x"))(client.put(x, mesh, P("x")))
         np.testing.assert_array_equal(y.result(30), np.tile(x.sum(0), (4, 1)))

@@ -59,7 +59,7 @@ def test_a_client_shard_that_does_not_fit_waits_without_stalling_the_host(small_
         b.result(timeout=30)
         later = c.put(np.full(300 * 1024 // 8, 3.0), mesh, P())  # does not fit yet
         (status,) = c.host_status(timeout=30).values()  # the host still serves requests
-        assert status["devices"][mesh.devices[0]]["hbm_used"] == 900 * 1024
+        assert status["devices"][mesh.ids[0]]["hbm_used"] == 900 * 1024
         a.delete()
         plus = pw.shard_map(lambda v: v + 1.0, mesh, P(), P())
         np.testing.assert_array_equal(plus(later).result(timeout=30), 4.0)  # stored at last

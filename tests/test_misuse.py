@@ -73,7 +73,7 @@ def test_python_control_flow_and_arithmetic_on_traced_values_are_refused(client)
 
 def test_exceeding_hbm_fails_at_once(pw_cluster, client):
     mesh = client.mesh((1,), ("d",))
-    hbm = client._device_info[mesh.devices[0]]["hbm"]
+    hbm = client._device_info[mesh.ids[0]]["hbm"]
     assert hbm == 16 << 30
 
     with pytest.raises(pw.DeviceOutOfMemory, match="larger than the whole HBM"):
@@ -83,7 +83,7 @@ def test_exceeding_hbm_fails_at_once(pw_cluster, client):
 def test_a_hand_made_mesh_on_devices_of_no_slice_of_the_client_is_refused(pw_cluster):
     with pw.connect(pw_cluster.address) as c:
         mine = c.mesh((2,), ("d",))
-        others = [d.id for d in c.devices() if d.id not in mine.devices][:2]
+        others = [d.id for d in c.devices() if d.id not in mine.ids][:2]
         rogue = pw.Mesh((2,), ("d",), tuple(others), client=c)
         f = pw.shard_map(lambda v: v + 1, rogue, P("d"), P("d"))
         with pytest.raises(pw.ResourceError, match="in no slice of client"):

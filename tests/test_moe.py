@@ -147,7 +147,7 @@ def meshes(client):
     tm = client.mesh((4,), ("data",))
     em = client.mesh((4,), ("expert",))
     hosts = {d.id: d.host for d in client.devices()}
-    assert len({hosts[d] for d in em.devices}) == 2
+    assert len({hosts[d] for d in em.ids}) == 2
     return tm, em
 
 

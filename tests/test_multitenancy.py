@@ -33,7 +33,7 @@ def connect_all(address, **per_client):
 def streams(clients, n):
     """Each client submits ``n`` one-gang programs on the same 4 devices, interleaved."""
     meshes = [c.mesh((4,), ("d",)) for c in clients]
-    assert len({m.devices for m in meshes}) == 1  # one island of 4: everyone shares it
+    assert len({m.ids for m in meshes}) == 1  # one island of 4: everyone shares it
     steps = [pw.shard_map(lambda x: x + 1.0, m, P("d"), P("d"), cost=KERNEL) for m in meshes]
     xs = [c.put(np.zeros(4), m, P("d")) for c, m in zip(clients, meshes)]
     outs = [[] for _ in clients]

@@ -3,6 +3,7 @@ result checked against the reference interpreter."""
 
 import asyncio
 import dataclasses
+import pickle
 import threading
 
 import numpy as np
@@ -222,7 +223,7 @@ def test_modelled_cost_occupies_the_devices(client):
         x = slow(x)
     np.testing.assert_array_equal(x.result(30), np.full((2, 2), 5.0))
     after = device_busy(client)
-    for d in mesh.devices:
+    for d in mesh.ids:
         assert after[d] - before[d] >= 5 * 0.02 - 1e-6  # float sums of the durations
     # A cost function gets each device's input shard shapes (it runs on the hosts): a wrong
     # shape makes it return a negative cost, which fails the run.
@@ -262,6 +263,21 @@ def test_an_array_answers_as_a_jax_array_does(client):
         with pytest.raises(pw.ProgramError, match="inside a shard_map body|in a shard_map body"):
             misuse()
     assert x in [y, x] and x != y  # identity comparisons still work
+
+
+def test_a_mesh_answers_as_a_jax_mesh_does(client):
+    mesh = client.mesh((2, 4), ("data", "model"))
+    assert mesh.shape == {"data": 2, "model": 4} and list(mesh.shape) == ["data", "model"]
+    assert mesh.axis_sizes == (2, 4) and mesh.size == 8
+    devices = mesh.devices
+    assert devices.shape == (2, 4) and devices.dtype == object
+    known = {d.id: d for d in client.devices()}
+    assert [known[d.id] for d in devices.flat] == list(devices.flat)  # id, island, host, kind
+    assert [d.id for d in devices.flat] == list(mesh.ids) == mesh.device_ids.ravel().tolist()
+    assert devices[1, 0].id == mesh.ids[4]  # row-major, as the flat positions
+    assert mesh.devices[0, 0].kind is not None and mesh.devices[0, 0].host in {
+        d.host for d in client.devices()}
+    assert pickle.loads(pickle.dumps(mesh)) == mesh  # no client travels; ids, sizes do
 
 
 def test_a_kernel_s_standard_exception_is_raised_as_its_own_class(client):

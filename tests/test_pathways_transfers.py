@@ -69,8 +69,8 @@ def test_a_program_spanning_two_islands():
         with pw.connect(cluster.address) as client:
             left = client.mesh((4,), ("d",), island=0)
             right = client.mesh((2, 2), ("a", "b"), island=1)
-            assert {d.island for d in client.devices() if d.id in left.devices} == {0}
-            assert {d.island for d in client.devices() if d.id in right.devices} == {1}
+            assert {d.island for d in client.devices() if d.id in left.ids} == {0}
+            assert {d.island for d in client.devices() if d.id in right.ids} == {1}
             f = pw.shard_map(lambda v: pw.psum(v, "d") / 4, left, P("d"), P())
             g = pw.shard_map(lambda v: v * pw.axis_index("a") + 1, right, P("a"), P("a"))
 

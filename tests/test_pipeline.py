@@ -121,7 +121,7 @@ def assert_same_layers(got, want, rtol):
 @pytest.mark.parametrize("microbatches", [1, 3])
 def test_pipelined_training_matches_numpy(client, stages, microbatches):
     pipe, losses, got, want_losses, want = train_pipelined(client, stages, microbatches, 6)
-    assert len({m.devices for m in pipe.meshes}) == stages  # one slice per stage
+    assert len({m.ids for m in pipe.meshes}) == stages  # one slice per stage
     np.testing.assert_allclose(losses, want_losses, rtol=1e-9)
     assert_same_layers(got, want, rtol=1e-9)
     assert losses[-1] < 0.9 * losses[0]
@@ -130,7 +130,7 @@ def test_pipelined_training_matches_numpy(client, stages, microbatches):
 def test_1f1b_on_stages_of_two_devices_matches_numpy(client):
     pipe, losses, got, want_losses, want = train_pipelined(
         client, 2, 3, 6, devices_per_stage=2, schedule="1f1b")
-    assert [m.shape for m in pipe.meshes] == [(2,), (2,)]
+    assert [m.axis_sizes for m in pipe.meshes] == [(2,), (2,)]
     np.testing.assert_allclose(losses, want_losses, rtol=1e-9)
     assert_same_layers(got, want, rtol=1e-9)
     assert losses[-1] < 0.9 * losses[0]
@@ -142,7 +142,7 @@ def test_stages_on_two_islands_match_numpy():
             pipe, losses, got, want_losses, want = train_pipelined(client, 2, 3, 4,
                                                                    island=[0, 1])
             islands = {d.id: d.island for d in client.devices()}
-            assert [islands[m.devices[0]] for m in pipe.meshes] == [0, 1]
+            assert [islands[m.ids[0]] for m in pipe.meshes] == [0, 1]
     np.testing.assert_allclose(losses, want_losses, rtol=1e-9)
     assert_same_layers(got, want, rtol=1e-9)
 

@@ -112,6 +112,20 @@ def test_bad_mesh_and_flat_index():
         assemble([np.zeros(2)] * 3, MESH, NAMES, P())
 
 
+def test_an_abstract_mesh_has_jax_s_shape_and_device_objects():
+    from pathways import Device, Mesh
+
+    mesh = Mesh.abstract((2, 3), ("a", "b"))
+    assert mesh.shape == {"a": 2, "b": 3} and mesh.axis_sizes == (2, 3)
+    assert mesh.devices.shape == (2, 3)
+    assert mesh.devices[1, 2] == Device(5, None, None, None)  # nothing known without a client
+    assert mesh.device_ids.tolist() == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(ShardingError, match="needs 6 devices"):
+        Mesh((2, 3), ("a", "b"), (0, 1, 2))
+    with pytest.raises(ShardingError, match="distinct"):
+        Mesh((2,), ("a",), (0, 0))
+
+
 def test_axis_group_by_hand():
     mesh, names = (2, 3, 2), ("a", "b", "c")
     # Device 9 is at (1, 1, 1).

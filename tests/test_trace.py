@@ -38,7 +38,7 @@ def traced(pw_cluster, tmp_path_factory):
             for o in outs:
                 o.result(timeout=60)
         devices = {d.id: d for d in a.devices()}
-        return path, tr.trace, devices, (a.id, b.id), (ma.devices, mb.devices, m2.devices)
+        return path, tr.trace, devices, (a.id, b.id), (ma.ids, mb.ids, m2.ids)
 
 
 def test_trace_file_is_chrome_json_with_a_row_per_device_grouped_by_host(traced):
