@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import subprocess
 import sys
 import time
 
 from plaque import security
+from plaque.cluster import worker_env
 
 from .errors import PathwaysError
 
@@ -34,9 +34,7 @@ class LocalCluster:
         self._own_keys = None  # the throw-away key directory this cluster made, if any
         if keys is None and not insecure and security.keys_dir() is None:
             keys = self._own_keys = security.ephemeral("pathways-keys-")
-        env = dict(os.environ, PLAQUE_DIE_WITH_PARENT="1")
-        if keys is not None:
-            env[security.ENV] = str(keys)
+        env = worker_env(keys)
         self.keys = keys
         self._env, self._v, self.hbm_gib = env, ["-v"] * verbose, hbm_gib
         self.kernel_limit = kernel_limit

@@ -92,7 +92,7 @@ class Host:
         self._release_posted = False
         while self._released:
             cap = self._released.popleft()
-            if self.core.graphs.get(cap._graph.gid) is cap._graph:  # not uninstalled
+            if cap.valid:  # not uninstalled meanwhile
                 cap.release()
 
     def abort_gang(self, gang_key, devices, reason) -> None:

@@ -3,6 +3,8 @@
 Build a ``Graph`` of sharded ``Operator`` nodes joined by ONE_TO_ONE, BROADCAST or KEYED edges,
 install it on a cluster once, and run it many times; each run is a timestamp, and every shard
 is told when its input for a timestamp is complete (progress tracking), even if it got nothing.
+Operators take tuples one by one (``on_input``, ``ctx.emit``) or in batches (``on_batch``,
+``ctx.emit_batch``, lists or numpy arrays); KEYED edges route by a stable hash of a key.
 """
 
 from .cluster import Cluster, InstalledGraph, local_cluster
@@ -18,11 +20,12 @@ from .errors import (
     WorkerLost,
 )
 from .graph import BROADCAST, KEYED, ONE_TO_ONE, Graph, Routing
+from .keys import stable_hash, stable_shard, stable_shards
 from .operator import Context, Operator
 
 __all__ = [
     "BROADCAST", "KEYED", "ONE_TO_ONE", "Cluster", "ClusterClosed", "Context",
     "CoordinatorLost", "Graph", "GraphError", "InstalledGraph", "Operator", "OperatorError",
     "PlaqueError", "ProtocolError", "Routing", "RunResult", "WorkerLost", "local_cluster",
-    "total",
+    "stable_hash", "stable_shard", "stable_shards", "total",
 ]

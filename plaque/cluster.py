@@ -17,6 +17,7 @@ import concurrent.futures as cf
 import contextlib
 import logging
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -267,9 +268,7 @@ class Cluster:
 
     def start_worker_processes(self, n: int, bind: str = "tcp://127.0.0.1") -> None:
         """Spawn ``n`` worker processes that join this cluster."""
-        env = dict(os.environ, PLAQUE_DIE_WITH_PARENT="1")
-        if self.keys is not None:
-            env[security.ENV] = str(self.keys)
+        env = worker_env(self.keys)
         for _ in range(n):
             verbose = ["-v"] * int(os.environ.get("PLAQUE_VERBOSE", "0") or 0)
             cmd = [sys.executable, "-m", "plaque", *verbose, "worker", "--join", self.address,
@@ -328,6 +327,18 @@ def _resolver(fut: cf.Future):
         else:
             fut.set_result(value)
     return settle
+
+
+def worker_env(keys=None) -> dict:
+    """The environment of the worker processes a local cluster starts: they die with it, use
+    its keys, and share one ``PYTHONHASHSEED`` (the caller's, else one drawn per cluster), so
+    even ``hash()`` of text agrees between them; workers started elsewhere are checked at join
+    (``emit(key=)`` never depends on it)."""
+    env = dict(os.environ, PLAQUE_DIE_WITH_PARENT="1")
+    if keys is not None:
+        env[security.ENV] = str(keys)
+    env.setdefault("PYTHONHASHSEED", str(secrets.randbelow(2**32)))
+    return env
 
 
 @contextlib.contextmanager

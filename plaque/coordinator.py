@@ -84,6 +84,8 @@ class CoordinatorCore:
         self._gids = itertools.count()
         self._requests = itertools.count()
         self._heard: set[int] = set()
+        self._hash_probe = None  # the first worker's str_hash_probe
+        self._hash_warned = False
         self._last_beat: float | None = None
         self.stopping = False
         self._commands: list = []
@@ -182,7 +184,7 @@ class CoordinatorCore:
             dropped(log, f"a {kind.name} it could not apply", "coordinator: %r", exc)
 
     def _on_hello(self, sender, payload):
-        address, info = payload
+        address, info, *probe = payload  # the string-hash probe (absent: not checked)
         address = str(address)
         endpoints = set(address.split("|"))
         if any(w.alive and endpoints & set(w.address.split("|")) for w in self.workers.values()):
@@ -190,6 +192,8 @@ class CoordinatorCore:
             # worker at that address a second id and get it declared lost under the first
             raise ValueError(f"a live worker already joined from {address!r}")
         wid = next(self._ids)
+        if probe:
+            self._check_string_hash(wid, probe[0])
         self.workers[wid] = _Worker(address, dict(info))
         self._heard.add(wid)
         self._commands.append(("connect", wid, address))
@@ -197,6 +201,18 @@ class CoordinatorCore:
         self._broadcast_peers()
         self._events.append(("membership", self.live_workers()))
         log.info("worker %d joined from %s", wid, address)
+
+    def _check_string_hash(self, wid, probe) -> None:
+        """Warn (once) when workers hash strings differently: ``hash(text) % n`` then routes
+        one key to different shards from different workers; ``emit(key=)`` never does."""
+        if self._hash_probe is None:
+            self._hash_probe = probe
+        elif probe != self._hash_probe and not self._hash_warned:
+            self._hash_warned = True
+            log.warning("worker %d hashes strings differently from the first worker (another"
+                        " PYTHONHASHSEED): routing by hash() of text would split keys across"
+                        " shards; route with emit(key=...) (plaque.stable_shard), or start every"
+                        " worker with one PYTHONHASHSEED", wid)
 
     def _broadcast_peers(self):
         peers = {w: self.workers[w].address for w in self.live_workers()}

@@ -17,7 +17,7 @@ class LocalGraph:
 
     RETIRED_KEPT = 4096  # finished runs whose argument a worker keeps for late input
 
-    def __init__(self, gid, graph, placement, worker_id, emit, output, hold, services):
+    def __init__(self, gid, graph, placement, worker_id, core, services):
         self.gid = gid
         self.graph = graph
         self.placement = placement
@@ -37,10 +37,8 @@ class LocalGraph:
         for node in graph.nodes:
             for shard, w in enumerate(placement[node.index]):
                 if w == worker_id:
-                    ctx = Context(node.name, shard, node.shards, worker_id,
-                                  _bind(emit, gid, node.index, shard),
-                                  _bind(output, gid, node.index, shard),
-                                  _bind(hold, gid, node.index, shard), services)
+                    ctx = Context(node.name, shard, node.shards, worker_id, core, self,
+                                  node.index, node.notify, services)
                     self.ops[(node.index, shard)] = (node.factory(), ctx)
         self.pending: dict[tuple[int, int], list] = {}  # shard -> timestamps awaiting completion
         # completion tests: a shard that is not complete waits on a witness (a positive
@@ -60,7 +58,3 @@ class LocalGraph:
         """Apply progress changes to this worker's copy, only at the locations it tracks."""
         tracked = self.tracked
         self.tracker.update(ch for ch in changes if (ch[0][1], ch[0][2]) in tracked)
-
-
-def _bind(fn, gid, node, shard):
-    return lambda t, *a: fn(gid, node, shard, t, *a)

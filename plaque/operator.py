@@ -7,18 +7,33 @@ class Operator:
     """Base class of operators. Override what you need; every method is optional.
 
     ``on_start(ctx, t)`` is called when run t starts on this shard's worker, before any input;
-    ``on_input(ctx, t, port, value)`` is called for each tuple that reaches this shard;
+    ``on_batch(ctx, t, port, values)`` for each batch of tuples that reaches this shard (a list,
+    or a numpy array when the sender emitted one); by default it calls
+    ``on_input(ctx, t, port, value)`` once per tuple, the simple form;
     ``on_complete(ctx, t)`` once no tuple with timestamp <= t can reach it any more (also when
     it received nothing). A source is a node without inputs: it gets ``on_complete`` as soon as
     run t starts and emits from there, usually from ``ctx.arg``.
 
+    Runs overlap: keep what belongs to one run in ``ctx.state`` (a dict for run t, dropped once
+    this shard completed t), not in attributes of the operator.
+
     >>> class Double(Operator):
     ...     def on_input(self, ctx, t, port, value):
     ...         ctx.emit(2 * value)
+    >>> class Sum(Operator):
+    ...     def on_batch(self, ctx, t, port, values):
+    ...         ctx.state["sum"] = ctx.state.get("sum", 0) + sum(values)
+    ...     def on_complete(self, ctx, t):
+    ...         ctx.output(ctx.state.get("sum", 0))
     """
 
     def on_start(self, ctx: Context, t) -> None:
         pass
+
+    def on_batch(self, ctx: Context, t, port: int, values) -> None:
+        on_input = self.on_input
+        for value in values:
+            on_input(ctx, t, port, value)
 
     def on_input(self, ctx: Context, t, port: int, value) -> None:
         pass
@@ -28,21 +43,51 @@ class Operator:
 
 
 class Context:
-    """Handed to every operator call; says which shard this is and lets it emit.
+    """Handed to every operator call; says which shard and run this is and lets it emit.
 
-    Attributes: ``node`` (name), ``shard``, ``num_shards``, ``worker`` (id), ``arg`` (the
-    argument given to this run), ``services`` (whatever the worker process was started with).
+    Attributes: ``node`` (name), ``shard``, ``num_shards``, ``worker`` (id), ``t`` (the run),
+    ``arg`` (the argument given to run t), ``services`` (whatever the worker process was
+    started with), ``state`` (this shard's dict for run t).
+
+    Routing on KEYED edges: ``key=k`` sends to shard ``plaque.stable_shard(k, n)`` of the
+    receiver's n shards, the same in every process (never ``hash()``, which differs between
+    processes); ``shard=i`` names the shard. Other edges ignore both.
     """
 
-    __slots__ = ("node", "shard", "num_shards", "worker", "arg", "services", "_emit",
-                 "_output", "_hold", "_t")
+    __slots__ = ("node", "shard", "num_shards", "worker", "arg", "services", "t", "_core",
+                 "_graph", "_index", "_notify", "_targets", "_states")
 
-    def __init__(self, node, shard, num_shards, worker, emit, output, hold=None, services=None):
+    def __init__(self, node, shard, num_shards, worker, core, graph, index, notify=True,
+                 services=None):
         self.node, self.shard, self.num_shards, self.worker = node, shard, num_shards, worker
-        self._emit, self._output, self._hold = emit, output, hold
+        self._core, self._graph, self._index, self._notify = core, graph, index, notify
         self.services = services if services is not None else {}
         self.arg = None
-        self._t = None
+        self.t = None
+        self._targets: dict = {}  # (t, port) -> where emits go (worker._Route), this turn only
+        self._states: dict = {}  # t -> state dict
+
+    def emit(self, value, port: int = 0, shard: int | None = None, key=None) -> None:
+        """Send ``value`` on output ``port``."""
+        route = self._targets.get((self.t, port))
+        if route is None:
+            route = self._core._open(self, self.t, port)
+        for bucket in route.plain:
+            bucket.values.append(value)
+        if route.keyed:
+            self._core._emit_keyed(self, route, value, shard, key)
+
+    def emit_batch(self, values, port: int = 0, shard: int | None = None, key=None,
+                   shards=None, keys=None) -> None:
+        """Send every value of ``values`` (a sequence, or a numpy array whose rows are the
+        tuples, sent without copies) on output ``port``; on KEYED edges ``shard=``/``key=``
+        send all of them to one shard, ``shards=``/``keys=`` (one per value) each to its own.
+        Progress is counted once per destination shard, not per value."""
+        self._core._route(self, self.t, port, values, shard, key, shards, keys)
+
+    def output(self, value) -> None:
+        """Hand ``value`` to the driver: it appears in the run's result under this node/shard."""
+        self._core._output(self._graph, self._index, self.shard, self.t, value)
 
     def hold(self) -> Capability:
         """Keep this shard's capability for the current run after the handler returns.
@@ -50,43 +95,60 @@ class Context:
         Downstream shards are not told "complete" until it is released, so the shard can
         finish its work later (on another thread) and still emit. See ``Capability``.
         """
-        return self._hold(self._t)
+        return self._core._hold(self._graph, self._index, self.shard, self.t)
 
-    def emit(self, value, port: int = 0, shard: int | None = None) -> None:
-        """Send ``value`` on output ``port``; ``shard`` picks the destination on KEYED edges."""
-        self._emit(self._t, value, port, shard)
-
-    def output(self, value) -> None:
-        """Hand ``value`` to the driver: it appears in the run's result under this node/shard."""
-        self._output(self._t, value)
+    @property
+    def state(self) -> dict:
+        """This shard's state for the current run: a dict, empty at first, dropped when the
+        shard has completed the run (after ``on_complete`` and any held capability)."""
+        state = self._states.get(self.t)
+        if state is None:
+            if not self._notify:
+                raise RuntimeError(f"node {self.node!r} has notify=False: it never completes a"
+                                   " run, so it has no per-run state (ctx.state)")
+            state = self._states[self.t] = {}
+        return state
 
 
 class Capability:
     """The right to emit at timestamp ``t`` from one shard, held until ``release()``.
 
-    ``emit``, ``output`` and ``release`` must be called on the worker's event loop; from any
-    other thread use ``post(fn)``, which runs ``fn(capability)`` there. An exception in ``fn``
-    fails the run like an exception in a handler, and releases the capability.
+    ``emit``, ``emit_batch``, ``output`` and ``release`` must be called on the worker's event
+    loop; from any other thread use ``post(fn)``, which runs ``fn(capability)`` there. An
+    exception in ``fn`` fails the run like an exception in a handler, and releases the
+    capability.
     """
 
-    __slots__ = ("t", "_core", "_graph", "_node", "_shard", "released")
+    __slots__ = ("t", "_core", "_ctx", "released")
 
-    def __init__(self, core, graph, node, shard, t):
-        self._core, self._graph, self._node, self._shard, self.t = core, graph, node, shard, t
+    def __init__(self, core, ctx, t):
+        self._core, self._ctx, self.t = core, ctx, t
         self.released = False
 
-    def emit(self, value, port: int = 0, shard: int | None = None) -> None:
+    def emit(self, value, port: int = 0, shard: int | None = None, key=None) -> None:
+        self.emit_batch((value,), port, shard, key)
+
+    def emit_batch(self, values, port: int = 0, shard: int | None = None, key=None,
+                   shards=None, keys=None) -> None:
         self._check()
-        self._core._emit(self._graph.gid, self._node, self._shard, self.t, value, port, shard)
+        self._core._route(self._ctx, self.t, port, values, shard, key, shards, keys)
 
     def output(self, value) -> None:
         self._check()
-        self._core._output(self._graph.gid, self._node, self._shard, self.t, value)
+        ctx = self._ctx
+        self._core._output(ctx._graph, ctx._index, ctx.shard, self.t, value)
 
     def release(self) -> None:
         self._check()
         self.released = True
-        self._core._release(self._graph, self._node, self._shard, self.t)
+        ctx = self._ctx
+        self._core._release(ctx._graph, ctx._index, ctx.shard, self.t)
+
+    @property
+    def valid(self) -> bool:
+        """Not released, and its graph still installed (on the worker's event loop)."""
+        graph = self._ctx._graph
+        return not self.released and self._core.graphs.get(graph.gid) is graph
 
     def post(self, fn) -> None:
         """Thread-safe: run ``fn(self)`` on the worker's event loop."""

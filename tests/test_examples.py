@@ -49,3 +49,17 @@ def test_jax_transformer_example_trains_and_matches_plain_jax():
     assert "device utilization" in out
     gap = float(out.rsplit("relative loss difference", 1)[1].split()[0])
     assert gap < 1e-4, out
+
+
+def test_word_count_example_is_exact_and_prints_its_throughput():
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "word_count.py"), "--lines",
+                          "2000", "--runs", "2"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "words/s" in out and "(exact)" in out
+
+
+def test_keyed_aggregation_example_is_exact_and_prints_its_throughput():
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "keyed_aggregation.py"),
+                          "--rows", "50000", "--runs", "2"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "rows/s" in out and "(exact)" in out

@@ -9,7 +9,10 @@ picks which non-empty queue delivers next, so messages from different senders an
 and CONTROL channels interleave arbitrarily while each queue stays in order.
 
 Graphs are random DAGs of 1-5 nodes with 1-4 shards, random routings and placements; every
-operator logs what it sees. The properties:
+operator logs what it sees. Each node works in one of four modes, so graphs mix them: per tuple
+(``on_input``, ``emit(shard=)``), per tuple with keys (``emit(key=)``), in batches of lists
+(``on_batch``, ``emit_batch(keys=)``, per-run sums in ``ctx.state``) and in batches of numpy
+arrays (``emit_batch(array, shards=)``). The properties:
 
 - safety: a shard never gets a tuple at t after it was told "complete for t", completions
   come in timestamp order, and ``run_done`` only comes once every shard completed the run;
@@ -24,10 +27,11 @@ from __future__ import annotations
 import itertools
 from collections import Counter, deque
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plaque import wire
+from plaque import stable_shard, stable_shards, wire
 from plaque.coordinator import CoordinatorCore
 from plaque.graph import BROADCAST, KEYED, ONE_TO_ONE, Graph
 from plaque.operator import Operator
@@ -41,7 +45,9 @@ MOD = 1009
 # ---- operators and their sequential reference -------------------------------------------------
 # A node is described by a plain spec so that operators (shipped to workers by cloudpickle)
 # and the reference computation below share one definition of what each shard does.
-# spec = (node index, is_source, outs) with outs = ((port, routing, destination shards), ...)
+# spec = (node index, is_source, outs, mode) with outs = ((port, routing, destination shards),
+# ...) and mode one of MODES (how the operator receives and sends; never what).
+MODES = ("tuple", "key", "batch", "array")
 
 
 def derive(value, node, shard, port):
@@ -50,13 +56,13 @@ def derive(value, node, shard, port):
 
 
 def targets(value, routing, shard, dst_shards):
-    """Destination shards of ``value``; KEYED drops one value in (dst_shards + 1)."""
+    """Destination shards of ``value``; KEYED drops one value in (dst_shards + 1) and sends
+    the others to the shard of their stable key."""
     if routing is ONE_TO_ONE:
         return [shard]
     if routing is BROADCAST:
         return list(range(dst_shards))
-    key = value % (dst_shards + 1)
-    return [] if key == dst_shards else [key]
+    return [] if value % (dst_shards + 1) == dst_shards else [stable_shard(value, dst_shards)]
 
 
 def forwards(value):
@@ -68,36 +74,63 @@ class SimOp(Operator):
     """Logs ("input", t, port, value) and ("complete", t) per shard; emits and outputs."""
 
     def __init__(self, spec):
-        self.node, self.is_source, self.outs = spec
+        self.node, self.is_source, self.outs, self.mode = spec
         self.events = []
         self.sums = {}
 
-    def send(self, ctx, value):
+    def send(self, ctx, values):
+        """Send what ``values`` derive to, as this node's mode does."""
         for port, routing, dst_shards in self.outs:
-            v = derive(value, self.node, ctx.shard, port)
+            derived = [derive(v, self.node, ctx.shard, port) for v in values]
             if routing is KEYED:
-                for s in targets(v, routing, ctx.shard, dst_shards):
-                    ctx.emit(v, port=port, shard=s)
-            else:
-                ctx.emit(v, port=port)
+                derived = [v for v in derived if targets(v, routing, ctx.shard, dst_shards)]
+            self.emit(ctx, port, derived, dst_shards if routing is KEYED else None)
+
+    def emit(self, ctx, port, values, keyed_shards):
+        if self.mode == "batch":
+            ctx.emit_batch(values, port=port, keys=None if keyed_shards is None else values)
+        elif self.mode == "array":
+            rows = np.array(values, dtype=np.int64)
+            dests = None if keyed_shards is None else stable_shards(rows, keyed_shards)
+            ctx.emit_batch(rows, port=port, shards=dests)
+        else:
+            for v in values:
+                if keyed_shards is None:
+                    ctx.emit(v, port=port)
+                elif self.mode == "key":
+                    ctx.emit(v, port=port, key=v)
+                else:
+                    ctx.emit(v, port=port, shard=stable_shard(v, keyed_shards))
+
+    def on_batch(self, ctx, t, port, values):
+        if self.mode in ("tuple", "key"):
+            return super().on_batch(ctx, t, port, values)  # on_input, tuple by tuple
+        values = [int(v) for v in values]
+        for v in values:
+            self.events.append(("input", t, port, v))
+            if v % 4 == 0:
+                ctx.output(("in", v))
+        ctx.state["sum"] = ctx.state.get("sum", 0) + sum(values)
+        self.send(ctx, [v for v in values if forwards(v)])
 
     def on_input(self, ctx, t, port, value):
         self.events.append(("input", t, port, value))
         self.sums[t] = self.sums.get(t, 0) + value
         if forwards(value):
-            self.send(ctx, value)
+            self.send(ctx, [value])
         if value % 4 == 0:
             ctx.output(("in", value))
 
     def on_complete(self, ctx, t):
         self.events.append(("complete", t))
         if self.is_source:
+            self.send(ctx, list(ctx.arg))
             for a in ctx.arg:
-                self.send(ctx, a)
                 ctx.output(("src", a))
         else:  # emission during completion, from everything received: wrong if completed early
-            total = self.sums.pop(t, 0)
-            self.send(ctx, total + t)
+            batched = self.mode in ("batch", "array")
+            total = ctx.state.get("sum", 0) if batched else self.sums.pop(t, 0)
+            self.send(ctx, [total + t])
             ctx.output(("sum", total))
 
 
@@ -113,7 +146,7 @@ class SimOpFactory:
 
 def shard_sends(spec, shard, value):
     """(port, destination shard, value) of every tuple one shard sends for ``value``."""
-    node, _, outs = spec
+    node, _, outs, _ = spec
     out = []
     for port, routing, dst_shards in outs:
         v = derive(value, node, shard, port)
@@ -150,16 +183,17 @@ def reference(setup, t, arg):
 class Setup:
     """A random test case: graph shape, placement, workers and runs."""
 
-    def __init__(self, workers, shards, edges, placements, runs):
+    def __init__(self, workers, shards, edges, placements, runs, modes=None):
         self.workers, self.shards, self.edges = workers, shards, edges
         self.placements, self.runs = placements, runs  # runs: [(arg, deliveries before next)]
+        self.modes = modes or ["tuple"] * len(shards)
 
     def spec(self, n):
         # Each edge has its own output port and input port (its index), so KEYED choices and
         # the reference can tell edges apart even between the same two nodes.
         outs = tuple((port, routing, self.shards[dst])
                      for port, (src, dst, routing) in enumerate(self.edges) if src == n)
-        return (n, not any(dst == n for _, dst, _ in self.edges), outs)
+        return (n, not any(dst == n for _, dst, _ in self.edges), outs, self.modes[n])
 
     def graph(self):
         g = Graph("sim")
@@ -171,7 +205,7 @@ class Setup:
 
     def __repr__(self):
         return (f"Setup(workers={self.workers}, shards={self.shards}, edges={self.edges},"
-                f" placements={self.placements}, runs={self.runs})")
+                f" placements={self.placements}, runs={self.runs}, modes={self.modes})")
 
 
 # ---- the simulated network --------------------------------------------------------------------
@@ -289,7 +323,8 @@ def setups(draw):
                   for k in shards]
     args = st.lists(st.integers(0, 60), max_size=3)
     runs = draw(st.lists(st.tuples(args, st.integers(0, 25)), min_size=1, max_size=3))
-    return Setup(workers, shards, edges, placements, runs)
+    modes = [draw(st.sampled_from(MODES)) for _ in range(n)]
+    return Setup(workers, shards, edges, placements, runs, modes)
 
 
 def hypothesis_chooser(data, budget=400):
