@@ -64,18 +64,18 @@ class Context:
         self.services = services if services is not None else {}
         self.arg = None
         self.t = None
-        self._targets: dict = {}  # (t, port) -> where emits go (worker._Route), this turn only
+        self._targets: dict = {}  # (t, port) -> where emits go (outbox.Route), this turn only
         self._states: dict = {}  # t -> state dict
 
     def emit(self, value, port: int = 0, shard: int | None = None, key=None) -> None:
         """Send ``value`` on output ``port``."""
         route = self._targets.get((self.t, port))
         if route is None:
-            route = self._core._open(self, self.t, port)
+            route = self._core.outbox.open(self, self.t, port)
         for bucket in route.plain:
             bucket.values.append(value)
         if route.keyed:
-            self._core._emit_keyed(self, route, value, shard, key)
+            self._core.outbox.emit_keyed(self, route, value, shard, key)
 
     def emit_batch(self, values, port: int = 0, shard: int | None = None, key=None,
                    shards=None, keys=None) -> None:
@@ -83,7 +83,7 @@ class Context:
         tuples, sent without copies) on output ``port``; on KEYED edges ``shard=``/``key=``
         send all of them to one shard, ``shards=``/``keys=`` (one per value) each to its own.
         Progress is counted once per destination shard, not per value."""
-        self._core._route(self, self.t, port, values, shard, key, shards, keys)
+        self._core.outbox.emit(self, self.t, port, values, shard, key, shards, keys)
 
     def output(self, value) -> None:
         """Hand ``value`` to the driver: it appears in the run's result under this node/shard."""
@@ -131,7 +131,7 @@ class Capability:
     def emit_batch(self, values, port: int = 0, shard: int | None = None, key=None,
                    shards=None, keys=None) -> None:
         self._check()
-        self._core._route(self._ctx, self.t, port, values, shard, key, shards, keys)
+        self._core.outbox.emit(self._ctx, self.t, port, values, shard, key, shards, keys)
 
     def output(self, value) -> None:
         self._check()

@@ -18,83 +18,23 @@ import traceback
 from collections import deque
 
 import cloudpickle
-import numpy as np
 
 from . import wire
 from .counters import Counters
-from .graph import KEYED, ONE_TO_ONE
 from .heartbeat import HEARTBEAT_INTERVAL
-from .keys import stable_hash, stable_shards
 from .liveness import GRACE_TIMEOUTS, Listening
 from .local_graph import LocalGraph
 from .logutil import dropped
 from .operator import Capability
+from .outbox import Outbox
 from .progress import CAP, INPUT, SINK, ChangeBatch
 from .wire import CONTROL, COORDINATOR, DATA, UNKNOWN_SENDER, Kind
 
 log = logging.getLogger("plaque.worker")
 
-MAX_TUPLES_PER_MESSAGE = 8192  # a message carries at most this many values of a list ...
-MAX_ARRAY_BYTES_PER_MESSAGE = 1 << 22  # ... or about this many bytes of numpy rows
-
-
-def _rows_per_message(chunk) -> int:
-    if isinstance(chunk, np.ndarray):
-        return max(1, MAX_ARRAY_BYTES_PER_MESSAGE // max(1, chunk[:1].nbytes))
-    return MAX_TUPLES_PER_MESSAGE
-
-
 def str_hash_probe() -> int:
     """``hash()`` of a fixed string: equal in two processes iff they hash text alike."""
     return hash("plaque: is PYTHONHASHSEED the same everywhere?")
-
-
-class _Route:
-    """Where one shard's emits on one port go in one run, for one turn: the buckets of its
-    ONE_TO_ONE and BROADCAST edges, and per KEYED edge (edge, shards, buckets by shard filled
-    as keys pick them, node name)."""
-
-    __slots__ = ("plain", "keyed")
-
-    def __init__(self):
-        self.plain: list[_Bucket] = []
-        self.keyed: list[tuple] = []
-
-
-def _checked_shard(shard, n: int, name: str) -> int:
-    if shard is None or isinstance(shard, bool) or not isinstance(shard, (int, np.integer)) \
-            or not 0 <= shard < n:
-        raise ValueError(f"emit on a KEYED edge to {name!r} needs key=, or shard= in [0, {n}),"
-                         f" got shard={shard!r}")
-    return int(shard)
-
-
-class _Bucket:
-    """Tuples emitted this turn to one (graph, node, shard, port, t): a list of single values
-    and numpy arrays of rows. Progress counts them when the turn's changes are committed, once
-    per bucket, not per tuple."""
-
-    __slots__ = ("key", "pointstamp", "graph", "worker", "values", "arrays", "rows", "counted")
-
-    def __init__(self, graph, dst, shard, port, t, worker):
-        self.key = (graph.gid, dst, shard, port, t)
-        self.pointstamp = (INPUT, dst, shard, t)
-        self.graph, self.worker = graph, worker
-        self.values: list = []
-        self.arrays: list = []
-        self.rows = 0  # rows in arrays
-        self.counted = 0  # tuples already in the staged progress changes
-
-    def add(self, values) -> None:
-        if isinstance(values, np.ndarray):
-            if len(values):
-                self.arrays.append(values)
-                self.rows += len(values)
-        else:
-            self.values.extend(values)
-
-    def __bool__(self) -> bool:
-        return bool(self.values) or bool(self.rows)
 
 
 class WorkerCore:
@@ -117,9 +57,7 @@ class WorkerCore:
         self.peers: dict[int, str] = {}
         self._commands: list = [("connect", COORDINATOR, coordinator_address)]
         self.coordinator_control = coordinator_address.split("|")[0]
-        self._buckets: dict[tuple, _Bucket] = {}  # this turn's tuples by destination
-        self._local: list[_Bucket] = []  # the buckets of shards on this worker
-        self._cached: list = []  # contexts whose emit targets are cached for this turn
+        self.outbox = Outbox()  # this turn's tuples, by destination
         self._outputs: list = []
         self._last_heard = None  # time of the tick after we last heard the coordinator
         self._heard = True  # something came from the coordinator since the last tick
@@ -134,9 +72,7 @@ class WorkerCore:
         self._commit()
         self._flush_data()
         self._flush_progress()
-        for ctx in self._cached:
-            ctx._targets.clear()
-        self._cached.clear()
+        self.outbox.end_turn()
         cmds, self._commands = self._commands, []
         return cmds
 
@@ -146,29 +82,10 @@ class WorkerCore:
         self._commands.append(("send", peer, channel, frames))
 
     def _flush_data(self) -> None:
-        """One DATA message per peer (split when very large); buckets are for one turn."""
-        per_peer: dict[int, list] = {}
-        for b in self._buckets.values():
-            if b.worker != self.id and b:
-                per_peer.setdefault(b.worker, []).append(b)
-        for peer, buckets in per_peer.items():
-            msg, count, load = [], 0, 0.0
-            for b in buckets:
-                for chunk in self._take(b):
-                    step = _rows_per_message(chunk)
-                    for i in range(0, len(chunk), step):
-                        part = chunk[i:i + step] if len(chunk) > step else chunk  # no copy
-                        msg.append((b.key, part))
-                        count += len(part)
-                        load += len(part) / step
-                        if load >= 1.0:
-                            self._send(peer, DATA, Kind.DATA, msg, tuples=count)
-                            msg, count, load = [], 0, 0.0
-            if msg:
+        """One DATA message per peer (split when very large)."""
+        for peer, messages in self.outbox.messages().items():
+            for msg, count in messages:
                 self._send(peer, DATA, Kind.DATA, msg, tuples=count)
-        # local tuples not yet delivered (no step since they were emitted) stay
-        self._buckets = {b.key: b for b in self._local if b}
-        self._local = list(self._buckets.values())
         if self._outputs:
             self._send(COORDINATOR, DATA, Kind.OUTPUT, self._outputs, tuples=len(self._outputs))
             self._outputs = []
@@ -230,7 +147,7 @@ class WorkerCore:
         if self.id is not None:  # the coordinator welcomes a worker once: this is a replay
             raise ValueError(f"already joined as worker {self.id}")
         worker_id, coordinator_address = payload
-        self.id = int(worker_id)
+        self.id = self.outbox.me = int(worker_id)
         if coordinator_address:  # we may have joined with the control endpoint only
             self._commands.append(("connect", COORDINATOR, str(coordinator_address)))
         log.info("joined as worker %d", self.id)
@@ -351,95 +268,17 @@ class WorkerCore:
                 self._report(g, node, shard, t, exc)
         self._change(g, (INPUT, node, shard, t), -len(values))
 
-    # ---- emitting: tuples go into this turn's buckets, one per destination shard --------------
-    def _bucket(self, g, dst, shard, port, t) -> _Bucket:
-        b = self._buckets.get((g.gid, dst, shard, port, t))
-        if b is None:
-            worker = g.placement[dst][shard]
-            b = _Bucket(g, dst, shard, port, t, worker)
-            self._buckets[b.key] = b
-            if worker == self.id:
-                self._local.append(b)
-        return b
-
-    def _open(self, ctx, t, port) -> _Route:
-        """Where emits from ``ctx``'s shard at t on ``port`` go, cached for this turn."""
-        g, route = ctx._graph, _Route()
-        for e in g.routes.get((ctx._index, port), ()):
-            node = g.graph.nodes[e.dst]
-            if e.routing is KEYED:
-                route.keyed.append((e, node.shards, [None] * node.shards, node.name))
-                continue
-            shards = (ctx.shard,) if e.routing is ONE_TO_ONE else range(node.shards)
-            route.plain.extend(self._bucket(g, e.dst, s, e.dst_port, t) for s in shards)
-        if not ctx._targets:
-            self._cached.append(ctx)
-        ctx._targets[(t, port)] = route
-        return route
-
-    def _keyed_bucket(self, ctx, t, keyed, s) -> _Bucket:
-        e, _, buckets, _ = keyed
-        b = buckets[s]
-        if b is None:
-            b = buckets[s] = self._bucket(ctx._graph, e.dst, s, e.dst_port, t)
-        return b
-
-    def _emit_keyed(self, ctx, route, value, shard, key) -> None:
-        """One tuple onto the KEYED edges of ``route``: to its key's shard, or to ``shard``."""
-        h = None if key is None else stable_hash(key)
-        t = ctx.t
-        for keyed in route.keyed:
-            n = keyed[1]
-            s = h % n if h is not None else _checked_shard(shard, n, keyed[3])
-            self._keyed_bucket(ctx, t, keyed, s).values.append(value)
-
-    def _route(self, ctx, t, port, values, shard=None, key=None, shards=None,
-               keys=None) -> None:
-        """Emit ``values`` (a sequence or a numpy array of rows) from ``ctx``'s shard at t."""
-        if not isinstance(values, (list, tuple, np.ndarray)):
-            values = list(values)
-        elif isinstance(values, np.ndarray) and values.ndim == 0:
-            raise ValueError("emit_batch needs a sequence or an array of rows, got a 0-d array")
-        route = ctx._targets.get((t, port)) or self._open(ctx, t, port)
-        for b in route.plain:
-            b.add(values)
-        for keyed in route.keyed:
-            n, name = keyed[1], keyed[3]
-            if key is not None or shard is not None:
-                s = stable_hash(key) % n if key is not None else _checked_shard(shard, n, name)
-                self._keyed_bucket(ctx, t, keyed, s).add(values)
-            elif shards is not None or keys is not None:
-                for s, part in _split(values, shards, keys, n, name):
-                    self._keyed_bucket(ctx, t, keyed, s).add(part)
-            else:
-                raise ValueError(f"emit on a KEYED edge to {name!r} needs key= (or shard=); a"
-                                 " batch also takes keys= or shards=")
-
-    def _count(self, b: _Bucket) -> None:
-        n = len(b.values) + b.rows - b.counted
-        if n:
-            b.graph.staged.add(b.pointstamp, n)
-            b.counted += n
-
-    def _take(self, b: _Bucket) -> list:
-        """Empty ``b``: its chunks (a list of values, then arrays), all counted."""
-        self._count(b)
-        chunks = [b.values] if b.values else []
-        chunks.extend(b.arrays)
-        b.values, b.arrays, b.rows, b.counted = [], [], 0, 0
-        return chunks
-
     def _deliver_local(self) -> None:
         """Hand the tuples sent to shards of this worker to them, until none are left."""
         moved = True
         while moved:
             moved = False
-            for b in list(self._local):
+            for b in list(self.outbox.local):
                 if b:
                     moved = True
                     g = b.graph
                     _, node, shard, port, t = b.key
-                    chunks = self._take(b)
+                    chunks = self.outbox.take(b)
                     if self.graphs.get(g.gid) is not g:
                         continue  # uninstalled meanwhile: nothing to deliver to
                     for chunk in chunks:
@@ -501,8 +340,7 @@ class WorkerCore:
         Staging keeps the per-tuple cost to one dict update; committing before every
         completion test keeps the local copy exact where it matters.
         """
-        for b in self._buckets.values():
-            self._count(b)
+        self.outbox.count()
         for g in self.graphs.values():
             if g.staged:
                 changes = g.staged.drain()
@@ -629,32 +467,3 @@ class WorkerCore:
             self.exited = True
             log.info("worker %s exiting: %s", self.id, reason)
             self._commands.append(("exit", reason))
-
-
-def _split(values, shards, keys, n: int, name: str):
-    """(shard, part) for each destination of a batch whose values are routed one by one."""
-    what = "keys" if keys is not None else "shards"
-    dests = stable_shards(keys, n) if keys is not None else np.asarray(shards)
-    if len(dests) != len(values):
-        raise ValueError(f"emit_batch to {name!r}: {len(values)} values but {len(dests)} {what}")
-    if not len(dests):
-        return
-    if keys is None and (dests.dtype.kind not in "iu" or dests.ndim != 1
-                         or dests.min() < 0 or dests.max() >= n):
-        raise ValueError(f"emit_batch to {name!r} needs shards= of ints in [0, {n}), got"
-                         f" {dests!r:.80}")
-    if isinstance(values, np.ndarray):
-        order = np.argsort(dests, kind="stable")
-        bounds = np.searchsorted(dests[order], np.arange(n + 1))
-        rows = values[order]
-        for s in range(n):
-            if bounds[s + 1] > bounds[s]:
-                yield s, rows[bounds[s]:bounds[s + 1]]
-        return
-    parts: list[list] = [[] for _ in range(n)]
-    appends = [p.append for p in parts]
-    for v, s in zip(values, dests.tolist()):
-        appends[s](v)
-    for s, part in enumerate(parts):
-        if part:
-            yield s, part

@@ -1,0 +1,227 @@
+"""A worker's outgoing tuples for one turn: one bucket per destination (graph, node, shard,
+port, t), whatever the number of emits.
+
+An emit appends to a bucket; a batch (a list, or a numpy array whose rows are the tuples)
+extends one. Each operator shard's routes are cached per (t, port) for the turn, so a per-tuple
+emit is a dict lookup and an append. Progress counts a bucket's tuples once, when the turn's
+changes are committed (``count``), never per tuple. At the end of the turn the worker delivers
+the local buckets and sends the others, one DATA message per peer (``messages``). No I/O.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .graph import KEYED, ONE_TO_ONE
+from .keys import stable_hash, stable_shards
+from .progress import INPUT
+
+MAX_TUPLES_PER_MESSAGE = 8192  # a message carries at most this many values of a list ...
+MAX_ARRAY_BYTES_PER_MESSAGE = 1 << 22  # ... or about this many bytes of numpy rows
+
+
+class Bucket:
+    """Tuples for one (graph, node, shard, port, t): single values and numpy row arrays."""
+
+    __slots__ = ("key", "pointstamp", "graph", "worker", "values", "arrays", "rows", "counted")
+
+    def __init__(self, graph, dst, shard, port, t, worker):
+        self.key = (graph.gid, dst, shard, port, t)
+        self.pointstamp = (INPUT, dst, shard, t)
+        self.graph, self.worker = graph, worker
+        self.values: list = []
+        self.arrays: list = []
+        self.rows = 0  # rows in arrays
+        self.counted = 0  # tuples already in the staged progress changes
+
+    def add(self, values) -> None:
+        if isinstance(values, np.ndarray):
+            if len(values):
+                self.arrays.append(values)
+                self.rows += len(values)
+        else:
+            self.values.extend(values)
+
+    def __bool__(self) -> bool:
+        return bool(self.values) or bool(self.rows)
+
+
+class Route:
+    """Where one shard's emits on one port go in one run: the buckets of its ONE_TO_ONE and
+    BROADCAST edges, and per KEYED edge (edge, shards, buckets by shard as keys pick them,
+    node name)."""
+
+    __slots__ = ("plain", "keyed")
+
+    def __init__(self):
+        self.plain: list[Bucket] = []
+        self.keyed: list[tuple] = []
+
+
+class Outbox:
+    """This turn's buckets of one worker (``me``, set once the worker has its id)."""
+
+    def __init__(self):
+        self.me: int | None = None
+        self.buckets: dict[tuple, Bucket] = {}
+        self.local: list[Bucket] = []  # the buckets of shards on this worker
+        self._cached: list = []  # contexts whose routes are cached for this turn
+
+    def bucket(self, g, dst, shard, port, t) -> Bucket:
+        b = self.buckets.get((g.gid, dst, shard, port, t))
+        if b is None:
+            worker = g.placement[dst][shard]
+            b = Bucket(g, dst, shard, port, t, worker)
+            self.buckets[b.key] = b
+            if worker == self.me:
+                self.local.append(b)
+        return b
+
+    def open(self, ctx, t, port) -> Route:
+        """Where emits from ``ctx``'s shard at t on ``port`` go, cached for this turn."""
+        g, route = ctx._graph, Route()
+        for e in g.routes.get((ctx._index, port), ()):
+            node = g.graph.nodes[e.dst]
+            if e.routing is KEYED:
+                route.keyed.append((e, node.shards, [None] * node.shards, node.name))
+                continue
+            shards = (ctx.shard,) if e.routing is ONE_TO_ONE else range(node.shards)
+            route.plain.extend(self.bucket(g, e.dst, s, e.dst_port, t) for s in shards)
+        if not ctx._targets:
+            self._cached.append(ctx)
+        ctx._targets[(t, port)] = route
+        return route
+
+    def _keyed_bucket(self, ctx, t, keyed, s) -> Bucket:
+        e, _, buckets, _ = keyed
+        b = buckets[s]
+        if b is None:
+            b = buckets[s] = self.bucket(ctx._graph, e.dst, s, e.dst_port, t)
+        return b
+
+    def emit_keyed(self, ctx, route, value, shard, key) -> None:
+        """One tuple onto the KEYED edges of ``route``: to its key's shard, or to ``shard``."""
+        h = None if key is None else stable_hash(key)
+        t = ctx.t
+        for keyed in route.keyed:
+            n = keyed[1]
+            s = h % n if h is not None else checked_shard(shard, n, keyed[3])
+            self._keyed_bucket(ctx, t, keyed, s).values.append(value)
+
+    def emit(self, ctx, t, port, values, shard=None, key=None, shards=None, keys=None) -> None:
+        """Emit ``values`` (a sequence or a numpy array of rows) from ``ctx``'s shard at t."""
+        if not isinstance(values, (list, tuple, np.ndarray)):
+            values = list(values)
+        elif isinstance(values, np.ndarray) and values.ndim == 0:
+            raise ValueError("emit_batch needs a sequence or an array of rows, got a 0-d array")
+        route = ctx._targets.get((t, port)) or self.open(ctx, t, port)
+        for b in route.plain:
+            b.add(values)
+        for keyed in route.keyed:
+            n, name = keyed[1], keyed[3]
+            if key is not None or shard is not None:
+                s = stable_hash(key) % n if key is not None else checked_shard(shard, n, name)
+                self._keyed_bucket(ctx, t, keyed, s).add(values)
+            elif shards is not None or keys is not None:
+                for s, part in split(values, shards, keys, n, name):
+                    self._keyed_bucket(ctx, t, keyed, s).add(part)
+            else:
+                raise ValueError(f"emit on a KEYED edge to {name!r} needs key= (or shard=); a"
+                                 " batch also takes keys= or shards=")
+
+    def count(self) -> None:
+        """Stage every bucket's uncounted tuples in its graph's progress changes."""
+        for b in self.buckets.values():
+            self._count(b)
+
+    @staticmethod
+    def _count(b: Bucket) -> None:
+        n = len(b.values) + b.rows - b.counted
+        if n:
+            b.graph.staged.add(b.pointstamp, n)
+            b.counted += n
+
+    def take(self, b: Bucket) -> list:
+        """Empty ``b``: its chunks (a list of values, then arrays), all counted."""
+        self._count(b)
+        chunks = [b.values] if b.values else []
+        chunks.extend(b.arrays)
+        b.values, b.arrays, b.rows, b.counted = [], [], 0, 0
+        return chunks
+
+    def messages(self) -> dict[int, list]:
+        """Empty the remote buckets: per peer, DATA payloads ``[(key, values), ...]`` with
+        their tuple counts, each about a message's worth."""
+        per_peer: dict[int, list] = {}
+        for b in self.buckets.values():
+            if b.worker != self.me and b:
+                per_peer.setdefault(b.worker, []).append(b)
+        out: dict[int, list] = {}
+        for peer, buckets in per_peer.items():
+            msgs, msg, count, load = [], [], 0, 0.0
+            for b in buckets:
+                for chunk in self.take(b):
+                    step = _rows_per_message(chunk)
+                    for i in range(0, len(chunk), step):
+                        part = chunk[i:i + step] if len(chunk) > step else chunk  # no copy
+                        msg.append((b.key, part))
+                        count += len(part)
+                        load += len(part) / step
+                        if load >= 1.0:
+                            msgs.append((msg, count))
+                            msg, count, load = [], 0, 0.0
+            if msg:
+                msgs.append((msg, count))
+            out[peer] = msgs
+        return out
+
+    def end_turn(self) -> None:
+        """Forget this turn's routes and buckets; local tuples not yet delivered stay."""
+        for ctx in self._cached:
+            ctx._targets.clear()
+        self._cached.clear()
+        self.buckets = {b.key: b for b in self.local if b}
+        self.local = list(self.buckets.values())
+
+
+def checked_shard(shard, n: int, name: str) -> int:
+    if shard is None or isinstance(shard, bool) or not isinstance(shard, (int, np.integer)) \
+            or not 0 <= shard < n:
+        raise ValueError(f"emit on a KEYED edge to {name!r} needs key=, or shard= in [0, {n}),"
+                         f" got shard={shard!r}")
+    return int(shard)
+
+
+def _rows_per_message(chunk) -> int:
+    if isinstance(chunk, np.ndarray):
+        return max(1, MAX_ARRAY_BYTES_PER_MESSAGE // max(1, chunk[:1].nbytes))
+    return MAX_TUPLES_PER_MESSAGE
+
+
+def split(values, shards, keys, n: int, name: str):
+    """(shard, part) for each destination of a batch whose values are routed one by one."""
+    what = "keys" if keys is not None else "shards"
+    dests = stable_shards(keys, n) if keys is not None else np.asarray(shards)
+    if len(dests) != len(values):
+        raise ValueError(f"emit_batch to {name!r}: {len(values)} values but {len(dests)} {what}")
+    if not len(dests):
+        return
+    if keys is None and (dests.dtype.kind not in "iu" or dests.ndim != 1
+                         or dests.min() < 0 or dests.max() >= n):
+        raise ValueError(f"emit_batch to {name!r} needs shards= of ints in [0, {n}), got"
+                         f" {dests!r:.80}")
+    if isinstance(values, np.ndarray):
+        order = np.argsort(dests, kind="stable")
+        bounds = np.searchsorted(dests[order], np.arange(n + 1))
+        rows = values[order]
+        for s in range(n):
+            if bounds[s + 1] > bounds[s]:
+                yield s, rows[bounds[s]:bounds[s + 1]]
+        return
+    parts: list[list] = [[] for _ in range(n)]
+    appends = [p.append for p in parts]
+    for v, s in zip(values, dests.tolist()):
+        appends[s](v)
+    for s, part in enumerate(parts):
+        if part:
+            yield s, part
