@@ -32,6 +32,7 @@ from .wire import CONTROL, COORDINATOR, DATA, UNKNOWN_SENDER, Kind
 
 log = logging.getLogger("plaque.worker")
 
+
 def str_hash_probe() -> int:
     """``hash()`` of a fixed string: equal in two processes iff they hash text alike."""
     return hash("plaque: is PYTHONHASHSEED the same everywhere?")
