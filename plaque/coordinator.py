@@ -172,7 +172,7 @@ class CoordinatorCore:
             dropped(log, "a bad message", "coordinator: %s", exc)
             return
         c = self.counters.peer(sender)
-        c.count_received(frames, kind is Kind.PROGRESS)
+        c.count_received(frames, kind is Kind.PROGRESS or kind is Kind.REPORT)
         if kind is not Kind.HELLO and not (sender in self.workers and self.workers[sender].alive):
             c.dropped += 1
             return  # unknown or already-declared-lost sender
@@ -242,6 +242,11 @@ class CoordinatorCore:
             for t in {key[3] for key, _ in changes}:
                 self._check_done(gid, g, t)
 
+    def _on_report(self, sender, payload):
+        progress, outputs = payload
+        self._on_progress(sender, progress)
+        self._on_output(sender, outputs)
+
     def _on_output(self, sender, outputs):
         consumed = Counter()  # (gid, t) -> outputs taken, applied once per batch
         for gid, node, shard, t, value in outputs:
@@ -293,7 +298,7 @@ class CoordinatorCore:
     _handlers = {
         Kind.HELLO: _on_hello, Kind.INSTALLED: _on_installed, Kind.PROGRESS: _on_progress,
         Kind.OUTPUT: _on_output, Kind.ERROR: _on_error, Kind.HEARTBEAT: _on_heartbeat,
-        Kind.COUNTERS: _on_counters, Kind.USER: _on_user,
+        Kind.COUNTERS: _on_counters, Kind.USER: _on_user, Kind.REPORT: _on_report,
     }
 
     # ---- time -----------------------------------------------------------------------------

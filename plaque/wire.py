@@ -41,6 +41,7 @@ class Kind(enum.IntEnum):
     COUNTERS = 13  # request (coordinator -> worker) and reply (worker -> coordinator)
     STOP = 14  # coordinator -> worker: exit
     USER = 15  # anyone -> anyone: a payload for the embedding runtime (not for graphs)
+    REPORT = 16  # worker -> coordinator: (PROGRESS body, OUTPUT list), small ones in one
 
 
 COORDINATOR = -1  # the sender id of the coordinator

@@ -38,6 +38,10 @@ def str_hash_probe() -> int:
     return hash("plaque: is PYTHONHASHSEED the same everywhere?")
 
 
+MAX_OUTPUTS_WITH_PROGRESS = 64  # a turn's outputs ride on its progress report if this few ...
+MAX_REPORT_BYTES = 16384  # ... and this small (control messages are never behind bulk data)
+
+
 class WorkerCore:
     """The worker's logic. ``address`` is where peers reach this worker's transport."""
 
@@ -87,9 +91,6 @@ class WorkerCore:
         for peer, messages in self.outbox.messages().items():
             for msg, count in messages:
                 self._send(peer, DATA, Kind.DATA, msg, tuples=count)
-        if self._outputs:
-            self._send(COORDINATOR, DATA, Kind.OUTPUT, self._outputs, tuples=len(self._outputs))
-            self._outputs = []
 
     def _flush_progress(self) -> None:
         """One progress message per peer per turn; the coordinator, which only needs to know
@@ -120,6 +121,15 @@ class WorkerCore:
                 g.finished.clear()
                 if changes:
                     to_coordinator[gid] = changes
+        outputs, self._outputs = self._outputs, []
+        if to_coordinator and outputs and len(outputs) <= MAX_OUTPUTS_WITH_PROGRESS:
+            frames = wire.encode(Kind.REPORT, self.id, (to_coordinator, outputs))
+            if wire.frame_bytes(frames) <= MAX_REPORT_BYTES:  # small: one message, not two
+                self.counters.peer(COORDINATOR).count_sent(frames, True, len(outputs))
+                self._commands.append(("send", COORDINATOR, CONTROL, frames))
+                return
+        if outputs:
+            self._send(COORDINATOR, DATA, Kind.OUTPUT, outputs, tuples=len(outputs))
         if to_coordinator:
             self._send(COORDINATOR, CONTROL, Kind.PROGRESS, to_coordinator)
 

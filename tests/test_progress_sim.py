@@ -486,3 +486,27 @@ def test_run_arg_is_visible_when_data_overtakes_start():
     assert ("run_done", gid, 0) in [ev[:3] for ev in net.events]
     (op, _), = net.cores["w1"].graphs[gid].ops.values()
     assert op.seen == [(0, "the-arg", "the-arg")]
+
+
+# ---- small outputs ride on the progress report to the coordinator -----------------------------
+
+
+class OutputSize(Operator):
+    def on_complete(self, ctx, t):
+        ctx.output(b"x" * ctx.arg)
+
+
+def test_small_outputs_ride_on_the_final_progress_report_and_large_ones_do_not():
+    g = Graph("outputs")
+    g.node("out", OutputSize, 2, placement=[0, 1])
+    net = SimNet(2)
+    net.join()
+    gid = net.install(g)
+    for size, kinds in ((10, {Kind.REPORT: 2}), (1 << 20, {Kind.OUTPUT: 2, Kind.PROGRESS: 2})):
+        before = Counter(net.sent)
+        net.start(gid, size)
+        net.run()
+        sent = net.sent - before
+        assert {k: sent[k] for k in (Kind.REPORT, Kind.OUTPUT, Kind.PROGRESS) if sent[k]} == kinds
+        done = [ev for ev in net.events if ev[0] == "run_done"][-1]
+        assert done[3].values("out") == [b"x" * size] * 2
