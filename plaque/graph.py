@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import GraphError
+from .operator import Operator
 
 
 class Routing(enum.Enum):
@@ -67,12 +68,15 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     edges: list[Edge] = field(default_factory=list)
 
-    def node(self, name, factory, shards=1, placement=None, notify=True) -> Node:
+    def node(self, name, factory, shards=1, placement=None, notify=None) -> Node:
         """Add a sharded operator; ``placement`` optionally gives the worker of each shard.
 
         ``notify=False`` says the operator needs no "complete for t" notifications: its
         capability is dropped as soon as ``on_start`` returns (or a held capability is
-        released), and no worker needs progress updates on its behalf.
+        released), and no worker needs progress updates on its behalf, so completion news
+        skips it (a chain of such nodes costs no progress hops). By default (None) an
+        ``Operator`` class that does not override ``on_complete`` is not notified, as in Naiad,
+        where operators ask for notifications; any other factory is.
         """
         if not callable(factory):
             raise GraphError(f"node {name!r}: operator factory {factory!r} is not callable")
@@ -87,6 +91,8 @@ class Graph:
                     f"node {name!r}: placement needs {shards} non-negative worker indices,"
                     f" got {placement!r}"
                 )
+        if notify is None:
+            notify = wants_notifications(factory)
         node = Node(len(self.nodes), name, factory, shards, placement, bool(notify))
         self.nodes.append(node)
         return node
@@ -130,6 +136,12 @@ class Graph:
             else:
                 out.append(n.placement)
         return out
+
+
+def wants_notifications(factory) -> bool:
+    """False only for an ``Operator`` subclass that keeps the no-op ``on_complete``."""
+    return not (isinstance(factory, type) and issubclass(factory, Operator)
+                and factory.on_complete is Operator.on_complete)
 
 
 def topological_order(num_nodes: int, edges) -> list[int] | None:

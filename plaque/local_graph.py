@@ -53,6 +53,8 @@ class LocalGraph:
         self.holds: dict[tuple, int] = {}  # (node, shard, t) -> capabilities held
         self.held_complete: set = set()  # (node, shard, t) completed but still held
         self.live: dict[object, set] = {}  # t -> local shards whose capability is not dropped
+        self.unnotified_states: dict[object, list] = {}  # t -> contexts of never-notified
+        # shards holding ctx.state at t, dropped when t retires
 
     def apply(self, changes) -> None:
         """Apply progress changes to this worker's copy, only at the locations it tracks."""

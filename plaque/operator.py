@@ -100,13 +100,15 @@ class Context:
     @property
     def state(self) -> dict:
         """This shard's state for the current run: a dict, empty at first, dropped when the
-        shard has completed the run (after ``on_complete`` and any held capability)."""
+        shard has completed the run (after ``on_complete`` and any held capability). A node
+        that is never notified (``notify=False``, or no ``on_complete``) never learns that a
+        run is over: its state is kept as long as the run's argument, until its worker retires
+        the run (``LocalGraph.RETIRED_KEPT`` runs later)."""
         state = self._states.get(self.t)
         if state is None:
-            if not self._notify:
-                raise RuntimeError(f"node {self.node!r} has notify=False: it never completes a"
-                                   " run, so it has no per-run state (ctx.state)")
             state = self._states[self.t] = {}
+            if not self._notify:
+                self._graph.unnotified_states.setdefault(self.t, []).append(self)
         return state
 
 

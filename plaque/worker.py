@@ -298,8 +298,12 @@ class WorkerCore:
     def _hold(self, g, node, shard, t):
         key = (node, shard, t)
         if (node, shard) not in g.live.get(t, ()):
-            raise RuntimeError(f"shard {shard} of {g.graph.nodes[node].name!r} has no"
-                               f" capability for t={t} (not started, or already complete)")
+            n = g.graph.nodes[node]
+            why = "" if n.notify else (": it is never notified (notify=False, or no on_complete),"
+                                       " so its capability goes when on_start returns; hold it"
+                                       " there, or give the node notify=True")
+            raise RuntimeError(f"shard {shard} of {n.name!r} has no capability for t={t} (not"
+                               f" started, or already complete){why}")
         g.holds[key] = g.holds.get(key, 0) + 1
         return Capability(self, g.ops[(node, shard)][1], t)
 
@@ -451,6 +455,8 @@ class WorkerCore:
         while len(g.retired) > LocalGraph.RETIRED_KEPT:
             old, _ = g.retired.popitem(last=False)
             g.args.pop(old, None)
+            for ctx in g.unnotified_states.pop(old, ()):
+                ctx._states.pop(old, None)
 
     # ---- time -----------------------------------------------------------------------------
     def tick(self, now: float, heard_until: float | None = None) -> None:

@@ -230,12 +230,13 @@ def test_sparse_exchange_sends_only_what_is_routed():
         def data_to_worker1(routing):
             before = cluster.counters()[0].get(1, {})
             res = ig.run(routing).result(30)
-            after = cluster.counters()[0][1]
-            delta = {k: after[k] - before.get(k, 0) for k in after}
+            after = cluster.counters()[0].get(1, {})
+            delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("tuples_sent", "bytes_sent")}
             return res, delta
 
         res, none = data_to_worker1({})
-        assert none["tuples_sent"] == 0 and none["bytes_sent"] < 2_000  # progress only
+        # nothing at all: the sinks (no on_complete) need no progress news from worker 0
+        assert none["tuples_sent"] == 0 and none["bytes_sent"] < 2_000
         res, some = data_to_worker1({0: [3], 2: [5, 6]})
         assert some["tuples_sent"] == 3
         assert 300_000 <= some["bytes_sent"] <= 300_000 + 4_000

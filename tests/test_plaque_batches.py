@@ -10,7 +10,8 @@ What is tested:
 - lists and numpy rows sent to one shard in one turn all arrive; a numpy batch arrives as one
   array (rows out of band), and per-tuple operators get its rows one by one;
 - bad batches and keys fail the run with an error naming the problem;
-- ``ctx.state`` is per run, dropped once the shard completed it, refused on notify=False nodes;
+- ``ctx.state`` is per run, dropped once the shard completed it (on never-notified nodes,
+  once the run retired); nodes without ``on_complete`` are not notified by default;
 - stable keys: the array path equals the scalar one, and another process (another
   ``PYTHONHASHSEED``) computes the same hashes.
 """
@@ -171,16 +172,45 @@ def test_state_is_per_run_and_dropped_once_the_run_completed(inproc):
     assert installed.run(5).result(30).values("sum") == [(10, 1), (10, 1)]
 
 
-class NoNotify(Operator):
-    def on_start(self, ctx, t):
-        ctx.state["x"] = 1
+class ListSource(Operator):
+    def on_complete(self, ctx, t):
+        ctx.emit_batch(list(ctx.arg))
 
 
-def test_state_is_refused_where_runs_never_complete(inproc):
-    g = Graph("nonotify")
-    g.node("n", NoNotify, 1, notify=False)
-    with pytest.raises(plaque.OperatorError, match="notify=False"):
-        inproc.install(g).run().result(30)
+class Dedup(Operator):
+    """No on_complete, so never notified: per-run state lives until the run retires."""
+
+    def on_batch(self, ctx, t, port, values):
+        seen = ctx.state.setdefault("seen", set())
+        fresh = list(dict.fromkeys(v for v in values if v not in seen))
+        seen.update(fresh)
+        ctx.emit_batch(fresh)
+        ctx.output(len(ctx._states))
+
+
+class Sorted(Operator):
+    def on_batch(self, ctx, t, port, values):
+        ctx.state.setdefault("got", []).extend(values)
+
+    def on_complete(self, ctx, t):
+        ctx.output(sorted(ctx.state.get("got", [])))
+
+
+def test_state_of_a_never_notified_node_lives_until_the_run_retires(inproc, monkeypatch):
+    monkeypatch.setattr(plaque.local_graph.LocalGraph, "RETIRED_KEPT", 3)
+    g = Graph("dedup")
+    src = g.node("src", ListSource, 1)
+    dedup = g.node("dedup", Dedup, 1)
+    out = g.node("out", Sorted, 1)
+    assert [n.notify for n in g.nodes] == [True, False, True]  # asked for by on_complete
+    g.edge(src, dedup, ONE_TO_ONE)
+    g.edge(dedup, out, ONE_TO_ONE)
+    installed = inproc.install(g)
+    for run in range(8):
+        res = installed.run([run, 1, 1, 2, run, 2]).result(30)
+        assert res.values("out") == [sorted({run, 1, 2})]
+        (live,) = res.values("dedup")
+        assert live <= 3 + 1  # the retired window and this run, whatever the number of runs
 
 
 keys = st.one_of(st.integers(-2**63, 2**64 - 1), st.booleans(), st.text(max_size=8),

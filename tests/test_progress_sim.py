@@ -46,8 +46,9 @@ MOD = 1009
 # A node is described by a plain spec so that operators (shipped to workers by cloudpickle)
 # and the reference computation below share one definition of what each shard does.
 # spec = (node index, is_source, outs, mode) with outs = ((port, routing, destination shards),
-# ...) and mode one of MODES (how the operator receives and sends; never what).
-MODES = ("tuple", "key", "batch", "array")
+# ...) and mode one of MODES (how the operator receives and sends; never what), or "forward":
+# a node that is never notified (notify=False) and only forwards; it has no completion sum.
+MODES = ("tuple", "key", "batch", "array", "forward")
 
 
 def derive(value, node, shard, port):
@@ -103,7 +104,7 @@ class SimOp(Operator):
                     ctx.emit(v, port=port, shard=stable_shard(v, keyed_shards))
 
     def on_batch(self, ctx, t, port, values):
-        if self.mode in ("tuple", "key"):
+        if self.mode in ("tuple", "key", "forward"):
             return super().on_batch(ctx, t, port, values)  # on_input, tuple by tuple
         values = [int(v) for v in values]
         for v in values:
@@ -171,9 +172,10 @@ def reference(setup, t, arg):
                 for _, v in got:
                     sends += shard_sends(spec, s, v) if forwards(v) else []
                     outputs[(n, s)] += [("in", v)] if v % 4 == 0 else []
-                total = sum(v for _, v in got)
-                sends += shard_sends(spec, s, total + t)
-                outputs[(n, s)].append(("sum", total))
+                if spec[3] != "forward":
+                    total = sum(v for _, v in got)
+                    sends += shard_sends(spec, s, total + t)
+                    outputs[(n, s)].append(("sum", total))
             for port, dst_shard, v in sends:
                 inputs[(dst_of_port[port], dst_shard)].append((port, v))
     return ({k: sorted(v) for k, v in inputs.items()},
@@ -197,7 +199,8 @@ class Setup:
 
     def graph(self):
         g = Graph("sim")
-        nodes = [g.node(f"n{n}", SimOpFactory(self.spec(n)), k, self.placements[n])
+        nodes = [g.node(f"n{n}", SimOpFactory(self.spec(n)), k, self.placements[n],
+                        notify=self.modes[n] != "forward")
                  for n, k in enumerate(self.shards)]
         for port, (src, dst, routing) in enumerate(self.edges):
             g.edge(nodes[src], nodes[dst], routing, src_port=port, dst_port=port)
@@ -323,7 +326,8 @@ def setups(draw):
                   for k in shards]
     args = st.lists(st.integers(0, 60), max_size=3)
     runs = draw(st.lists(st.tuples(args, st.integers(0, 25)), min_size=1, max_size=3))
-    modes = [draw(st.sampled_from(MODES)) for _ in range(n)]
+    sources = set(range(n)) - {dst for _, dst, _ in edges}  # they emit when complete
+    modes = [draw(st.sampled_from(MODES[:-1] if i in sources else MODES)) for i in range(n)]
     return Setup(workers, shards, edges, placements, runs, modes)
 
 
@@ -340,15 +344,21 @@ def hypothesis_chooser(data, budget=400):
     return choose
 
 
-def check_run_done_is_not_early(net, gid, setup):
-    """A run is reported done only once every shard of every node completed it."""
-    everyone = [(n, s) for n, k in enumerate(setup.shards) for s in range(k)]
+def check_run_done_is_not_early(net, gid, setup, ts):
+    """A run is reported done only once every shard of every notified node completed it and
+    every never-notified shard has all of its input."""
+    shards = [(n, s) for n, k in enumerate(setup.shards) for s in range(k)]
+    notified = [key for key in shards if setup.modes[key[0]] != "forward"]
 
     def on_event(ev):
         if ev[0] == "run_done" and ev[1] == gid:
-            logs = shard_logs(net, gid)
-            late = [key for key in everyone if ("complete", ev[2]) not in logs[key]]
-            assert not late, f"run {ev[2]} done while {late} had not completed it"
+            logs, t = shard_logs(net, gid), ev[2]
+            late = [key for key in notified if ("complete", t) not in logs[key]]
+            assert not late, f"run {t} done while {late} had not completed it"
+            want_in, _ = reference(setup, t, setup.runs[ts.index(t)][0])
+            for key in set(shards) - set(notified):
+                got = sorted(e[2:] for e in logs[key] if e[0] == "input" and e[1] == t)
+                assert got == want_in[key], f"run {t} done before {key} had all its input"
 
     return on_event
 
@@ -372,7 +382,8 @@ def check_liveness(net, gid, setup, ts, logs):
     for t, (arg, _) in zip(ts, setup.runs):
         want_in, want_out = reference(setup, t, arg)
         for (n, s), events in logs.items():
-            assert ("complete", t) in events, f"shard {(n, s)} never completed t={t}"
+            if setup.modes[n] != "forward":
+                assert ("complete", t) in events, f"shard {(n, s)} never completed t={t}"
             got = sorted(ev[2:] for ev in events if ev[0] == "input" and ev[1] == t)
             assert got == want_in[(n, s)], f"shard {(n, s)} at t={t}"
             got_out = results[t].outputs.get(f"n{n}", {}).get(s, [])
@@ -392,8 +403,8 @@ def test_progress_is_safe_and_live_under_any_interleaving(setup, data):
     net.join()
     gid = net.install(setup.graph())
     net.choose = hypothesis_chooser(data)
-    net.on_event = check_run_done_is_not_early(net, gid, setup)
     ts = []
+    net.on_event = check_run_done_is_not_early(net, gid, setup, ts)
     for arg, deliveries_before_next in setup.runs:  # later runs may start mid-flight
         ts.append(net.start(gid, arg))
         net.run(limit=deliveries_before_next)
