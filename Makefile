@@ -12,6 +12,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 $(STAMP): pyproject.toml | $(BIN)/python
+	@echo "installing pathways into $(VENV) (pip, about 20 s, once) ..."
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 

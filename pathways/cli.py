@@ -14,6 +14,10 @@ import uvloop
 
 from plaque.cli import address_arg
 
+from .errors import PathwaysError
+
+CONNECT_TIMEOUT = 3.0  # seconds a command waits for the coordinator's first answer
+
 
 def _coordinator(args) -> int:
     from .coordinator import Coordinator
@@ -90,7 +94,7 @@ def _client(address: str):
     from .client import Client
 
     try:
-        return Client(address)
+        return Client(address, connect_timeout=CONNECT_TIMEOUT)
     except FileNotFoundError as exc:
         raise SystemExit(f"pathways: {exc}") from None
 
@@ -144,6 +148,7 @@ def _trace(args) -> int:
     from .trace import chrome_trace, collect, marks, write
 
     with _client(args.address) as c:
+        print(f"recording every device's timeline for {args.seconds:g} s ...", flush=True)
         since = marks(c)
         begin = time.perf_counter()
         time.sleep(args.seconds)
@@ -158,6 +163,7 @@ def _trace(args) -> int:
 def _plot(args) -> int:
     from .plot import plot
 
+    print(f"drawing {args.trace} (loading matplotlib, then one row per device) ...", flush=True)
     util = plot(args.trace, args.output)
     print(f"wrote {args.output}")
     for row, u in util.items():
@@ -174,56 +180,76 @@ def _keys(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="pathways")
-    ap.add_argument("-v", "--verbose", action="count", default=0)
+def parser() -> argparse.ArgumentParser:
+    """The ``pathways`` command line: every option with its help and default."""
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    ap = argparse.ArgumentParser(prog="pathways", formatter_class=fmt,
+                                 description="Run and inspect Pathways clusters.")
+    ap.add_argument("-v", "--verbose", action="count", default=0,
+                    help="more logging (-v info, -vv debug); errors with their traceback")
     sub = ap.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="start a local cluster and keep it running")
-    up.add_argument("--islands", type=int, default=1)
-    up.add_argument("--hosts-per-island", type=int, default=2)
-    up.add_argument("--devices-per-host", type=int, default=4)
-    up.add_argument("--policy", choices=("fifo", "share", "priority"), default="fifo")
-    up.add_argument("--window", type=int, default=8)
+
+    def command(name, text):
+        return sub.add_parser(name, help=text, description=text, formatter_class=fmt)
+
+    def policy_and_window(p):
+        p.add_argument("--policy", choices=("fifo", "share", "priority"), default="fifo",
+                       help="how each island's scheduler orders clients' gangs: fifo, share"
+                            " (device time by the weights clients give to pw.connect) or"
+                            " priority (strict, by pw.connect(priority=...))")
+        p.add_argument("--window", type=int, default=8,
+                       help="share/priority: programs admitted at once per island")
+
+    up = command("up", "start a local cluster (coordinator and hosts) and keep it running")
+    up.add_argument("--islands", type=int, default=1, help="islands of devices")
+    up.add_argument("--hosts-per-island", type=int, default=2, help="host processes per island")
+    up.add_argument("--devices-per-host", type=int, default=4,
+                    help="emulated TPUs per host")
+    policy_and_window(up)
     up.add_argument("--insecure", action="store_true",
-                    help="no CURVE keys: any local user can reach the cluster (default: a"
+                    help="no CURVE keys: any local user can reach the cluster (otherwise a"
                          " throw-away key pair in a private temporary directory, named by the"
                          " printed address and removed on exit)")
-    co = sub.add_parser("coordinator", help="run a coordinator")
-    co.add_argument("--bind", default="tcp://127.0.0.1")
-    co.add_argument("--heartbeat-timeout", type=float, default=3.0)
-    co.add_argument("--policy", choices=("fifo", "share", "priority"), default="fifo",
-                    help="how each island's scheduler orders clients' gangs: fifo, share"
-                         " (device time by the weights clients give to pw.connect) or"
-                         " priority (strict, by pw.connect(priority=...))")
-    co.add_argument("--window", type=int, default=8,
-                    help="share/priority: programs admitted at once per island")
+    co = command("coordinator", "run a coordinator (resource manager, schedulers)")
+    co.add_argument("--bind", default="tcp://127.0.0.1",
+                    help="where to listen: tcp://HOST (a free port is picked) or ipc")
+    co.add_argument("--heartbeat-timeout", type=float, default=3.0,
+                    help="seconds of silence after which a host is declared lost")
+    policy_and_window(co)
     co.add_argument("--client-timeout", type=float, default=5.0,
                     help="a client silent this long is gone: its buffers and runs are freed")
-    ho = sub.add_parser("host", help="run a host that joins a coordinator")
+    ho = command("host", "run a host (emulated devices) that joins a coordinator")
     ho.add_argument("--coordinator", required=True, type=address_arg,
                     help="the coordinator's address (tcp://HOST:PORT[?keys=DIR])")
-    ho.add_argument("--island", type=int, default=0)
-    ho.add_argument("--devices", type=int, default=4)
-    ho.add_argument("--hbm-gib", type=float, default=16.0, help="HBM per emulated device")
+    ho.add_argument("--island", type=int, default=0, help="the island this host's devices join")
+    ho.add_argument("--devices", type=int, default=4, help="emulated TPUs on this host")
+    ho.add_argument("--hbm-gib", type=float, default=16.0, help="HBM per emulated device, GiB")
     ho.add_argument("--kernel-limit", type=float, default=30.0, metavar="SECONDS",
                     help="a kernel body running longer is stopped and its call fails with"
-                         " KernelTimeout (default 30; 0: no limit; shard_map(limit=) sets one"
-                         " function's)")
-    ho.add_argument("--bind", default="tcp://127.0.0.1")
-    ho.add_argument("--coordinator-timeout", type=float, default=10.0)
-    st = sub.add_parser("status", help="show islands, hosts, devices and clients")
+                         " KernelTimeout (0: no limit; shard_map(limit=) sets one function's)")
+    ho.add_argument("--bind", default="tcp://127.0.0.1",
+                    help="where to listen: tcp://HOST (a free port is picked) or ipc")
+    ho.add_argument("--coordinator-timeout", type=float, default=10.0,
+                    help="exit when the coordinator is silent this long (seconds)")
+    st = command("status", "show islands, hosts, devices and clients")
     st.add_argument("address", type=address_arg, help="tcp://HOST:PORT[?keys=DIR]")
     st.add_argument("--watch", type=float, nargs="?", const=1.0, default=None,
-                    metavar="SECONDS", help="refresh every SECONDS (default 1) until Ctrl-C")
-    ke = sub.add_parser("keys", help="create the CURVE key pair a secured cluster needs")
-    ke.add_argument("directory")
-    tr = sub.add_parser("trace", help="record every device's timeline as Chrome trace JSON")
+                    metavar="SECONDS", help="refresh every SECONDS (1 if given alone) until"
+                                            " Ctrl-C")
+    ke = command("keys", "create the CURVE key pair a secured cluster needs")
+    ke.add_argument("directory", help="where to write the key pair (created if missing)")
+    tr = command("trace", "record every device's timeline as Chrome trace JSON")
     tr.add_argument("address", type=address_arg, help="tcp://HOST:PORT[?keys=DIR]")
-    tr.add_argument("--seconds", type=float, default=5.0)
-    tr.add_argument("-o", "--output", default="trace.json")
-    pl = sub.add_parser("plot", help="draw a trace as a PNG timeline (needs matplotlib)")
-    pl.add_argument("trace")
-    pl.add_argument("-o", "--output", default="timeline.png")
+    tr.add_argument("--seconds", type=float, default=5.0, help="how long to record")
+    tr.add_argument("-o", "--output", default="trace.json", help="the JSON file to write")
+    pl = command("plot", "draw a trace as a PNG timeline (needs the [plot] extra)")
+    pl.add_argument("trace", help="a trace JSON from pathways trace or client.trace")
+    pl.add_argument("-o", "--output", default="timeline.png", help="the PNG file to write")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     role = f"host island={args.island}" if args.command == "host" else args.command
@@ -231,7 +257,13 @@ def main(argv=None) -> int:
                         f" pid={os.getpid()} %(levelname)s %(name)s: %(message)s")
     handler = {"up": _up, "coordinator": _coordinator, "host": _host, "status": _status,
                "trace": _trace, "plot": _plot, "keys": _keys}
-    return handler[args.command](args)
+    try:
+        return handler[args.command](args)
+    except PathwaysError as exc:  # one line; the traceback with -v
+        if args.verbose:
+            raise
+        print(f"pathways: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ class Client:
 
     def __init__(self, address: str, dispatch: str = "parallel", timeout: float = 30.0,
                  weight: float = 1.0, priority: int = 0, coordinator_timeout: float = 5.0,
-                 keys: str | None = None):
+                 keys: str | None = None, connect_timeout: float | None = None):
         if dispatch not in ("parallel", "sequential"):
             raise ValueError(f"dispatch must be 'parallel' or 'sequential', got {dispatch!r}")
         if not weight > 0:
@@ -99,13 +99,14 @@ class Client:
                                         daemon=True)
         self._thread.start()
         self.weight, self.priority = float(weight), int(priority)
+        wait = timeout if connect_timeout is None else connect_timeout
         try:
             self.id = self._request(self.address, ("hello", None, {
-                "weight": self.weight, "priority": self.priority})).result(timeout)
+                "weight": self.weight, "priority": self.priority})).result(wait)
         except cf.TimeoutError:
             self.close()
             raise PathwaysError(
-                f"no coordinator answered at {address} within {timeout:g} s: is the address"
+                f"no coordinator answered at {address} within {wait:g} s: is the address"
                 " right, and if the cluster uses keys, were they given (ADDRESS?keys=DIR,"
                 f" keys=DIR or ${security.ENV})?") from None
         self._loop.call_soon_threadsafe(self._ping)

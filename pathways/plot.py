@@ -2,7 +2,8 @@
 11 and 12: one row per device (grouped by island and host), kernels coloured by client, data
 arriving drawn thin under each row, and each device's utilization (busy / traced time).
 
-Needs matplotlib: ``pip install 'pathways-open[plot]'``.
+Needs matplotlib: ``.venv/bin/pip install -e '.[plot]'`` (or ``pip install
+'pathways-open[plot]'``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ def _matplotlib():
     try:
         import matplotlib
     except ImportError:
-        raise SystemExit("plotting needs matplotlib: pip install 'pathways-open[plot]'") from None
+        raise SystemExit("plotting needs matplotlib: .venv/bin/pip install -e '.[plot]' (or"
+                         " pip install 'pathways-open[plot]')") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -97,9 +97,15 @@ def split_address(address: str) -> tuple[str, str | None]:
     """
     endpoint, sep, query = str(address).partition("?")
     directory = query[len(QUERY):] if query.startswith(QUERY) else ""
-    if "://" not in endpoint or (sep and not directory):
-        raise ValueError(f"malformed address {address!r}: expected tcp://HOST:PORT,"
-                         f" optionally followed by ?{QUERY}DIR")
+    scheme, _, rest = endpoint.partition("://")
+    host, _, port = rest.rpartition(":")
+    if scheme == "tcp":
+        bad = not host or not port.isdigit() or not 0 < int(port) < 65536
+    else:
+        bad = scheme != "ipc" or not rest
+    if bad or (sep and not directory):
+        raise ValueError(f"malformed address {address!r}: expected tcp://HOST:PORT (a port in"
+                         f" 1-65535) or ipc://PATH, optionally followed by ?{QUERY}DIR")
     return endpoint, directory or None
 
 

@@ -38,3 +38,64 @@ def test_up_host_status_and_clean_shutdown(procs):
     up.send_signal(signal.SIGINT)
     assert up.wait(30) == 0
     assert extra.wait(30) == 0  # the host notices its coordinator is gone and exits
+
+
+def run_cli(*args, timeout=30):
+    """(exit code, stdout + stderr, seconds) of ``python -m pathways ARGS``."""
+    start_at = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "pathways", *args], capture_output=True,
+                         text=True, timeout=timeout)
+    return out.returncode, out.stdout + out.stderr, time.monotonic() - start_at
+
+
+def test_an_unreachable_coordinator_is_one_line_within_seconds():
+    code, text, took = run_cli("status", "tcp://127.0.0.1:1")
+    assert code != 0 and took < 15, (code, took)
+    assert "Traceback" not in text and len(text.strip().splitlines()) == 1, text
+    assert "no coordinator answered at tcp://127.0.0.1:1" in text
+
+
+def test_a_malformed_address_is_one_line_at_once():
+    for bad in ("127.0.0.1:5555", "tcp://127.0.0.1", "tcp://localhost:99999", "http://h:1"):
+        for command in (("status", bad), ("trace", bad), ("host", "--coordinator", bad)):
+            code, text, took = run_cli(*command)
+            assert code == 2 and took < 10, (command, code, took)
+            last = text.strip().splitlines()[-1]  # argparse: its usage, then one error line
+            assert "error: argument" in last and "malformed address" in last, (command, text)
+            assert "Traceback" not in text and "ZMQError" not in text
+
+
+def test_ctrl_c_on_up_stops_everything_quietly(procs):
+    # A terminal's Ctrl-C reaches the whole foreground process group, as killpg does here.
+    up = start("pathways", "up", "--hosts-per-island", "2", "--devices-per-host", "2",
+               start_new_session=True)
+    procs.append(up)
+    read_until(up, "pathways cluster up at")
+    time.sleep(1.0)  # heartbeats flowing
+    os.killpg(up.pid, signal.SIGINT)
+    assert up.wait(30) == 0
+    rest = up.stdout.read()
+    assert "lost" not in rest and "WARNING" not in rest and "Traceback" not in rest, rest
+
+
+def test_every_option_says_what_it_does_and_its_default():
+    from pathways.cli import parser
+
+    subs = next(a for a in parser()._actions if a.choices and isinstance(a.choices, dict))
+    for name, sub in subs.choices.items():
+        for action in sub._actions:
+            if action.dest == "help":
+                continue
+            assert action.help, f"pathways {name}: {action.option_strings or action.dest}"
+        assert "(default:" in sub.format_help() or name == "keys", name
+
+
+def test_install_hints_match_the_readme():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    hint = ".venv/bin/pip install -e '.[plot]'"
+    assert hint in (root / "README.md").read_text()
+    assert hint in (root / "pathways" / "plot.py").read_text()
+    ignored = (root / ".gitignore").read_text().split()
+    assert {"tour.json", "tour.png", "trace.json", "timeline.png"} <= set(ignored)

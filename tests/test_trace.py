@@ -119,11 +119,12 @@ def test_trace_plot_and_status_commands(pw_cluster, tmp_path, threads):
         stop.set()
         t.join(30)
     assert not errors, errors
+    assert res.stdout.startswith("recording every device's timeline for 1 s")  # at once
     assert "wrote" in res.stdout and kernels(json.loads(out.read_text()))
     assert "weight 1, priority 0" in status and status.count("busy") == 8
     res = subprocess.run([sys.executable, "-m", "pathways", "plot", str(out), "-o", str(png)],
                          capture_output=True, text=True, timeout=60, check=True)
-    assert png.exists() and "busy" in res.stdout
+    assert png.exists() and "busy" in res.stdout and res.stdout.startswith("drawing")
 
 
 def test_device_time_by_client_counts_only_while_everyone_ran():
