@@ -9,6 +9,7 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import uvloop
 
@@ -24,7 +25,7 @@ def _coordinator(args) -> int:
 
     coord = Coordinator(args.bind, heartbeat_timeout=args.heartbeat_timeout,
                         policy=args.policy, window=args.window,
-                        client_timeout=args.client_timeout)
+                        client_timeout=args.client_timeout, port=args.port)
     print(f"pathways coordinator at {coord.address}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -171,6 +172,27 @@ def _plot(args) -> int:
     return 0
 
 
+def _k8s(args) -> int:
+    from .k8s import Spec, render, to_yaml
+
+    try:
+        spec = Spec(args.hosts, args.islands, args.devices_per_host, args.image,
+                    args.namespace, args.name, args.port)
+    except ValueError as exc:
+        raise SystemExit(f"pathways k8s render: {exc}") from None
+    text = to_yaml(render(spec, args.embed_keys))
+    if args.output == "-":
+        sys.stdout.write(text)
+        return 0
+    Path(args.output).write_text(text)
+    keys = "" if args.embed_keys else (f"; first: pathways keys DIR && kubectl create secret"
+                                       f" generic {spec.name}-keys --from-file=DIR"
+                                       f" -n {spec.namespace}")
+    print(f"wrote {args.output} ({spec.hosts} hosts); clients connect to {spec.address}"
+          f"{keys}", file=sys.stderr)
+    return 0
+
+
 def _keys(args) -> int:
     from plaque.security import ENV, generate
 
@@ -213,6 +235,9 @@ def parser() -> argparse.ArgumentParser:
     co = command("coordinator", "run a coordinator (resource manager, schedulers)")
     co.add_argument("--bind", default="tcp://127.0.0.1",
                     help="where to listen: tcp://HOST (a free port is picked) or ipc")
+    co.add_argument("--port", type=int, default=0,
+                    help="the port clients and hosts dial first (0: a free one); the others"
+                         " are always free ones, found through it")
     co.add_argument("--heartbeat-timeout", type=float, default=3.0,
                     help="seconds of silence after which a host is declared lost")
     policy_and_window(co)
@@ -242,6 +267,26 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("address", type=address_arg, help="tcp://HOST:PORT[?keys=DIR]")
     tr.add_argument("--seconds", type=float, default=5.0, help="how long to record")
     tr.add_argument("-o", "--output", default="trace.json", help="the JSON file to write")
+    k8 = command("k8s", "Kubernetes manifests for a cluster")
+    k8s_sub = k8.add_subparsers(dest="k8s_command", required=True)
+    rn = k8s_sub.add_parser("render", formatter_class=fmt,
+                            help="write a coordinator StatefulSet, a hosts Indexed Job, a"
+                                 " headless Service and the address ConfigMap",
+                            description="Write the manifests of a Pathways cluster on"
+                                        " Kubernetes (deploy/kubernetes/README.md).")
+    rn.add_argument("--hosts", type=int, required=True, help="host pods")
+    rn.add_argument("--islands", type=int, default=1, help="islands (hosts split evenly)")
+    rn.add_argument("--devices-per-host", type=int, default=4, help="emulated TPUs per host")
+    rn.add_argument("--image", default="pathways-open:latest",
+                    help="a container image with this package installed"
+                         " (deploy/kubernetes/Dockerfile)")
+    rn.add_argument("--namespace", default="default", help="the namespace of every object")
+    rn.add_argument("--name", default="pathways", help="the prefix of every object's name")
+    rn.add_argument("--port", type=int, default=5555, help="the coordinator's client port")
+    rn.add_argument("--embed-keys", metavar="DIR", default=None,
+                    help="put this key pair (pathways keys DIR) into a rendered Secret;"
+                         " otherwise create NAME-keys yourself with kubectl")
+    rn.add_argument("-o", "--output", default="-", help="the YAML file to write (-: stdout)")
     pl = command("plot", "draw a trace as a PNG timeline (needs the [plot] extra)")
     pl.add_argument("trace", help="a trace JSON from pathways trace or client.trace")
     pl.add_argument("-o", "--output", default="timeline.png", help="the PNG file to write")
@@ -256,7 +301,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=level, format=f"%(asctime)s pathways-{role}"
                         f" pid={os.getpid()} %(levelname)s %(name)s: %(message)s")
     handler = {"up": _up, "coordinator": _coordinator, "host": _host, "status": _status,
-               "trace": _trace, "plot": _plot, "keys": _keys}
+               "trace": _trace, "plot": _plot, "keys": _keys, "k8s": _k8s}
     try:
         return handler[args.command](args)
     except PathwaysError as exc:  # one line; the traceback with -v

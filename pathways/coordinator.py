@@ -75,7 +75,8 @@ OWNED = {"bye", "run", "install", "mesh", "remap"}
 
 class Coordinator:
     def __init__(self, bind: str = "tcp://127.0.0.1", heartbeat_timeout: float = 3.0,
-                 policy: str = "fifo", window: int = 8, client_timeout: float = 5.0):
+                 policy: str = "fifo", window: int = 8, client_timeout: float = 5.0,
+                 port: int = 0):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         self.policy, self.window = policy, window
@@ -96,8 +97,9 @@ class Coordinator:
         self.clients: dict[int, bytes] = {}  # client id -> socket identity
         self._client_ids = itertools.count()
         self.ctx = zmq.Context()
-        self.service = RouterService(self.ctx, bind if bind.startswith("tcp://")
-                                     else "tcp://127.0.0.1", self._handle, sender=-1,
+        where = bind if bind.startswith("tcp://") else "tcp://127.0.0.1"
+        where = f"{where}:{port}" if port else where  # else a free port
+        self.service = RouterService(self.ctx, where, self._handle, sender=-1,
                                      after_batch=self.cluster.soon)
         self.address = self.service.address
         self.cluster.listeners.append(self._on_cluster_event)

@@ -79,15 +79,25 @@ def test_ctrl_c_on_up_stops_everything_quietly(procs):
 
 
 def test_every_option_says_what_it_does_and_its_default():
+    import argparse
+
     from pathways.cli import parser
 
-    subs = next(a for a in parser()._actions if a.choices and isinstance(a.choices, dict))
-    for name, sub in subs.choices.items():
+    def commands(p, name):  # every (sub)command parser that takes options, depth first
+        nested = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        if not nested:
+            yield name, p
+        for action in nested:
+            for sub_name, sub in action.choices.items():
+                yield from commands(sub, f"{name} {sub_name}")
+
+    found = dict(commands(parser(), "pathways"))
+    assert {"pathways up", "pathways k8s render", "pathways status"} <= set(found)
+    for name, sub in found.items():
         for action in sub._actions:
-            if action.dest == "help":
-                continue
-            assert action.help, f"pathways {name}: {action.option_strings or action.dest}"
-        assert "(default:" in sub.format_help() or name == "keys", name
+            if action.dest != "help":
+                assert action.help, f"{name}: {action.option_strings or action.dest}"
+        assert "(default:" in sub.format_help() or name == "pathways keys", name
 
 
 def test_install_hints_match_the_readme():
