@@ -13,7 +13,7 @@ from pathlib import Path
 
 import uvloop
 
-from plaque.cli import address_arg
+from plaque.cli import add_worker_options, address_arg
 
 from .errors import PathwaysError
 
@@ -252,10 +252,7 @@ def parser() -> argparse.ArgumentParser:
     ho.add_argument("--kernel-limit", type=float, default=30.0, metavar="SECONDS",
                     help="a kernel body running longer is stopped and its call fails with"
                          " KernelTimeout (0: no limit; shard_map(limit=) sets one function's)")
-    ho.add_argument("--bind", default="tcp://127.0.0.1",
-                    help="where to listen: tcp://HOST (a free port is picked) or ipc")
-    ho.add_argument("--coordinator-timeout", type=float, default=10.0,
-                    help="exit when the coordinator is silent this long (seconds)")
+    add_worker_options(ho)
     st = command("status", "show islands, hosts, devices and clients")
     st.add_argument("address", type=address_arg, help="tcp://HOST:PORT[?keys=DIR]")
     st.add_argument("--watch", type=float, nargs="?", const=1.0, default=None,

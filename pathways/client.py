@@ -40,7 +40,7 @@ from .errors import (
 )
 from .ir import Eqn, Program
 from .lowering import Placement, lower, placement_of, skeleton
-from .mesh import Device, Mesh
+from .mesh import Device, Mesh, device_of
 from .protocol import RunArg
 from .tracer import single_call_program
 
@@ -271,8 +271,7 @@ class Client:
         >>> [d.id for d in client.devices() if d.island == 0]
         """
         self._refresh_devices()
-        return [Device(d["id"], d["island"], d["host"], d["kind"])
-                for d in self._device_info.values()]
+        return [device_of(d) for d in self._device_info.values()]
 
     def host_status(self, timeout: float = 10.0) -> dict:
         """Each host's status by host id: its devices (busy time, HBM), object store, and the

@@ -20,6 +20,11 @@ Device = namedtuple("Device", "id island host kind")
 Device.__doc__ = "An emulated device: physical id, island, host id and kind (None if unknown)."
 
 
+def device_of(info: dict) -> Device:
+    """The device a coordinator's device record (``client.devices()``' source) describes."""
+    return Device(info["id"], info["island"], info["host"], info["kind"])
+
+
 @dataclass(frozen=True)
 class Mesh:
     """A virtual slice of devices with axis names and sizes; ``ids[i]`` is the physical id
@@ -75,8 +80,7 @@ class Mesh:
         out = np.empty(len(self.ids), dtype=object)
         for i, d in enumerate(self.ids):
             info = known.get(d)
-            out[i] = (Device(d, info["island"], info["host"], info["kind"]) if info
-                      else Device(d, self.island, None, None))
+            out[i] = device_of(info) if info else Device(d, self.island, None, None)
         return out.reshape(self.axis_sizes)
 
     @property

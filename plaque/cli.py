@@ -46,18 +46,24 @@ def address_arg(text: str) -> str:
     return text
 
 
+def add_worker_options(parser) -> None:
+    """The options of every process that joins a coordinator (plaque worker, pathways host)."""
+    parser.add_argument("--bind", default="tcp://127.0.0.1",
+                        help="where to listen: tcp://HOST (a free port is picked) or ipc")
+    parser.add_argument("--coordinator-timeout", type=float, default=10.0,
+                        help="exit when the coordinator is silent this long (seconds)")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="plaque", description=__doc__)
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    parser = argparse.ArgumentParser(prog="plaque", description=__doc__, formatter_class=fmt)
     parser.add_argument("-v", "--verbose", action="count", default=0)
     sub = parser.add_subparsers(dest="command", required=True)
-    w = sub.add_parser("worker", help="start a worker that joins a cluster")
+    w = sub.add_parser("worker", help="start a worker that joins a cluster", formatter_class=fmt)
     w.add_argument("--join", required=True, type=address_arg,
                    help="the cluster's address (printed by the driver), ?keys=DIR after it"
                         " to name its CURVE key directory (else $PLAQUE_KEYS)")
-    w.add_argument("--bind", default="tcp://127.0.0.1",
-                   help="where this worker listens: tcp://HOST or ipc (default loopback)")
-    w.add_argument("--coordinator-timeout", type=float, default=10.0,
-                   help="exit when the coordinator is silent this long (seconds)")
+    add_worker_options(w)
     args = parser.parse_args(argv)
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format=f"%(asctime)s plaque-worker[{os.getpid()}] "

@@ -20,14 +20,14 @@ import zlib
 
 import numpy as np
 
-MASK64 = (1 << 64) - 1
-GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / golden ratio: Fibonacci hashing spreads near keys apart
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15  # 2^64 / golden ratio: Fibonacci hashing spreads near keys apart
 _STR, _BYTES, _FLOAT, _TUPLE = 0x5354, 0x4259, 0x464C, 0x5455  # tags: "a" and b"a" differ
 
 
 def _mix(x: int) -> int:
     """The top 32 bits of x * golden ratio (mod 2^64): near integers land far apart."""
-    return ((x & MASK64) * GOLDEN & MASK64) >> 32
+    return ((x & _MASK64) * _GOLDEN & _MASK64) >> 32
 
 
 def stable_hash(key) -> int:
@@ -42,7 +42,7 @@ def stable_hash(key) -> int:
     if kind is tuple:
         h = _TUPLE
         for item in key:
-            h = (h * 1_000_003 & MASK64) ^ stable_hash(item)
+            h = (h * 1_000_003 & _MASK64) ^ stable_hash(item)
         return _mix(h)
     if key is None:
         return 0
@@ -76,7 +76,7 @@ def stable_shards(keys, num_shards: int) -> np.ndarray:
             pass
     if isinstance(keys, np.ndarray) and keys.dtype.kind in "iub":
         with np.errstate(over="ignore"):
-            mixed = (keys.astype(np.int64).view(np.uint64) * np.uint64(GOLDEN)) >> np.uint64(32)
+            mixed = (keys.astype(np.int64).view(np.uint64) * np.uint64(_GOLDEN)) >> np.uint64(32)
         return (mixed % np.uint64(num_shards)).astype(np.int64)
     return np.fromiter((stable_hash(k) % num_shards for k in keys), dtype=np.int64,
                        count=len(keys))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .graph import KEYED, ONE_TO_ONE
-from .keys import GOLDEN, MASK64, stable_hash, stable_shards
+from .keys import stable_hash, stable_shards
 from .progress import INPUT
 
 MAX_TUPLES_PER_MESSAGE = 8192  # a message carries at most this many values of a list ...
@@ -101,17 +101,11 @@ class Outbox:
 
     def emit_keyed(self, ctx, route, value, shard, key) -> None:
         """One tuple onto the KEYED edges of ``route``: to its key's shard, or to ``shard``."""
-        if type(key) is int:  # the common case, inlined: stable_hash's integer mix
-            h = ((key & MASK64) * GOLDEN & MASK64) >> 32
-        else:
-            h = None if key is None else stable_hash(key)
+        h = None if key is None else stable_hash(key)
         for keyed in route.keyed:
             n = keyed[1]
             s = h % n if h is not None else checked_shard(shard, n, keyed[3])
-            b = keyed[2][s]
-            if b is None:
-                b = self._keyed_bucket(ctx, ctx.t, keyed, s)
-            b.values.append(value)
+            self._keyed_bucket(ctx, ctx.t, keyed, s).values.append(value)
 
     def emit(self, ctx, t, port, values, shard=None, key=None, shards=None, keys=None) -> None:
         """Emit ``values`` (a sequence or a numpy array of rows) from ``ctx``'s shard at t."""
