@@ -2,8 +2,13 @@
 collective, OpByOp futures, and a traced program of 128 steps checked against the reference.
 
     python examples/pathways_quickstart.py
+
+With ``$PATHWAYS_ADDRESS`` set (``pathways slurm -- python examples/pathways_quickstart.py``
+does) it uses that cluster, which needs 8 devices, instead of starting one.
 """
 
+import contextlib
+import os
 import time
 
 import numpy as np
@@ -13,9 +18,13 @@ from pathways import P
 
 
 def main() -> None:
-    with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4) as cluster:
-        print(f"cluster up at {cluster.address}")
-        with pw.connect(cluster.address) as client:
+    with contextlib.ExitStack() as stack:
+        address = os.environ.get("PATHWAYS_ADDRESS")
+        if not address:
+            cluster = pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4)
+            address = stack.enter_context(cluster).address
+        print(f"cluster up at {address}")
+        with pw.connect(address) as client:
             for d in client.devices():
                 print(f"  device {d.id}: island {d.island}, host {d.host}, {d.kind}")
             mesh = client.mesh((2, 4), ("data", "model"))

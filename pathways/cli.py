@@ -1,4 +1,5 @@
-"""``pathways`` command line: ``up``, ``coordinator``, ``host`` and ``status``."""
+"""``pathways`` command line: ``up``, ``coordinator``, ``host``, ``status``, ``trace``,
+``plot``, ``keys``, ``k8s render`` and ``slurm``."""
 
 from __future__ import annotations
 
@@ -193,6 +194,12 @@ def _k8s(args) -> int:
     return 0
 
 
+def _slurm(args) -> int:
+    from .slurm import run
+
+    return run(args)
+
+
 def _keys(args) -> int:
     from plaque.security import ENV, generate
 
@@ -284,6 +291,28 @@ def parser() -> argparse.ArgumentParser:
                     help="put this key pair (pathways keys DIR) into a rendered Secret;"
                          " otherwise create NAME-keys yourself with kubectl")
     rn.add_argument("-o", "--output", default="-", help="the YAML file to write (-: stdout)")
+    sl = command("slurm", "inside a Slurm job: the coordinator on this node, hosts on every"
+                          " node of the allocation, then COMMAND with $PATHWAYS_ADDRESS set;"
+                          " all stopped when it exits or the job ends")
+    sl.add_argument("--devices-per-host", type=int, default=4, help="emulated TPUs per host")
+    sl.add_argument("--hosts-per-node", type=int, default=1, help="host processes per node")
+    sl.add_argument("--islands", type=int, default=1,
+                    help="islands: consecutive groups of nodes (of host ranks)")
+    policy_and_window(sl)
+    sl.add_argument("--port", type=int, default=0,
+                    help="the coordinator's client port (0: a free one)")
+    sl.add_argument("--keys-dir", default=None,
+                    help="where to make the job's CURVE key pair, on a file system every node"
+                         " sees; removed at the end (default: ~/.pathways/slurm-JOBID)")
+    sl.add_argument("--insecure", action="store_true",
+                    help="no CURVE keys: anyone who reaches the nodes can run code")
+    sl.add_argument("--address-file", default=None, metavar="FILE",
+                    help="also write the address here, for clients outside the job")
+    sl.add_argument("--timeout", type=float, default=120.0,
+                    help="seconds for every host to join before giving up")
+    sl.add_argument("run", nargs=argparse.REMAINDER, metavar="COMMAND",
+                    help="what to run against the cluster (after --); its exit status is"
+                         " this command's; none: serve until the job ends or Ctrl-C")
     pl = command("plot", "draw a trace as a PNG timeline (needs the [plot] extra)")
     pl.add_argument("trace", help="a trace JSON from pathways trace or client.trace")
     pl.add_argument("-o", "--output", default="timeline.png", help="the PNG file to write")
@@ -298,7 +327,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=level, format=f"%(asctime)s pathways-{role}"
                         f" pid={os.getpid()} %(levelname)s %(name)s: %(message)s")
     handler = {"up": _up, "coordinator": _coordinator, "host": _host, "status": _status,
-               "trace": _trace, "plot": _plot, "keys": _keys, "k8s": _k8s}
+               "trace": _trace, "plot": _plot, "keys": _keys, "k8s": _k8s,
+               "slurm": _slurm}
     try:
         return handler[args.command](args)
     except PathwaysError as exc:  # one line; the traceback with -v

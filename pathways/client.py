@@ -14,6 +14,7 @@ import concurrent.futures as cf
 import itertools
 import logging
 import math
+import os
 import pickle
 import threading
 import time
@@ -646,11 +647,12 @@ def _as_remote(err) -> Exception:
     return RemoteError(str(err))
 
 
-def connect(address: str, dispatch: str = "parallel", timeout: float = 30.0,
+def connect(address: str | None = None, dispatch: str = "parallel", timeout: float = 30.0,
             weight: float = 1.0, priority: int = 0, coordinator_timeout: float = 5.0,
             keys: str | None = None) -> Client:
     """Connect to a Pathways coordinator at ``address`` (printed by ``pathways up``, or a
-    ``pw.local_cluster``'s ``cluster.address``).
+    ``pw.local_cluster``'s ``cluster.address``); default: ``$PATHWAYS_ADDRESS``, which
+    ``pathways slurm`` sets for the command it runs.
 
     ``weight`` is this client's share of device time when the coordinator runs the "share"
     policy; ``priority`` its rank under the "priority" policy (higher goes first). If the
@@ -664,5 +666,10 @@ def connect(address: str, dispatch: str = "parallel", timeout: float = 30.0,
     >>> with pw.connect("tcp://127.0.0.1:5555", weight=2.0) as client:
     ...     print(client.devices())
     """
+    if address is None:
+        address = os.environ.get("PATHWAYS_ADDRESS")
+        if not address:
+            raise ValueError("pw.connect() needs an address: give one, or set"
+                             " $PATHWAYS_ADDRESS (pathways slurm does)")
     return Client(address, dispatch=dispatch, timeout=timeout, weight=weight,
                   priority=priority, coordinator_timeout=coordinator_timeout, keys=keys)

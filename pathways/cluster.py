@@ -25,7 +25,7 @@ class LocalCluster:
     def __init__(self, islands=1, hosts_per_island=2, devices_per_host=4,
                  heartbeat_timeout=3.0, verbose=0, policy="fifo", window=8,
                  client_timeout=5.0, hbm_gib=16.0, keys=None, insecure=False,
-                 kernel_limit=30.0):
+                 kernel_limit=30.0, bind="tcp://127.0.0.1", port=0):
         if keys is not None and insecure:
             raise ValueError("keys=DIR and insecure=True contradict each other: choose one")
         self.processes: list[subprocess.Popen] = []
@@ -33,20 +33,27 @@ class LocalCluster:
         self.devices_per_host = devices_per_host
         self._own_keys = None  # the throw-away key directory this cluster made, if any
         if keys is None and not insecure and security.keys_dir() is None:
-            keys = self._own_keys = security.ephemeral("pathways-keys-")
+            keys = self._own_keys = self._new_keys()
         env = worker_env(keys)
         self.keys = keys
         self._env, self._v, self.hbm_gib = env, ["-v"] * verbose, hbm_gib
-        self.kernel_limit = kernel_limit
+        self.kernel_limit, self.bind, self.port = kernel_limit, bind, port
         try:
             self.address = self._start_coordinator(heartbeat_timeout, policy, window,
                                                    client_timeout)
-            for island in range(islands):
-                for _ in range(hosts_per_island):
-                    self.add_host(island, devices_per_host)
+            self._start_hosts()
         except BaseException:
             self.close()
             raise
+
+    def _new_keys(self) -> str:
+        """A throw-away key directory for this cluster (``close`` removes it)."""
+        return security.ephemeral("pathways-keys-")
+
+    def _start_hosts(self) -> None:
+        for island in range(self.islands):
+            for _ in range(self.hosts_per_island):
+                self.add_host(island, self.devices_per_host)
 
     def _start_coordinator(self, heartbeat_timeout, policy, window, client_timeout) -> str:
         """Start the coordinator; its address, naming the key directory if this cluster
@@ -54,7 +61,8 @@ class LocalCluster:
         coord = subprocess.Popen(
             [sys.executable, "-m", "pathways", *self._v, "coordinator",
              "--heartbeat-timeout", str(heartbeat_timeout), "--policy", policy,
-             "--window", str(window), "--client-timeout", str(client_timeout)],
+             "--window", str(window), "--client-timeout", str(client_timeout),
+             "--bind", self.bind, "--port", str(self.port)],
             stdout=subprocess.PIPE, text=True, env=self._env)
         self.processes.append(coord)
         address = self._read_address(coord)
@@ -74,13 +82,16 @@ class LocalCluster:
 
     def add_host(self, island: int, devices: int) -> subprocess.Popen:
         """Start one more host process in ``island``."""
-        p = subprocess.Popen(
-            [sys.executable, "-m", "pathways", *self._v, "host", "--coordinator", self.address,
-             "--island", str(island), "--devices", str(devices),
-             "--hbm-gib", str(self.hbm_gib), "--kernel-limit", str(self.kernel_limit or 0)],
-            env=self._env)
+        p = subprocess.Popen([*self._host_argv(devices), "--island", str(island)],
+                             env=self._env)
         self.processes.append(p)
         return p
+
+    def _host_argv(self, devices: int) -> list[str]:
+        """``pathways host`` joining this cluster, all but its ``--island``."""
+        return [sys.executable, "-m", "pathways", *self._v, "host", "--coordinator",
+                self.address, "--devices", str(devices), "--hbm-gib", str(self.hbm_gib),
+                "--kernel-limit", str(self.kernel_limit or 0), "--bind", self.bind]
 
     def wait_ready(self, num_devices: int, timeout: float = 60.0) -> None:
         from .client import Client

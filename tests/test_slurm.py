@@ -1,0 +1,191 @@
+"""``pathways slurm``: the job layout (ranks, islands, binds) and its errors everywhere; then,
+where a Slurm cluster answers (CI installs one, ``.ci/slurm-up``), real jobs: the README's
+``sbatch`` recipe runs the quickstart against a 2-host cluster and exits cleanly, and a
+serving job is reached from outside through its address file and torn down by ``scancel``.
+Every job is cancelled if the test fails or times out, and no process of it may remain."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pathways.errors import PathwaysError
+from pathways.slurm import Allocation, Layout
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_allocation_needs_a_slurm_job():
+    with pytest.raises(PathwaysError, match="inside a Slurm job"):
+        Allocation.from_env({})
+    assert Allocation.from_env({"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "3"}) == \
+        Allocation("42", 3)
+    assert Allocation.from_env({"SLURM_JOB_ID": "7"}).nodes == 1
+
+
+def test_layout_refuses_unequal_islands():
+    with pytest.raises(PathwaysError, match="3 hosts .* do not split into 2"):
+        Layout(nodes=3, islands=2)
+    with pytest.raises(PathwaysError, match="positive"):
+        Layout(nodes=1, hosts_per_node=0)
+
+
+@pytest.mark.parametrize("nodes, per_node, islands", [(1, 2, 1), (2, 2, 2), (4, 1, 2),
+                                                      (3, 2, 3)])
+def test_each_rank_joins_its_island(nodes, per_node, islands):
+    """The step's shell line, run by a real shell per rank, gives rank r island
+    r // hosts_per_island: consecutive ranks (one node's) share an island."""
+    layout = Layout(nodes, per_node, islands)
+    argv = layout.srun(["echo", "host"])
+    assert argv[:2] == ["srun", "--quiet"]
+    assert f"--ntasks={nodes * per_node}" in argv and f"--ntasks-per-node={per_node}" in argv
+    assert layout.bind == ("tcp://127.0.0.1" if nodes == 1 else "tcp://0.0.0.0")
+    shell = argv[argv.index("sh"):]
+    for rank in range(layout.hosts):
+        out = subprocess.run(shell, env={"SLURM_PROCID": str(rank), "PATH": os.environ["PATH"]},
+                             capture_output=True, text=True, check=True, timeout=10).stdout
+        assert out.split() == ["host", "--island", str(rank // (layout.hosts // islands))]
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "pathways", "slurm", *args],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          env=env or {k: v for k, v in os.environ.items()
+                                      if not k.startswith("SLURM_")})
+
+
+def test_outside_a_job_is_one_line():
+    out = _cli("--", "true")
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        "pathways: pathways slurm runs inside a Slurm job (sbatch or salloc): SLURM_JOB_ID is"
+        " not set"]
+
+
+def test_bad_islands_is_one_line():
+    env = {**os.environ, "SLURM_JOB_ID": "1", "SLURM_JOB_NUM_NODES": "1"}
+    out = _cli("--islands", "2", env=env)
+    assert out.returncode == 1
+    assert len(out.stderr.strip().splitlines()) == 1 and "do not split into 2" in out.stderr
+
+
+def test_connect_without_an_address_reads_the_environment(monkeypatch):
+    import pathways as pw
+
+    monkeypatch.delenv("PATHWAYS_ADDRESS", raising=False)
+    with pytest.raises(ValueError, match=r"\$PATHWAYS_ADDRESS"):
+        pw.connect()
+    monkeypatch.setenv("PATHWAYS_ADDRESS", "tcp://127.0.0.1")  # read, then checked
+    with pytest.raises(ValueError, match="port"):
+        pw.connect()
+
+
+# ---- real jobs --------------------------------------------------------------------------------
+
+def _slurm_missing() -> str | None:
+    if shutil.which("sbatch") is None:
+        return ("Slurm is not installed (no sbatch on PATH); CI installs a one-node cluster"
+                " with .ci/slurm-up")
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True,
+                             timeout=15)
+    except subprocess.TimeoutExpired:
+        return "sinfo did not answer within 15 s"
+    states = set(out.stdout.split())
+    if out.returncode or not states & {"idle", "mix", "alloc"}:
+        return f"no Slurm node is up (sinfo: {(out.stdout + out.stderr).strip()!r})"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm():
+    reason = _slurm_missing()
+    if reason is not None:
+        if os.environ.get("PATHWAYS_REQUIRE_SLURM"):  # set by .ci/run once Slurm is up
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def job_env(slurm):
+    """The job's environment (sbatch exports it): this venv first on PATH, and a job name
+    to cancel by whatever happens."""
+    name = f"pathways-test-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    yield name, env
+    subprocess.run(["scancel", "--name", name], timeout=30)
+
+
+def _readme_recipe() -> str:
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- slurm -->", 1)[1]
+    return next(line for line in block.splitlines() if line.startswith("sbatch "))
+
+
+def _no_process_of(job_id: str) -> None:
+    """Nothing of the job is left: no process naming its key directory, and the directory is
+    gone (the hosts' command lines name it in the coordinator's address)."""
+    keys = Path.home() / ".pathways" / f"slurm-{job_id}"
+    deadline = time.monotonic() + 30
+    while subprocess.run(["pgrep", "-f", str(keys)], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, f"processes of job {job_id} still running"
+        time.sleep(0.2)
+    while keys.exists():  # removed last, once the processes are gone
+        assert time.monotonic() < deadline, f"{keys} outlived job {job_id}"
+        time.sleep(0.2)
+
+
+def test_readme_recipe_runs_the_quickstart(job_env, tmp_path):
+    name, env = job_env
+    output = tmp_path / "job.out"
+    words = shlex.split(_readme_recipe())
+    argv = [words[0], "--wait", f"--output={output}", f"--job-name={name}", "--time=5",
+            *words[1:]]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=240)
+    log = output.read_text() if output.exists() else ""
+    assert done.returncode == 0, f"{done.stdout}{done.stderr}\n{log}"
+    job_id = re.search(r"Submitted batch job (\d+)", done.stdout).group(1)
+    assert re.search(rf"pathways slurm: cluster up at tcp://127\.0\.0\.1:\d+\?keys=\S+"
+                     rf"slurm-{job_id}: 2 hosts x 4 devices on 1 node\(s\), 1 island\(s\)", log)
+    assert "equal to the reference interpreter" in log
+    assert "error" not in log.lower(), log  # a clean shutdown: no step cancelled or killed
+    _no_process_of(job_id)
+
+
+def test_a_serving_job_is_reached_from_outside_and_cancelled(job_env, tmp_path):
+    name, env = job_env
+    address_file, output = tmp_path / "address", tmp_path / "job.out"
+    job_id = subprocess.run(
+        ["sbatch", "--parsable", f"--job-name={name}", "--time=5", "--ntasks=2",
+         f"--output={output}", "--wrap",
+         f"pathways slurm --hosts-per-node 2 --devices-per-host 2 --islands 2"
+         f" --address-file {address_file}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=True, timeout=30,
+    ).stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 120
+    while not address_file.exists() or not address_file.read_text().endswith("\n"):
+        assert time.monotonic() < deadline, output.read_text() if output.exists() else ""
+        time.sleep(0.2)
+    import pathways as pw
+
+    with pw.connect(address_file.read_text().strip()) as client:
+        devices = client.devices()
+    assert sorted(d.island for d in devices) == [0, 0, 1, 1]  # rank r in island r // 1
+    assert len({(d.island, d.host) for d in devices}) == 2  # two hosts, one per island
+    subprocess.run(["scancel", job_id], check=True, timeout=30)
+    _no_process_of(job_id)
+    deadline = time.monotonic() + 30
+    while address_file.exists():
+        assert time.monotonic() < deadline, "the address file outlived the job"
+        time.sleep(0.2)
+
