@@ -27,14 +27,14 @@ _STR, _BYTES, _FLOAT, _TUPLE = 0x5354, 0x4259, 0x464C, 0x5455  # tags: "a" and b
 
 def _mix(x: int) -> int:
     """The top 32 bits of x * golden ratio (mod 2^64): near integers land far apart."""
-    return ((x & _MASK64) * _GOLDEN & _MASK64) >> 32
+    return (x * _GOLDEN & _MASK64) >> 32  # Python's & of any int, negative too, is mod 2^64
 
 
 def stable_hash(key) -> int:
     """A 32-bit hash of ``key`` that depends on its value only (see the module docstring)."""
     kind = type(key)
-    if kind is int or kind is bool:
-        return _mix(key)
+    if kind is int or kind is bool:  # _mix inlined, constants folded: the common case
+        return (key * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF) >> 32  # & is mod 2^64, even < 0
     if kind is str:
         return _mix(zlib.crc32(key.encode("utf-8", "surrogatepass")) ^ _STR << 32)
     if kind is bytes:

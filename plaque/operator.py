@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .keys import stable_hash
+
 
 class Operator:
     """Base class of operators. Override what you need; every method is optional.
@@ -74,8 +76,17 @@ class Context:
             route = self._core.outbox.open(self, self.t, port)
         for bucket in route.plain:
             bucket.values.append(value)
-        if route.keyed:
-            self._core.outbox.emit_keyed(self, route, value, shard, key)
+        keyed = route.keyed
+        if keyed:
+            if key is not None and len(keyed) == 1:  # the usual keyed emit, without calls
+                _, n, buckets, _ = keyed[0]
+                s = stable_hash(key) % n
+                bucket = buckets[s]
+                if bucket is None:
+                    bucket = self._core.outbox.keyed_bucket(self, self.t, keyed[0], s)
+                bucket.values.append(value)
+            else:
+                self._core.outbox.emit_keyed(self, route, value, shard, key)
 
     def emit_batch(self, values, port: int = 0, shard: int | None = None, key=None,
                    shards=None, keys=None) -> None:

@@ -92,7 +92,8 @@ class Outbox:
         ctx._targets[(t, port)] = route
         return route
 
-    def _keyed_bucket(self, ctx, t, keyed, s) -> Bucket:
+    def keyed_bucket(self, ctx, t, keyed, s) -> Bucket:
+        """The bucket of shard ``s`` of a KEYED edge of ``ctx``'s route at t (made once)."""
         e, _, buckets, _ = keyed
         b = buckets[s]
         if b is None:
@@ -105,7 +106,7 @@ class Outbox:
         for keyed in route.keyed:
             n = keyed[1]
             s = h % n if h is not None else checked_shard(shard, n, keyed[3])
-            self._keyed_bucket(ctx, ctx.t, keyed, s).values.append(value)
+            self.keyed_bucket(ctx, ctx.t, keyed, s).values.append(value)
 
     def emit(self, ctx, t, port, values, shard=None, key=None, shards=None, keys=None) -> None:
         """Emit ``values`` (a sequence or a numpy array of rows) from ``ctx``'s shard at t."""
@@ -120,10 +121,10 @@ class Outbox:
             n, name = keyed[1], keyed[3]
             if key is not None or shard is not None:
                 s = stable_hash(key) % n if key is not None else checked_shard(shard, n, name)
-                self._keyed_bucket(ctx, t, keyed, s).add(values)
+                self.keyed_bucket(ctx, t, keyed, s).add(values)
             elif shards is not None or keys is not None:
                 for s, part in split(values, shards, keys, n, name):
-                    self._keyed_bucket(ctx, t, keyed, s).add(part)
+                    self.keyed_bucket(ctx, t, keyed, s).add(part)
             else:
                 raise ValueError(f"emit on a KEYED edge to {name!r} needs key= (or shard=); a"
                                  " batch also takes keys= or shards=")

@@ -226,6 +226,14 @@ def test_the_array_path_hashes_as_the_scalar_one(ints, n):
     assert plaque.stable_shards(ints, n).tolist() == want
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(-2**80, 2**80))
+def test_an_int_key_hashes_as_defined(k):
+    """The definition (Fibonacci hashing: the top 32 of the low 64 bits of k * 2^64/phi),
+    spelled with % here: every worker, of any version, must agree on it."""
+    assert plaque.stable_hash(k) == (k % 2**64) * 0x9E3779B97F4A7C15 % 2**64 // 2**32
+
+
 @settings(max_examples=100, deadline=None)
 @given(keys)
 def test_equal_keys_hash_equally(key):
