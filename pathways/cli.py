@@ -197,7 +197,10 @@ def _k8s(args) -> int:
 def _slurm(args) -> int:
     from .slurm import run
 
-    return run(args)
+    try:
+        return run(args)
+    except ValueError as exc:  # a shape the allocation cannot take
+        raise SystemExit(f"pathways slurm: {exc}") from None
 
 
 def _keys(args) -> int:

@@ -113,6 +113,16 @@ class LocalCluster:
             security.discard(self._own_keys)
 
 
+def hosts_per_island(hosts: int, islands: int) -> int:
+    """How many of ``hosts`` each of ``islands`` equal islands gets; ``ValueError`` unless
+    both are positive and the hosts split evenly."""
+    if hosts < 1 or islands < 1:
+        raise ValueError(f"hosts and islands must be positive, got {hosts} and {islands}")
+    if hosts % islands:
+        raise ValueError(f"{hosts} hosts do not split into {islands} equal islands")
+    return hosts // islands
+
+
 def stop_processes(processes, grace: float = 5.0) -> None:
     """SIGTERM every process still running, wait ``grace`` seconds each, then SIGKILL; close
     their output pipes. Safe to call on processes that already exited."""

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from plaque import security
 
+from .cluster import hosts_per_island
+
 KEYS_MOUNT = "/keys"
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")  # a mapping key YAML reads as this string
 
@@ -41,11 +43,9 @@ class Spec:
     hbm_gib: float = 16.0
 
     def __post_init__(self):
-        if self.hosts < 1 or self.islands < 1 or self.devices_per_host < 1:
-            raise ValueError("hosts, islands and devices per host must be positive")
-        if self.hosts % self.islands:
-            raise ValueError(f"{self.hosts} hosts do not split into {self.islands} equal"
-                             " islands")
+        hosts_per_island(self.hosts, self.islands)
+        if self.devices_per_host < 1:
+            raise ValueError(f"devices per host must be positive, got {self.devices_per_host}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1-65535, got {self.port}")
 
@@ -87,7 +87,7 @@ def render(spec: Spec, embed_keys: str | None = None) -> list[dict]:
 
 
 def _hosts(spec: Spec, labels: dict) -> dict:
-    per_island = spec.hosts // spec.islands
+    per_island = hosts_per_island(spec.hosts, spec.islands)
     command = ["sh", "-c",
                "exec pathways host --coordinator \"$COORDINATOR\" --bind tcp://0.0.0.0"
                f" --island $((JOB_COMPLETION_INDEX / {per_island}))"

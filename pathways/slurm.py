@@ -25,7 +25,7 @@ from pathlib import Path
 
 from plaque import security
 
-from .cluster import LocalCluster, stop_processes
+from .cluster import LocalCluster, hosts_per_island, stop_processes
 from .errors import PathwaysError
 
 ADDRESS_ENV = "PATHWAYS_ADDRESS"  # what pw.connect() reads when given no address
@@ -58,13 +58,10 @@ class Layout:
     hosts_per_node: int = 1
     islands: int = 1
 
-    def __post_init__(self):
-        if self.nodes < 1 or self.hosts_per_node < 1 or self.islands < 1:
-            raise PathwaysError("nodes, hosts per node and islands must be positive")
-        if self.hosts % self.islands:
-            raise PathwaysError(f"{self.hosts} hosts ({self.nodes} nodes x"
-                                f" {self.hosts_per_node}) do not split into {self.islands}"
-                                " equal islands")
+    def __post_init__(self):  # ValueError, as for any bad shape
+        if self.hosts_per_node < 1:
+            raise ValueError(f"hosts per node must be positive, got {self.hosts_per_node}")
+        hosts_per_island(self.hosts, self.islands)
 
     @property
     def hosts(self) -> int:
@@ -72,7 +69,7 @@ class Layout:
 
     @property
     def hosts_per_island(self) -> int:
-        return self.hosts // self.islands
+        return hosts_per_island(self.hosts, self.islands)
 
     @property
     def bind(self) -> str:

@@ -33,10 +33,12 @@ def test_allocation_needs_a_slurm_job():
 
 
 def test_layout_refuses_unequal_islands():
-    with pytest.raises(PathwaysError, match="3 hosts .* do not split into 2"):
+    with pytest.raises(ValueError, match="3 hosts do not split into 2"):
         Layout(nodes=3, islands=2)
-    with pytest.raises(PathwaysError, match="positive"):
+    with pytest.raises(ValueError, match="positive"):
         Layout(nodes=1, hosts_per_node=0)
+    with pytest.raises(ValueError, match="positive"):
+        Layout(nodes=0)
 
 
 @pytest.mark.parametrize("nodes, per_node, islands", [(1, 2, 1), (2, 2, 2), (4, 1, 2),
