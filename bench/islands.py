@@ -49,7 +49,7 @@ import pathways as pw  # noqa: E402
 from bench import profiling  # noqa: E402
 from bench.results import bench_parser, publish  # noqa: E402
 from pathways import P  # noqa: E402
-from pathways import cost as cost_model  # noqa: E402
+from pathways.program import cost as cost_model  # noqa: E402
 
 TITLE = "Two islands over DCN vs one island: data-parallel training (paper Figure 12)"
 GRAD_COST = 0.095  # modelled seconds of one device's gradient kernel (its share of the batch)

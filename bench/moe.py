@@ -1,6 +1,6 @@
 """Mixture of Experts: sparse routing (``expert_map``) vs dense all-to-all dispatch.
 
-One MoE feed-forward layer forward (router, experts, combine; ``pathways.moe.MoELayer``), E=8
+One MoE feed-forward layer forward (router, experts, combine; ``pathways.lib.moe.MoELayer``), E=8
 experts, float32, on ``local_cluster(islands=1, hosts_per_island=4, devices_per_host=1)``:
 every device is its own host process, so every byte between devices crosses a socket. Tokens
 are sharded over the 4 devices (mesh axis "data", one routing group per device); the experts
@@ -51,7 +51,7 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable
 import pathways as pw  # noqa: E402
 from bench.results import _table, bench_parser, publish  # noqa: E402
 from pathways import P, moe  # noqa: E402
-from pathways.mesh import Mesh  # noqa: E402
+from pathways.program.mesh import Mesh  # noqa: E402
 
 TITLE = "Mixture of Experts: sparse routing vs dense all-to-all dispatch (wire, tokens/s)"
 E = 8  # experts

@@ -4,9 +4,9 @@ In JAX's multi-controller model there is no coordinator: every host runs the sam
 program, and each call of a compiled function is enqueued straight onto that host's local
 devices, which run their kernels in program order; collectives meet over ICI. Here that is
 built from exactly the pieces a Pathways host runs its kernels with: one
-``pathways.executor.Executor`` per host owning all of the host's ``EmulatedDevice`` records
+``pathways.host.executor.Executor`` per host owning all of the host's ``EmulatedDevice`` records
 (one thread, every device a timeline in virtual time, bodies in greenlets that park at
-collectives), ``ExecutorEnv`` kernel environments, the host's ``pathways.ici.IciLink`` for
+collectives), ``ExecutorEnv`` kernel environments, the host's ``pathways.host.ici.IciLink`` for
 collective values bound for other hosts, and the same modelled cost (body cost plus ICI
 transfer time of the bytes sent off-host). So the two systems share the executor and the
 whole collective path, and a benchmark ratio compares only how work reaches the devices:
@@ -58,12 +58,12 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:  # run as a script: make "bench" importable in spawned children too
     sys.path.insert(0, _ROOT)
 
-from pathways import cost as cost_model  # noqa: E402
-from pathways import host as pathways_host  # noqa: E402
-from pathways.collectives import kernel_env, psum  # noqa: E402
-from pathways.exchange import ExecutorEnv  # noqa: E402
-from pathways.executor import Executor  # noqa: E402
-from pathways.ici import IciLink  # noqa: E402
+from pathways.program import cost as cost_model  # noqa: E402
+from pathways.host import server as pathways_host  # noqa: E402
+from pathways.host.exchange import ExecutorEnv  # noqa: E402
+from pathways.host.executor import Executor  # noqa: E402
+from pathways.host.ici import IciLink  # noqa: E402
+from pathways.program.collectives import kernel_env, psum  # noqa: E402
 from plaque import security  # noqa: E402
 
 AXIS = "d"
@@ -201,7 +201,7 @@ class _HostNode:
 def _host_main(conn, barrier, host: int, hosts: int, per_host: int) -> None:
     """A host process: bind, learn the peers, then serve run requests from the parent."""
     # Same interpreter setting as a Pathways host (the user loop and the executor thread hand
-    # the GIL to each other constantly), whatever pathways.host currently chooses.
+    # the GIL to each other constantly), whatever pathways.host.server currently chooses.
     sys.setswitchinterval(getattr(pathways_host, "SWITCH_INTERVAL", sys.getswitchinterval()))
     ctx = zmq.Context()
     node = None

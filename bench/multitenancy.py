@@ -49,7 +49,7 @@ if _ROOT not in sys.path:  # run as a script: make "bench" importable
 import pathways as pw  # noqa: E402
 from bench.results import bench_parser, plot_sweep, publish  # noqa: E402
 from pathways import P  # noqa: E402
-from pathways.trace import device_time_by_client  # noqa: E402
+from pathways.client.trace import device_time_by_client  # noqa: E402
 
 TITLE = "Multi-tenancy: clients sharing one island (paper Figure 8)"
 COST = 0.00033  # modelled seconds of one computation (per device)

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 import pathways as pw
-from pathways.pipeline import Pipeline, Stage
+from pathways.lib.pipeline import Pipeline, Stage
 
 LAYERS, IN, WIDTH, OUT, BATCH = 8, 16, 32, 4, 64
 

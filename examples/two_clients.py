@@ -18,7 +18,7 @@ import numpy as np
 
 import pathways as pw
 from pathways import P
-from pathways.trace import device_time_by_client
+from pathways.client.trace import device_time_by_client
 
 KERNEL = 0.002  # modelled seconds of one kernel
 

@@ -8,23 +8,9 @@
 ...         print(y.result())
 """
 
-from . import moe
-from .array import Array, NamedSharding
-from .client import Client, connect
+from .client.array import Array, NamedSharding
+from .client.client import Client, connect
 from .cluster import local_cluster
-from .collectives import (
-    all_gather,
-    all_to_all,
-    axis_index,
-    pmax,
-    pmean,
-    pmin,
-    ppermute,
-    psum,
-    psum_scatter,
-)
-from .compiled import CompiledFunction, shard_map
-from .cost import DeviceSpec
 from .errors import (
     ClientClosed,
     ClientGone,
@@ -38,11 +24,27 @@ from .errors import (
     ResourceError,
     ShardingError,
 )
-from .mesh import Device, Mesh
-from .pipeline import Pipeline, Stage
-from .routing import RoutedFunction, expert_map
-from .sharding import P
-from .tracer import program, reference
+from .lib import moe
+from .lib.pipeline import Pipeline, Stage
+from .program import compiled as compiled  # as before: pw.compiled.Aval
+from .program import jax_body as jax_body  # as before: pw.jax_body.INSTALL_HINT
+from .program.collectives import (
+    all_gather,
+    all_to_all,
+    axis_index,
+    pmax,
+    pmean,
+    pmin,
+    ppermute,
+    psum,
+    psum_scatter,
+)
+from .program.compiled import CompiledFunction, shard_map
+from .program.cost import DeviceSpec
+from .program.mesh import Device, Mesh
+from .program.routing import RoutedFunction, expert_map
+from .program.sharding import P
+from .program.tracer import program, reference
 
 __all__ = [
     "Array", "Client", "ClientClosed", "ClientGone", "CollectiveTimeout", "CompiledFunction",

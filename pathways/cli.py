@@ -22,7 +22,7 @@ CONNECT_TIMEOUT = 3.0  # seconds a command waits for the coordinator's first ans
 
 
 def _coordinator(args) -> int:
-    from .coordinator import Coordinator
+    from .control.coordinator import Coordinator
 
     coord = Coordinator(args.bind, heartbeat_timeout=args.heartbeat_timeout,
                         policy=args.policy, window=args.window,
@@ -39,20 +39,20 @@ def _coordinator(args) -> int:
 def _host(args) -> int:
     from plaque.security import adopt
 
-    from .host import serve_host
+    from .host.server import serve_host
 
     coordinator = adopt(args.coordinator)
     if os.environ.get("PLAQUE_DIE_WITH_PARENT"):
         from plaque.cli import _die_with_parent
 
         _die_with_parent()
-    from .cost import DeviceSpec
+    from .program.cost import DeviceSpec
 
     spec = DeviceSpec(hbm_bytes=int(args.hbm_gib * 2**30))
     reason = uvloop.run(serve_host(coordinator, args.island, args.devices, args.bind,
                                    spec=spec, coordinator_timeout=args.coordinator_timeout,
                                    kernel_limit=args.kernel_limit or None))
-    logging.getLogger("pathways.host").info("exited: %s", reason)
+    logging.getLogger("pathways.host.server").info("exited: %s", reason)
     return 0
 
 
@@ -93,7 +93,7 @@ def _print_keys(cluster) -> None:
 
 def _client(address: str):
     """A client of ``address``; a key directory that is not there is a one-line error."""
-    from .client import Client
+    from .client.client import Client
 
     try:
         return Client(address, connect_timeout=CONNECT_TIMEOUT)
@@ -147,7 +147,7 @@ def _show_status(c, before, clear=False):
 
 
 def _trace(args) -> int:
-    from .trace import chrome_trace, collect, marks, write
+    from .client.trace import chrome_trace, collect, marks, write
 
     with _client(args.address) as c:
         print(f"recording every device's timeline for {args.seconds:g} s ...", flush=True)

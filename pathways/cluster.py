@@ -10,6 +10,7 @@ import time
 from plaque import security
 from plaque.cluster import worker_env
 
+from .client.client import Client
 from .errors import PathwaysError
 
 
@@ -94,8 +95,6 @@ class LocalCluster:
                 "--kernel-limit", str(self.kernel_limit or 0), "--bind", self.bind]
 
     def wait_ready(self, num_devices: int, timeout: float = 60.0) -> None:
-        from .client import Client
-
         deadline = time.monotonic() + timeout
         with Client(self.address, keys=self.keys) as c:
             while len(c.devices()) < num_devices:

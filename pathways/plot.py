@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from .trace import TRANSFER_TID
+from .client.trace import TRANSFER_TID
 
 
 def _matplotlib():

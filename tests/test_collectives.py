@@ -1,4 +1,4 @@
-"""Tests of the collectives (``pathways.collectives``) and the environments they run in.
+"""Tests of the collectives (``pathways.program.collectives``) and the environments they run in.
 
 What is tested:
 
@@ -27,7 +27,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pathways.collectives import (
+from pathways.errors import CollectiveTimeout, ProgramError, ShardingError
+from pathways.program.collectives import (
     AbstractEnv,
     LocalEnv,
     Rendezvous,
@@ -44,7 +45,6 @@ from pathways.collectives import (
     psum_scatter,
     run_spmd,
 )
-from pathways.errors import CollectiveTimeout, ProgramError, ShardingError
 
 MESH, NAMES = (2, 4), ("data", "model")
 

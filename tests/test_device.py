@@ -14,7 +14,10 @@ from conftest import wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pathways.cost import (
+from pathways.errors import CollectiveTimeout, DeviceOutOfMemory, PathwaysError
+from pathways.host.device import EmulatedDevice, HbmAccount
+from pathways.host.executor import standalone_device
+from pathways.program.cost import (
     DCN,
     ICI,
     DeviceSpec,
@@ -23,8 +26,6 @@ from pathways.cost import (
     resolve_cost,
     transfer_time,
 )
-from pathways.device import EmulatedDevice, HbmAccount
-from pathways.errors import CollectiveTimeout, DeviceOutOfMemory, PathwaysError
 
 WAIT = 5.0  # generous bound on every wait; tests never depend on it being reached
 
@@ -73,7 +74,7 @@ def make_device():
     made: list[EmulatedDevice] = []
 
     def make(device_id=0, **kwargs):
-        device = EmulatedDevice(device_id, kwargs.pop("spec", DeviceSpec()), **kwargs)
+        device = standalone_device(device_id, kwargs.pop("spec", DeviceSpec()), **kwargs)
         made.append(device)
         return device
 

@@ -1,4 +1,4 @@
-"""The host executor (``pathways.executor``) and the ICI wire format (``pathways.ici``).
+"""The host executor (``pathways.host.executor``) and the ICI wire format (``pathways.host.ici``).
 
 What is checked, always in fake time (a clock that moves only when the executor sleeps):
 
@@ -39,9 +39,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from pathways.collectives import all_gather, all_to_all, kernel_env, ppermute, psum, run_spmd
-from pathways.cost import DeviceSpec
-from pathways.device import HbmAccount
 from pathways.errors import (
     CollectiveTimeout,
     DeviceOutOfMemory,
@@ -49,10 +46,20 @@ from pathways.errors import (
     PathwaysError,
     ProgramError,
 )
-from pathways.exchange import ExecutorEnv
-from pathways.executor import Executor
-from pathways.ici import decode, encode
-from pathways.object_store import ObjectStore
+from pathways.host.device import HbmAccount
+from pathways.host.exchange import ExecutorEnv
+from pathways.host.executor import Executor
+from pathways.host.ici import decode, encode
+from pathways.host.object_store import ObjectStore
+from pathways.program.collectives import (
+    all_gather,
+    all_to_all,
+    kernel_env,
+    ppermute,
+    psum,
+    run_spmd,
+)
+from pathways.program.cost import DeviceSpec
 from plaque.wire import ProtocolError
 
 WAIT = 5.0  # bound on every wait; tests never depend on it being reached
@@ -157,7 +164,7 @@ class GangKernel(Kernel):
 @contextlib.contextmanager
 def executor_of(fake: FakeTime, device_ids=(0,), *, spec=None, with_store=False, **kwargs):
     """An executor on fake time with these devices (not started), always closed after."""
-    devices: dict = {}  # the host's dict, as pathways.host keeps it
+    devices: dict = {}  # the host's dict, as pathways.host.server keeps it
     store = ObjectStore(devices) if with_store else None
     executor = Executor("test-host", store=store, clock=fake.clock, sleep=fake.sleep, **kwargs)
     try:
@@ -467,7 +474,7 @@ def test_inconsistent_gang_order_times_out_and_devices_keep_serving(make_executo
 
 @pytest.mark.parametrize("abort_on_error", [False, True], ids=["plain", "host-like"])
 def test_a_deadlock_fails_every_kernel_of_both_gangs(make_executor, abort_on_error):
-    # host-like: on_error aborts the kernel's gang, as pathways.kernel.Kernel.on_error does
+    # host-like: on_error aborts the kernel's gang, as pathways.host.kernel.Kernel.on_error does
     fake = FakeTime()
     ex = make_executor(fake, (0, 1), collective_timeout=0.2)
     gangs = enqueue_crossed_gangs(ex, consistent=False)

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import pathways as pw
 from pathways import P
-from pathways.compiled import Aval
-from pathways.jax_body import uses_jax
+from pathways.program.compiled import Aval
+from pathways.program.jax_body import uses_jax
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy

@@ -6,7 +6,7 @@ import pytest
 
 import pathways as pw
 from pathways import P, moe
-from pathways.mesh import Mesh
+from pathways.program.mesh import Mesh
 
 T, D, F, E = 32, 6, 10, 8  # tokens, model dim, expert hidden dim, experts
 AUX = 0.1

@@ -8,7 +8,7 @@ import pytest
 
 import pathways as pw
 from pathways import P
-from pathways.trace import client_spans, device_time_by_client
+from pathways.client.trace import client_spans, device_time_by_client
 
 KERNEL = 0.002  # modelled seconds per kernel: device time, not Python, decides the shares
 WINDOW = 4

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from conftest import wait_until
 
-from pathways.cost import DeviceSpec
-from pathways.device import EmulatedDevice
 from pathways.errors import DeviceOutOfMemory
-from pathways.object_store import BufferState, ObjectStore
+from pathways.host.executor import standalone_device
+from pathways.host.object_store import BufferState, ObjectStore
+from pathways.program.cost import DeviceSpec
 
 WAIT = 5.0
 HBM = 1024
@@ -25,7 +25,7 @@ OWNER = ("client-1", "program-1")
 
 @pytest.fixture
 def devices():
-    made = {d: EmulatedDevice(d, DeviceSpec(hbm_bytes=HBM)) for d in range(2)}
+    made = {d: standalone_device(d, DeviceSpec(hbm_bytes=HBM)) for d in range(2)}
     yield made
     for device in made.values():
         assert device.close(timeout=WAIT)
@@ -288,11 +288,11 @@ def _churn(store, worker, rng):
 
 
 def test_delete_before_the_producer_frees_the_buffer_when_it_comes():
-    from pathways.cost import DeviceSpec
-    from pathways.device import EmulatedDevice
-    from pathways.object_store import ObjectStore
+    from pathways.host.executor import standalone_device
+    from pathways.host.object_store import ObjectStore
+    from pathways.program.cost import DeviceSpec
 
-    dev = EmulatedDevice(0, DeviceSpec(hbm_bytes=1 << 20))
+    dev = standalone_device(0, DeviceSpec(hbm_bytes=1 << 20))
     try:
         store = ObjectStore({0: dev})
         assert store.delete(("late", 0)) is False  # nothing yet: remembered

@@ -1,4 +1,4 @@
-"""Pipeline-parallel training (pathways.pipeline) equals plain numpy training in one process,
+"""Pipeline-parallel training (pathways.lib.pipeline) equals plain numpy training in one process,
 for several stage and micro-batch counts, both schedules, and stages of several devices."""
 
 import functools
@@ -12,7 +12,7 @@ import pytest
 from test_pathways import store_bytes, wait_for_store_bytes
 
 import pathways as pw
-from pathways.pipeline import Pipeline, Stage, program_order, stage_orders
+from pathways.lib.pipeline import Pipeline, Stage, program_order, stage_orders
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS, WIDTH, BATCH, LR = 4, 8, 24, 0.1

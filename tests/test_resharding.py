@@ -5,8 +5,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pathways.resharding import plan
-from pathways.sharding import P, assemble, shard_shape, split
+from pathways.lowering.resharding import plan
+from pathways.program.sharding import P, assemble, shard_shape, split
 
 AXES = ("a", "b", "c")
 

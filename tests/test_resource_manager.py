@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pathways.control.resource_manager import DeviceInfo, ResourceManager, Slice
 from pathways.errors import ResourceError
-from pathways.resource_manager import DeviceInfo, ResourceManager, Slice
 
 
 def cluster(*islands: list[int]) -> ResourceManager:

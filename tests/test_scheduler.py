@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pathways.control.scheduler import FifoPolicy, Gang, IslandScheduler, Policy
 from pathways.errors import ProgramError
-from pathways.scheduler import FifoPolicy, Gang, IslandScheduler, Policy
 
 
 class HoldPolicy(Policy):
@@ -188,7 +188,7 @@ def test_next_seq_counts_gangs_released_on_each_device(submissions):
 
 # -- windowed policies: proportional share and priority ---------------------------------
 
-from pathways.scheduler import PriorityPolicy, ProportionalSharePolicy  # noqa: E402
+from pathways.control.scheduler import PriorityPolicy, ProportionalSharePolicy  # noqa: E402
 
 
 def one_gang_programs(client, n, devices=(0, 1, 2, 3)):

@@ -1,4 +1,4 @@
-"""Unit and property tests of partition specs (``pathways.sharding``). No threads, no I/O.
+"""Unit and property tests of partition specs (``pathways.program.sharding``). No threads, no I/O.
 
 What is tested:
 
@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pathways.errors import ShardingError
-from pathways.sharding import (
+from pathways.program.sharding import (
     P,
     assemble,
     axis_group,

@@ -1,0 +1,159 @@
+"""``pw.Array``: a future for a logical sharded array that lives on the hosts.
+
+It knows its shape, dtype, mesh and spec at once; ``result()`` fetches the shards straight from
+the hosts and assembles the global value. The client refcounts the logical array (this
+object), not its shards: when the last reference goes (or ``delete()``), its shards are freed
+on every host. It follows ``concurrent.futures``: ``result(timeout)``, ``done()``,
+``exception()``, ``add_done_callback``, and it is awaitable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import PathwaysError, ProgramError
+from ..program.ir import Aval, RemoteValue
+
+
+@dataclass(frozen=True)
+class NamedSharding:
+    """Where an array lives, as JAX's ``NamedSharding``: a mesh and a partition spec.
+
+    >>> x.sharding.mesh, x.sharding.spec       # the mesh and P(...) it was placed with
+    """
+
+    mesh: object
+    spec: object
+
+    def __repr__(self):
+        return f"NamedSharding({self.mesh}, {self.spec})"
+
+
+class Array(RemoteValue):
+    """A future for a global array sharded over a mesh, as ``client.put``, ``client.generate``
+    and compiled-function calls return it. Its shape, dtype, mesh and spec are known at once;
+    its value once the run that produces it has finished.
+
+    >>> y = step(x)                  # returns at once
+    >>> y.shape, y.dtype, y.spec     # known before the run ends
+    >>> value = y.result()           # a numpy array, fetched from the hosts
+    """
+
+    def __init__(self, client, array_id, aval: Aval, mesh, spec, status: cf.Future,
+                 value=None):
+        self.client, self.id = client, array_id
+        self.aval, self.mesh, self.spec = aval, mesh, spec
+        self._status = status  # resolves (to None) when the producing run is done
+        self._value = value
+        self._deleted = False
+        self._holds = 0  # runs in flight that read this array (the client's lock guards it)
+
+    shape = property(lambda self: self.aval.shape)
+    dtype = property(lambda self: self.aval.dtype)
+    ndim = property(lambda self: len(self.aval.shape))
+    size = property(lambda self: math.prod(self.aval.shape))
+    sharding = property(lambda self: NamedSharding(self.mesh, self.spec))
+
+    def __len__(self):
+        if not self.aval.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.aval.shape[0]
+
+    def __array__(self, dtype=None, copy=None):
+        """``np.asarray(a)``: the global value (waits for it and fetches it, as result())."""
+        value = self.result()
+        return value if dtype is None else value.astype(dtype)
+
+    def _compute_elsewhere(self, *args, **kwargs):
+        raise ProgramError(
+            "a pw.Array is computed on the devices, not in the client: put the arithmetic or"
+            " indexing in a shard_map body (pw.shard_map(lambda x: x + 1, mesh, spec, spec)(a)),"
+            " or fetch the value first (a.result() or np.asarray(a)) to use numpy on it")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _compute_elsewhere
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = _compute_elsewhere
+    __matmul__ = __rmatmul__ = __pow__ = __rpow__ = __mod__ = __rmod__ = _compute_elsewhere
+    __neg__ = __pos__ = __abs__ = __getitem__ = __setitem__ = _compute_elsewhere
+    __lt__ = __le__ = __gt__ = __ge__ = _compute_elsewhere
+
+    def __repr__(self):
+        state = "deleted" if self._deleted else ("done" if self.done() else "pending")
+        return f"Array({self.aval}, {self.spec}, {state})"
+
+    def done(self) -> bool:
+        """Whether the run that produces this array has finished, successfully or not.
+
+        >>> y = step(x)
+        >>> y.done()           # False while the run is in flight
+        """
+        return self._status.done()
+
+    def exception(self, timeout=None):
+        """The exception the producing run failed with, or None if it succeeded. Waits up to
+        ``timeout`` seconds for the run to finish (None: no limit).
+
+        >>> err = y.exception(timeout=10)
+        >>> if err is not None:
+        ...     print("step failed:", err)
+        """
+        return self._status.exception(timeout)
+
+    def add_done_callback(self, fn) -> None:
+        """Call ``fn(array)`` once the producing run has finished. If it already has, ``fn``
+        runs at once in this thread; otherwise on the client's event-loop thread, so keep it
+        short and do not wait in it.
+
+        >>> y.add_done_callback(lambda a: print("finished:", a))
+        """
+        self._status.add_done_callback(lambda _f: fn(self))
+
+    def result(self, timeout=None) -> np.ndarray:
+        """The global value as a numpy array (waits for it, then fetches the shards).
+
+        >>> value = y.result(timeout=60)     # np.ndarray of shape y.shape
+        """
+        if self._deleted:
+            raise PathwaysError("this array was deleted")
+        self._status.result(timeout)
+        if self._value is None:
+            self._value = self.client._fetch(self, timeout)
+        return self._value
+
+    def __await__(self):
+        return asyncio.wrap_future(
+            self.client._executor.submit(self.result)).__await__()
+
+    def block_until_ready(self, timeout=None) -> Array:
+        """Wait until the producing run has finished, without fetching the value, and
+        return this array. Raises the run's exception if it failed.
+
+        >>> y = step(x).block_until_ready()     # computed on the devices; nothing fetched
+        """
+        self._status.result(timeout)
+        return self
+
+    def delete(self) -> None:
+        """Free the shards on the hosts: now, or once the runs already given this array (or
+        the run that produces it) have finished, so deleting never pulls an input from under
+        a queued call.
+
+        >>> y = step(x)
+        >>> x.delete()         # x can no longer be fetched or passed to a call; y is fine
+        """
+        if not self._deleted:
+            self._deleted = True
+            self._value = None
+            self.client._release_when_unused(self)
+
+    def __del__(self):
+        try:
+            if not self._deleted:
+                self._deleted = True
+                self.client._release(self)
+        except Exception:
+            pass  # interpreter shutdown: the client frees everything it owns on close

@@ -1,0 +1,673 @@
+"""The single-controller client: devices, meshes, arrays, and runs that never wait.
+
+All socket traffic happens on the client's own event-loop thread; user calls hand it work and
+return at once. A call of a compiled function or program names its output buffers itself
+(client id, run id, output index), so the futures it returns can be passed to the next call
+before the backend has seen the first: there is no enqueue round trip. A program is lowered
+and installed once per input placement; each call is then one "run" message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import itertools
+import logging
+import math
+import os
+import pickle
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import uvloop
+import zmq
+
+from plaque import security
+from plaque.shipping import ship
+
+from .. import protocol
+from ..errors import (
+    ClientClosed,
+    CoordinatorLost,
+    DeviceOutOfMemory,
+    PathwaysError,
+    ProgramError,
+    RemoteError,
+    as_raised,
+)
+from ..lowering.lower import Placement, lower, placement_of, skeleton
+from ..program import sharding
+from ..program.compiled import Aval, CompiledFunction
+from ..program.ir import Eqn, Program
+from ..program.mesh import Device, Mesh, device_of
+from ..program.tracer import single_call_program
+from ..protocol import RunArg
+from .array import Array
+from .trace import Tracing, collect
+
+log = logging.getLogger("pathways.client.client")
+
+PING_INTERVAL = 1.0  # seconds between the client's "alive" messages to the coordinator
+
+
+class Client:
+    """A connection to a Pathways coordinator. It reserves meshes, places arrays on devices
+    and runs compiled functions and programs; no call waits for the devices. Create one with
+    ``pw.connect``.
+
+    >>> with pw.connect(cluster.address) as client:
+    ...     mesh = client.mesh((2, 4), ("data", "model"))
+    ...     x = client.put(np.zeros((8, 4)), mesh, P("data"))
+    """
+
+    def __init__(self, address: str, dispatch: str = "parallel", timeout: float = 30.0,
+                 weight: float = 1.0, priority: int = 0, coordinator_timeout: float = 5.0,
+                 keys: str | None = None, connect_timeout: float | None = None):
+        if dispatch not in ("parallel", "sequential"):
+            raise ValueError(f"dispatch must be 'parallel' or 'sequential', got {dispatch!r}")
+        if not weight > 0:
+            raise ValueError(f"weight must be > 0, got {weight!r}")
+        # "tcp://HOST:PORT?keys=DIR" names the cluster's keys; keys= and then $PLAQUE_KEYS
+        # are the other ways to give them (checked now: a bad directory would only time out)
+        self.address, named = security.split_address(address)
+        self.dispatch, self.timeout = dispatch, timeout
+        self.keys = str(keys) if keys is not None else named or security.keys_dir()
+        if self.keys is not None:
+            security.check(self.keys)
+        self.ctx = zmq.Context()
+        self._loop = uvloop.new_event_loop()
+        self._socks: dict[str, zmq.Socket] = {}
+        self._pending: dict[int, tuple[cf.Future, str]] = {}  # request -> (future, sent to)
+        self._lost_hosts: dict[str, Exception] = {}  # data address of a lost host -> why
+        self._inflight: dict[int, tuple] = {}
+        self._holds_lock = threading.Lock()  # Array._holds: runs in flight reading an array
+        self._req_ids = itertools.count()
+        self._array_ids = itertools.count()
+        self._run_ids = itertools.count()
+        self._program_ids = itertools.count()
+        self._lowered: dict[tuple, tuple] = {}
+        self._meshes: dict[int, Mesh] = {}  # slice id -> its newest mapping (after remap)
+        self._retargeted: dict[tuple, tuple] = {}
+        self._op_programs: dict[tuple, object] = {}
+        self._executor = cf.ThreadPoolExecutor(2, thread_name_prefix="pathways-await")
+        self._outbox: deque = deque()  # (address, payload) for the loop thread to send
+        self._flush_posted = False
+        self.closed = False
+        self.lost: CoordinatorLost | None = None  # set when the coordinator went silent
+        self.coordinator_timeout = coordinator_timeout
+        self._heard = time.monotonic()
+        self._thread = threading.Thread(target=self._serve, name="pathways-client",
+                                        daemon=True)
+        self._thread.start()
+        self.weight, self.priority = float(weight), int(priority)
+        wait = timeout if connect_timeout is None else connect_timeout
+        try:
+            self.id = self._request(self.address, ("hello", None, {
+                "weight": self.weight, "priority": self.priority})).result(wait)
+        except cf.TimeoutError:
+            self.close()
+            raise PathwaysError(
+                f"no coordinator answered at {address} within {wait:g} s: is the address"
+                " right, and if the cluster uses keys, were they given (ADDRESS?keys=DIR,"
+                f" keys=DIR or ${security.ENV})?") from None
+        self._loop.call_soon_threadsafe(self._ping)
+        self._refresh_devices()
+
+    # ---- loop thread ----------------------------------------------------------------------
+    def _serve(self):
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+        for s in self._socks.values():
+            s.close(linger=1000)  # let queued deletes reach the hosts
+        self._loop.close()
+
+    def _sock(self, address: str) -> zmq.Socket:
+        s = self._socks.get(address)
+        if s is None:
+            s = self._socks[address] = self.ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            security.client(s, self.keys)
+            s.connect(address)
+            fd = s.getsockopt(zmq.FD)
+            self._loop.add_reader(fd, self._drain, s)
+        return s
+
+    def _drain(self, s):
+        while True:
+            try:
+                frames = s.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            if s is self._socks.get(self.address):
+                self._heard = time.monotonic()
+            try:
+                for reply in protocol.unbatch(protocol.unpack(frames)):
+                    self._on_reply(reply)
+            except Exception:
+                log.exception("bad reply")
+
+    def _on_reply(self, msg):
+        kind = msg[0]
+        if kind in ("run_done", "run_failed"):
+            entry = self._inflight.pop(msg[1], None)
+            if entry is not None:
+                self._unhold(entry[1])
+                status = entry[0]
+                if kind == "run_done":
+                    status.set_result(None)
+                else:
+                    status.set_exception(_as_remote(msg[2]))
+        elif kind == "host_lost":
+            info = msg[2]
+            self._lost_hosts[info["data"]] = info["error"]
+            for req, (fut, address) in list(self._pending.items()):
+                if address == info["data"]:
+                    del self._pending[req]
+                    if not fut.done():
+                        fut.set_exception(info["error"])
+        elif kind == "install_failed":
+            for run_id, entry in list(self._inflight.items()):
+                if entry[3] == msg[1]:
+                    del self._inflight[run_id]
+                    self._unhold(entry[1])
+                    entry[0].set_exception(_as_remote(msg[2]))
+        else:
+            fut, _ = self._pending.pop(msg[1], (None, None))
+            if fut is None:
+                return
+            if kind == "error":
+                fut.set_exception(as_raised(msg[2]) if isinstance(msg[2], Exception)
+                                  else PathwaysError(str(msg[2])))
+            else:
+                fut.set_result(msg[2])
+
+    def _ping(self):
+        """Loop thread: tell the coordinator this client is alive (it frees everything of a
+        client silent for its ``--client-timeout``)."""
+        if self.closed or self.lost is not None:
+            return
+        silent = time.monotonic() - self._heard
+        if silent > self.coordinator_timeout:
+            self._coordinator_lost(f"no word from the coordinator at {self.address} for"
+                                   f" {silent:.1f} s")
+            return
+        self._send_now(self.address, ("ping", self.id))
+        self._loop.call_later(PING_INTERVAL, self._ping)
+
+    def _coordinator_lost(self, reason: str) -> None:
+        """Loop thread: fail everything in flight; later calls fail at once."""
+        log.warning("%s", reason)
+        self.lost = CoordinatorLost(reason)
+        self._fail_all(self.lost)
+
+    def _fail_all(self, err: Exception) -> None:
+        """Loop thread: every run and request still waiting fails with ``err``."""
+        for status, inputs, *_ in self._inflight.values():
+            self._unhold(inputs)
+            if not status.done():
+                status.set_exception(err)
+        self._inflight.clear()
+        for fut, _ in self._pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self._pending.clear()
+
+    def _call(self, fn, *args):
+        if self.closed:
+            raise ClientClosed("this client is closed")
+        if self.lost is not None:
+            raise self.lost
+        self._loop.call_soon_threadsafe(fn, *args)
+
+    def _send(self, address, payload):
+        """Any thread: send ``payload`` to ``address``. Messages sent back to back (a loop
+        of calls, a burst of deletes) leave together, one message per address, with one
+        wake of the loop thread."""
+        if self.closed:
+            raise ClientClosed("this client is closed")
+        if self.lost is not None:
+            raise self.lost
+        self._outbox.append((address, payload))
+        if not self._flush_posted:
+            self._flush_posted = True
+            self._call(self._flush)
+
+    def _flush(self):
+        """Loop thread: send what ``_send`` queued, in order, one message per address."""
+        self._flush_posted = False
+        batches: dict[str, list] = {}
+        while self._outbox:
+            address, payload = self._outbox.popleft()
+            batches.setdefault(address, []).append(payload)
+        for address, payloads in batches.items():
+            self._send_now(address, protocol.batch(payloads))
+
+    def _send_now(self, address, payload):
+        s = self._sock(address)
+        s.send_multipart(protocol.pack(payload), copy=False)
+        # A send can consume the edge of the socket's FD that announced an incoming message
+        # (ZeroMQ's FD is edge-triggered and shared by both directions): look again.
+        self._drain(s)
+
+    def _request(self, address, payload) -> cf.Future:
+        """Send ``(kind, req_id, ...)``; the future gets the reply's third item."""
+        req = next(self._req_ids)
+        fut: cf.Future = cf.Future()
+        lost = self._lost_hosts.get(address)
+        if lost is not None:
+            fut.set_exception(lost)
+            return fut
+        self._pending[req] = (fut, address)
+        self._send(address, (payload[0], req, *payload[2:]))
+        return fut
+
+    # ---- cluster --------------------------------------------------------------------------
+    def _refresh_devices(self):
+        infos = self._request(self.address, ("devices", None)).result(self.timeout)
+        self._device_info = {d["id"]: d for d in infos}
+
+    def devices(self) -> list[Device]:
+        """Every emulated device: id, island, host, kind.
+
+        >>> [d.id for d in client.devices() if d.island == 0]
+        """
+        self._refresh_devices()
+        return [device_of(d) for d in self._device_info.values()]
+
+    def host_status(self, timeout: float = 10.0) -> dict:
+        """Each host's status by host id: its devices (busy time, HBM), object store, and the
+        messages and bytes it sent to other hosts (``["wire"]``: Plaque and ICI).
+
+        >>> for host, status in client.host_status().items():
+        ...     print(host, {d: s["hbm_used"] for d, s in status["devices"].items()})
+        """
+        futures = {h: self._request(a, ("status", None)) for h, a in self._hosts().items()}
+        return {h: f.result(timeout) for h, f in sorted(futures.items())}
+
+    def _hosts(self) -> dict:
+        """Host id -> its data address, as the coordinator lists them now."""
+        self._refresh_devices()
+        return {info["host"]: info["data"] for info in self._device_info.values()}
+
+    def timeline(self, timeout: float = 10.0) -> dict:
+        """Every device's recent kernels by device id: ``(seq, name, labels, start, end,
+        failed)`` with labels client/run/eqn, times in seconds of the device host's clock.
+
+        >>> for seq, name, labels, start, end, failed in client.timeline()[mesh.ids[0]]:
+        ...     print(seq, name, labels, f"{(end - start) * 1e3:.3f} ms", failed)
+        """
+        out = {}
+        for records in collect(self, timeout=timeout):
+            out.update(records["devices"])
+        return dict(sorted(out.items()))
+
+    def trace(self, path=None):
+        """Record every device's timeline while a ``with`` block runs; write it to ``path``
+        as Chrome trace JSON (open in https://ui.perfetto.dev). The trace is also kept as
+        the context's ``.trace`` dict.
+
+        >>> with client.trace("step.json"):
+        ...     step(x).result()
+        """
+        return Tracing(self, path)
+
+    def mesh(self, shape, axis_names, island=None) -> Mesh:
+        """A virtual slice of ``shape`` devices from the resource manager, as a mesh.
+
+        ``island`` asks for devices of that island; by default the resource manager chooses.
+
+        >>> mesh = client.mesh((2, 4), ("data", "model"))     # 8 devices
+        >>> other = client.mesh((4,), ("data",), island=1)
+        """
+        shape = tuple(int(n) for n in shape)
+        if len(shape) != len(tuple(axis_names)):
+            raise sharding.ShardingError(f"mesh shape {shape} and axis names {axis_names}"
+                                         " differ in length")
+        sl = self._request(self.address, ("mesh", None, self.id, shape, island)
+                           ).result(self.timeout)
+        self._refresh_devices()
+        return Mesh(shape, tuple(axis_names), sl.devices, sl.slice_id, sl.island, sl.version,
+                    client=self)
+
+    # ---- arrays ---------------------------------------------------------------------------
+    def put(self, value, mesh: Mesh, spec=None) -> Array:
+        """Shard ``value`` over ``mesh`` by ``spec`` and send each shard to its device.
+
+        >>> x = client.put(np.arange(32.0).reshape(8, 4), mesh, P("data"))
+        >>> w = client.put(np.eye(4), mesh)        # no spec: a full copy on every device
+        """
+        value = np.asarray(value)  # no copy yet: a huge view must fail before it is copied
+        spec = sharding.normalize_spec(spec, value.ndim, mesh.axis_names)
+        block = sharding.shard_shape(value.shape, mesh.axis_sizes, mesh.axis_names, spec)
+        self._check_fits(math.prod(block) * value.dtype.itemsize, mesh, "put")
+        if value.dtype.hasobject:
+            _check_picklable(value)
+        value = np.array(value, copy=True)
+        shards = sharding.split(value, mesh.axis_sizes, mesh.axis_names, spec)
+        array_id = (self.id, next(self._array_ids))
+        self._put_shards(array_id, mesh, shards)
+        done: cf.Future = cf.Future()
+        done.set_result(None)
+        return Array(self, array_id, Aval.of(value), mesh, spec, done, value=value)
+
+    def generate(self, fn, shape, dtype, mesh: Mesh, spec=None) -> Array:
+        """An array whose shards the hosts compute themselves with ``fn`` (input processing on
+        the hosts: the data never passes through the client).
+
+        ``fn(index)`` gets the tuple of slices of the global array a device holds and returns
+        that part, of ``dtype``; it runs on each device's host, on a CPU thread.
+
+        >>> x = client.generate(lambda idx: np.random.default_rng(idx[0].start)
+        ...                     .normal(size=(idx[0].stop - idx[0].start, 8)),
+        ...                     (1024, 8), np.float64, mesh, P("data"))
+        """
+        if not callable(fn):
+            raise ProgramError(f"generate needs a function of the slices, got {fn!r}")
+        shape, dtype = tuple(int(n) for n in shape), np.dtype(dtype)
+        spec = sharding.normalize_spec(spec, len(shape), mesh.axis_names)
+        block = sharding.shard_shape(shape, mesh.axis_sizes, mesh.axis_names, spec)
+        self._check_fits(int(np.prod(block)) * dtype.itemsize, mesh, "generate")
+        blob = ship(fn, [fn])
+        array_id = (self.id, next(self._array_ids))
+        futures = []
+        for i, d in enumerate(mesh.ids):
+            slices = sharding.device_slices(shape, mesh.axis_sizes, mesh.axis_names, spec, i)
+            futures.append(self._request(self._data_address(d), (
+                "generate", None, array_id, d, blob, slices, block, dtype.str, (self.id, None))))
+        status: cf.Future = cf.Future()
+        left = [len(futures)]
+
+        def one_done(f):
+            if status.done():
+                return
+            if f.exception() is not None:
+                status.set_exception(f.exception())
+                return
+            left[0] -= 1
+            if not left[0]:
+                status.set_result(None)
+
+        for f in futures:
+            f.add_done_callback(one_done)
+        return Array(self, array_id, Aval(shape, dtype), mesh, spec, status)
+
+    def _check_fits(self, nbytes, mesh, what):
+        """A shard larger than a device's whole HBM can never be stored: say so at once."""
+        for d in mesh.ids:
+            hbm = self._device_info.get(d, {}).get("hbm")
+            if hbm is not None and nbytes > hbm:
+                raise DeviceOutOfMemory(f"{what}: a shard of {nbytes} bytes is larger than the"
+                                        f" whole HBM of device {d} ({hbm} bytes)")
+
+    def _data_address(self, device):
+        try:
+            return self._device_info[device]["data"]
+        except KeyError:
+            raise PathwaysError(f"device {device} is not on a live host") from None
+
+    def _fetch(self, array: Array, timeout) -> np.ndarray:
+        m = array.mesh
+        by_slice: dict[tuple, list[int]] = {}
+        for i in range(m.size):
+            sl = sharding.device_slices(array.shape, m.axis_sizes, m.axis_names, array.spec, i)
+            by_slice.setdefault(tuple((s.start, s.stop) for s in sl), []).append(i)
+        futures = {}
+        for members in by_slice.values():
+            d = m.ids[members[0]]
+            futures[members[0]] = self._request(self._data_address(d),
+                                                ("get", None, array.id, d))
+        shards = [None] * m.size
+        for members in by_slice.values():
+            value = futures[members[0]].result(timeout)
+            for i in members:
+                shards[i] = value
+        return sharding.assemble(shards, m.axis_sizes, m.axis_names, array.spec)
+
+    def _hold(self, arrays) -> None:
+        """A run reads these arrays: their deletion waits for it."""
+        with self._holds_lock:
+            for a in arrays:
+                a._holds += 1
+
+    def _unhold(self, arrays) -> None:
+        """A run that read these arrays has finished: free those deleted meanwhile."""
+        due = []
+        with self._holds_lock:
+            for a in arrays:
+                a._holds -= 1
+                if not a._holds and a._deleted:
+                    due.append(a)
+        for a in due:
+            self._release_when_unused(a)
+
+    def _release_when_unused(self, array: Array) -> None:
+        """Free a deleted array's shards once no run in flight reads or produces it."""
+        with self._holds_lock:
+            if array._holds:
+                return  # the last run reading it frees it (_unhold)
+        if not array._status.done():  # its producing run is still going: free it after
+            array._status.add_done_callback(lambda _f: self._release_when_unused(array))
+            return
+        try:
+            self._release(array)
+        except PathwaysError:
+            pass  # closed or coordinator lost: the hosts free what the client owned
+
+    def _release(self, array: Array) -> None:
+        if self.closed:
+            return
+        per_host: dict[str, list] = {}
+        for d in array.mesh.ids:
+            if d in self._device_info:  # a lost host's buffers went with it
+                per_host.setdefault(self._data_address(d), []).append((array.id, d))
+        for address, keys in per_host.items():
+            self._send(address, ("delete", keys))
+
+    # ---- programs -------------------------------------------------------------------------
+    def op_program(self, fn: CompiledFunction, avals):
+        """The one-equation program that calls ``fn`` alone on arguments of ``avals``
+        (made once per ``fn`` and avals, then cached). Calling ``fn`` outside a program
+        runs this.
+
+        >>> prog = client.op_program(step, [x.aval])
+        >>> y = client.run_program(prog, [x])      # what step(x) does
+        """
+        key = (fn, tuple(avals))
+        if key not in self._op_programs:
+            self._op_programs[key] = single_call_program(fn, avals)
+        return self._op_programs[key]
+
+    def run_program(self, program, arrays):
+        """Run a traced program on ``arrays``; returns its output futures at once.
+
+        >>> prog = chain.trace([x.aval])           # chain: a @pw.program
+        >>> z = client.run_program(prog, [x])      # what chain(x) does
+        """
+        for i, a in enumerate(arrays):
+            if a.client is not self:
+                raise ProgramError(f"argument {i} belongs to another client")
+            if a._deleted:
+                raise ProgramError(f"argument {i} was deleted")
+            if self._remapped(a.mesh) is not a.mesh:
+                self._move(i, a, self._remapped(a.mesh))
+        program = self._retarget(program)
+        placements = tuple(Placement(a.mesh.ids, tuple(a.spec), a.mesh.axis_sizes,
+                                     a.mesh.axis_names) for a in arrays)
+        pid, out_places = self._install(program, placements)
+        run_id = next(self._run_ids)
+        status: cf.Future = cf.Future()
+        outputs, out_ids = [], {}
+        for v in program.outputs:
+            if v in program.inputs:
+                outputs.append(arrays[program.inputs.index(v)])
+                continue
+            mesh, spec = out_places[v.id]
+            out_ids[v.id] = (self.id, next(self._array_ids))
+            outputs.append(Array(self, out_ids[v.id], v.aval, mesh, spec, status))
+        arg = RunArg(self.id, run_id, self.dispatch,
+                     {v.id: a.id for v, a in zip(program.inputs, arrays)}, out_ids, {})
+        self._hold(arrays)
+        self._inflight[run_id] = (status, tuple(arrays), tuple(outputs), pid)
+        self._send(self.address, ("run", pid, run_id, arg))
+        return outputs[0] if program.single_output else tuple(outputs)
+
+    # ---- after a host loss: the same virtual slices on healthy devices ---------------------
+    def remap(self, mesh: Mesh) -> Mesh:
+        """The slice of ``mesh`` with its lost devices replaced by healthy (or newly joined)
+        ones. Programs and compiled functions built on ``mesh`` keep working: they are
+        re-lowered onto the new devices at their next call, and arguments whose value this
+        client holds (put, or fetched) are put again where they now belong.
+
+        >>> y.result()                     # HostLost: a host of mesh's slice died
+        >>> mesh = client.remap(mesh)      # same shape and axes, healthy devices
+        >>> y = step(x)                    # step and x were built on the old mesh
+        """
+        if mesh.slice_id is None:
+            raise ProgramError("remap needs a mesh from client.mesh(...)")
+        sl = self._request(self.address, ("remap", None, self.id, mesh.slice_id)
+                           ).result(self.timeout)
+        self._refresh_devices()
+        new = Mesh(mesh.axis_sizes, mesh.axis_names, sl.devices, sl.slice_id, sl.island, sl.version,
+                   client=self)
+        self._meshes[mesh.slice_id] = new
+        return new
+
+    def _remapped(self, mesh: Mesh) -> Mesh:
+        cur = self._meshes.get(mesh.slice_id) if mesh.slice_id is not None else None
+        return cur if cur is not None and cur.version > mesh.version else mesh
+
+    def _move(self, i, array: Array, mesh: Mesh) -> None:
+        """Put an argument again on its slice's new devices, from the value this client has."""
+        if array._value is None:
+            raise PathwaysError(
+                f"argument {i} lived on slice {mesh.slice_id}, which lost devices, and this"
+                " client holds no copy of its value: put it again (or fetch it before)")
+        self._release(array)  # what is left of it on the devices that survived
+        array.id = (self.id, next(self._array_ids))
+        array.mesh = mesh
+        self._put_shards(array.id, mesh, sharding.split(array._value, mesh.axis_sizes,
+                                                        mesh.axis_names, array.spec))
+
+    def _put_shards(self, array_id, mesh: Mesh, shards) -> None:
+        for d, shard in zip(mesh.ids, shards):
+            self._send(self._data_address(d), ("put", array_id, d, shard, (self.id, None)))
+
+    def _retarget(self, program):
+        """``program`` with every compiled function on a remapped slice moved onto it."""
+        if not self._meshes:
+            return program
+        versions = tuple(sorted((sid, m.version) for sid, m in self._meshes.items()))
+        key = (id(program), versions)
+        hit = self._retargeted.get(key)
+        if hit is not None:
+            return hit[1]
+        eqns, changed = [], False
+        for eqn in program.eqns:
+            fn = eqn.fn.retarget(self._remapped)
+            changed |= fn is not eqn.fn
+            eqns.append(Eqn(fn, eqn.inputs, eqn.outputs))
+        new = Program(program.name, program.inputs, tuple(eqns), program.outputs,
+                      program.single_output) if changed else program
+        self._retargeted[key] = (program, new)  # keeps program alive: id() stays valid
+        return new
+
+    def _install(self, program, placements):
+        key = (id(program), placements)
+        hit = self._lowered.get(key)
+        if hit is not None:
+            return hit[1], hit[2]
+        worker_of = {d: info["host"] for d, info in self._device_info.items()}
+        island_of = {d: info["island"] for d, info in self._device_info.items()}
+        lowered = lower(program, list(placements), worker_of, island_of, self.dispatch)
+        out_places = {}
+        for eqn in program.eqns:
+            for k, (v, spec) in enumerate(zip(eqn.outputs, eqn.fn.out_specs)):
+                mesh = eqn.fn.out_mesh(k)
+                p = placement_of(mesh, spec, len(v.aval.shape))
+                out_places[v.id] = (mesh, sharding.P(*p.spec))
+        pid = (self.id, next(self._program_ids))
+        blob = ship([n.factory for n in lowered.graph.nodes], [e.fn.body for e in program.eqns])
+        nodes, edges = skeleton(lowered.graph)
+        self._send(self.address, ("install", pid, nodes, edges, blob, lowered.gangs,
+                                  lowered.islands))
+        self._lowered[key] = (program, pid, out_places)  # keeps program alive: id() stays valid
+        return pid, out_places
+
+    # ---- life cycle -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Free everything this client owns on the hosts and disconnect.
+
+        >>> client.close()      # or let a ``with pw.connect(...) as client:`` block end
+        """
+        if self.closed:
+            return
+        try:
+            for address in {d["data"] for d in self._device_info.values()}:
+                self._send(address, ("delete_owner", self.id))
+            self._send(self.address, ("bye", self.id))
+        except Exception:
+            pass
+        self.closed = True
+        err = ClientClosed("the client closed before this run finished")
+
+        def stop():
+            self._fail_all(err)
+            self._loop.stop()
+
+        self._loop.call_soon_threadsafe(stop)
+        self._thread.join(10)
+        self._executor.shutdown(wait=False)
+        self.ctx.term()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _check_picklable(value: np.ndarray) -> None:
+    """An object array travels pickled: one that cannot be must fail at ``put``, not later
+    on the client's loop thread with its consumers waiting forever."""
+    try:
+        pickle.dumps(value, protocol=5)
+    except Exception as exc:
+        raise ProgramError(f"put: this object array cannot be sent to the hosts (it does not"
+                           f" pickle: {exc!r}); put numeric arrays, or objects that pickle")\
+            from None
+
+
+def _as_remote(err) -> Exception:
+    if isinstance(err, PathwaysError):
+        return as_raised(err)
+    return RemoteError(str(err))
+
+
+def connect(address: str | None = None, dispatch: str = "parallel", timeout: float = 30.0,
+            weight: float = 1.0, priority: int = 0, coordinator_timeout: float = 5.0,
+            keys: str | None = None) -> Client:
+    """Connect to a Pathways coordinator at ``address`` (printed by ``pathways up``, or a
+    ``pw.local_cluster``'s ``cluster.address``); default: ``$PATHWAYS_ADDRESS``, which
+    ``pathways slurm`` sets for the command it runs.
+
+    ``weight`` is this client's share of device time when the coordinator runs the "share"
+    policy; ``priority`` its rank under the "priority" policy (higher goes first). If the
+    coordinator is silent for ``coordinator_timeout`` seconds, every pending future fails with
+    ``CoordinatorLost`` and so do later calls. ``keys`` is the directory of the cluster's
+    CURVE keys (``pathways keys DIR``) when the cluster requires them; default: the directory
+    the address names (``tcp://HOST:PORT?keys=DIR``, what local clusters report), else
+    ``$PLAQUE_KEYS``. A malformed address raises ``ValueError``; a directory without a key
+    pair, ``FileNotFoundError``.
+
+    >>> with pw.connect("tcp://127.0.0.1:5555", weight=2.0) as client:
+    ...     print(client.devices())
+    """
+    if address is None:
+        address = os.environ.get("PATHWAYS_ADDRESS")
+        if not address:
+            raise ValueError("pw.connect() needs an address: give one, or set"
+                             " $PATHWAYS_ADDRESS (pathways slurm does)")
+    return Client(address, dispatch=dispatch, timeout=timeout, weight=weight,
+                  priority=priority, coordinator_timeout=coordinator_timeout, keys=keys)

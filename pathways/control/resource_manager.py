@@ -1,0 +1,353 @@
+"""The resource manager: islands of devices, and virtual slices mapped onto them. No I/O.
+
+The coordinator keeps one ``ResourceManager``. Hosts join (``add_host``) and leave
+(``remove_host``) at run time; each brings ``num_devices`` devices of one kind to one island (a
+set of devices joined by fast ICI links). Device ids are global, assigned in sequence and never
+reused, so a stale id can never silently name a device that joined later.
+
+A client asks for a virtual slice: a mesh shape such as (2, 4), optionally an island and a device
+kind. ``allocate`` maps the slice's n = prod(shape) virtual devices one to one onto n alive
+physical devices of a single island, by this rule:
+
+1. Island: the one given; else, among the islands with at least n alive devices (of the kind),
+   the one with the most devices of load 0. Ties go to the lowest island id.
+2. Devices: the load of a device is the number of live slices mapped to it. Devices are taken
+   one at a time, smallest key first, where the key is (load, devices already taken on its host,
+   host, index): least loaded first, and among equally loaded devices round-robin over hosts.
+   Always taking the n least-loaded devices keeps an island balanced: while every slice has the
+   same size, the loads of its devices never differ by more than one.
+3. Layout: the chosen devices are sorted by (host, index) and laid out in the mesh's row-major
+   order, so the last mesh axis varies fastest within a host. When a slice exactly covers whole
+   hosts this is the TPU layout: shape (2, 4) on hosts A and B of 4 devices each gets row 0 =
+   A's devices 0..3 and row 1 = B's devices 0..3.
+
+Losing a host breaks the slices that use its devices (``broken_slices``); they keep their load on
+the lost devices until remapped or released. ``remap`` keeps a broken slice's healthy devices in
+place and fills each lost position by the same rule (least loaded, spread, same island and kind,
+not already in the slice), then bumps the slice's ``version`` so the client knows to re-lower
+programs built on the old mapping.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections import Counter, defaultdict, deque
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from ..errors import ResourceError
+
+DEFAULT_KIND = "tpu-emu"
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One physical device: global id, island, the id of its host and its position there."""
+
+    id: int
+    island: int
+    host: int
+    index: int
+    kind: str
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A virtual slice: a mesh of ``shape`` mapped onto ``devices`` in row-major order."""
+
+    slice_id: int
+    client: object
+    shape: tuple[int, ...]
+    island: int
+    devices: tuple[int, ...]
+    version: int
+    kind: str | None = None  # the device kind asked for (None: any), kept for remap
+
+
+class ResourceManager:
+    """Hosts, devices and islands, and the virtual slices clients allocate on them."""
+
+    def __init__(self) -> None:
+        self._devices: dict[int, DeviceInfo] = {}  # every device ever added, alive or not
+        self._alive: set[int] = set()
+        self._hosts: dict[int, tuple[int, ...]] = {}  # alive hosts -> their device ids
+        self._known_hosts: set[int] = set()
+        self._islands: set[int] = set()  # every island that ever had a host
+        self._slices: dict[int, Slice] = {}
+        self._load: Counter[int] = Counter()
+        self._next_device = 0
+        self._next_slice = 0
+
+    # -- hosts and devices --------------------------------------------------------------
+
+    def add_host(
+        self, host: int, island: int, num_devices: int, kind: str = DEFAULT_KIND
+    ) -> list[DeviceInfo]:
+        """Register an alive host with ``num_devices`` new devices; returns them by index.
+
+        A host id that left may join again; its devices get new ids.
+        """
+        if host in self._hosts:
+            raise ResourceError(f"host {host} is already registered (island {island} requested)")
+        if num_devices < 1:
+            raise ResourceError(f"host {host} must bring at least one device, not {num_devices}")
+        first = self._next_device
+        infos = [DeviceInfo(first + i, island, host, i, kind) for i in range(num_devices)]
+        self._next_device += num_devices
+        for info in infos:
+            self._devices[info.id] = info
+            self._alive.add(info.id)
+        self._hosts[host] = tuple(info.id for info in infos)
+        self._known_hosts.add(host)
+        self._islands.add(island)
+        return infos
+
+    def remove_host(self, host: int) -> list[int]:
+        """Mark a host's devices lost and return their ids; slices using them become broken.
+
+        Removing a host that already left returns [] (failure detection may report it twice).
+        """
+        lost = self._hosts.pop(host, None)
+        if lost is None:
+            if host in self._known_hosts:
+                return []
+            raise ResourceError(f"unknown host {host}; alive hosts: {sorted(self._hosts)}")
+        self._alive.difference_update(lost)
+        return list(lost)
+
+    def devices(self, island: int | None = None, alive: bool | None = True) -> list[DeviceInfo]:
+        """Devices by id, of one island or all; alive=True alive only, False lost only, None all."""
+        return [
+            d
+            for d in self._devices.values()
+            if (island is None or d.island == island)
+            and (alive is None or (d.id in self._alive) == alive)
+        ]
+
+    def islands(self) -> dict[int, list[DeviceInfo]]:
+        """Every island that ever had a host, with its alive devices (possibly none)."""
+        found: dict[int, list[DeviceInfo]] = {i: [] for i in sorted(self._islands)}
+        for d in self.devices():
+            found[d.island].append(d)
+        return found
+
+    def hosts(self) -> dict[int, list[DeviceInfo]]:
+        """Alive hosts, each with its devices in index order."""
+        return {h: [self._devices[d] for d in ids] for h, ids in sorted(self._hosts.items())}
+
+    def load(self, device_id: int) -> int:
+        """The number of live slices mapped to a device (lost devices included)."""
+        if device_id not in self._devices:
+            raise ResourceError(f"unknown device {device_id}; ids 0..{self._next_device - 1}")
+        return self._load[device_id]
+
+    # -- slices -------------------------------------------------------------------------
+
+    def allocate(
+        self,
+        client: object,
+        shape: Iterable[int],
+        island: int | None = None,
+        kind: str | None = None,
+    ) -> Slice:
+        """Map a virtual slice of mesh ``shape`` onto alive devices of one island (module rule)."""
+        shape = _check_shape(shape)
+        n = math.prod(shape)
+        of_kind = "" if kind is None else f" of kind {kind!r}"
+        what = f"slice of shape {shape} ({n} devices{of_kind})"  # names the request in errors
+        if island is None:
+            island = self._choose_island(what, n, kind)
+        pool = self._island_pool(what, n, island, kind)
+        chosen = sorted(_choose(pool, n, self._load, Counter()), key=_layout_key)
+        new = Slice(self._next_slice, client, shape, island, tuple(d.id for d in chosen), 0,
+                    kind)
+        self._next_slice += 1
+        self._slices[new.slice_id] = new
+        self._load.update(new.devices)
+        return new
+
+    def slice(self, slice_id: int) -> Slice:
+        """The current mapping of a live slice."""
+        try:
+            return self._slices[slice_id]
+        except KeyError:
+            raise ResourceError(f"unknown slice {slice_id}; live: {sorted(self._slices)}") from None
+
+    def release(self, slice_id: int) -> None:
+        """Free a slice: its devices' loads drop by one."""
+        released = self.slice(slice_id)
+        del self._slices[slice_id]
+        self._load.subtract(released.devices)
+
+    def devices_of(self, client: object) -> set[int]:
+        """The devices of every live slice of ``client``."""
+        return {d for s in self._slices.values() if s.client == client for d in s.devices}
+
+    def release_client(self, client: object) -> int:
+        """Free every slice of a client (it closed or was lost); returns how many."""
+        ids = [s.slice_id for s in self._slices.values() if s.client == client]
+        for slice_id in ids:
+            self.release(slice_id)
+        return len(ids)
+
+    def broken_slices(self) -> list[int]:
+        """Ids of live slices mapped to at least one lost device."""
+        return [sid for sid, s in sorted(self._slices.items()) if not self._healthy(s)]
+
+    def remap(self, slice_id: int) -> Slice:
+        """Replace a broken slice's lost devices, keeping healthy ones in place; bumps version.
+
+        A healthy slice is returned unchanged. If the island has too few healthy devices
+        outside the slice, raises ResourceError and leaves the slice as it was.
+        """
+        old = self.slice(slice_id)
+        lost = [pos for pos, d in enumerate(old.devices) if d not in self._alive]
+        if not lost:
+            return old
+        pool = [
+            d for d in self._pool(old.island, old.kind) if d.id not in old.devices
+        ]
+        if len(pool) < len(lost):
+            raise ResourceError(
+                f"cannot remap slice {slice_id} of shape {old.shape}: {len(lost)} devices lost, "
+                f"island {old.island} has only {len(pool)} healthy devices outside the slice"
+            )
+        kept_hosts = Counter(self._devices[d].host for d in old.devices if d in self._alive)
+        spares = sorted(_choose(pool, len(lost), self._load, kept_hosts), key=_layout_key)
+        devices = list(old.devices)
+        for pos, spare in zip(lost, spares):
+            self._load[devices[pos]] -= 1
+            self._load[spare.id] += 1
+            devices[pos] = spare.id
+        new = replace(old, devices=tuple(devices), version=old.version + 1)
+        self._slices[slice_id] = new
+        return new
+
+    def snapshot(self) -> dict:
+        """Plain data for a status command: islands, hosts, devices with loads, slices."""
+        return {
+            "islands": {i: [d.id for d in devs] for i, devs in self.islands().items()},
+            "hosts": {
+                h: {"island": devs[0].island, "devices": [d.id for d in devs]}
+                for h, devs in self.hosts().items()
+            },
+            "devices": {d.id: self._device_status(d) for d in self._devices.values()},
+            "slices": {s.slice_id: self._slice_status(s) for s in self._slices.values()},
+        }
+
+    # -- private ------------------------------------------------------------------------
+
+    def _device_status(self, d: DeviceInfo) -> dict:
+        alive = d.id in self._alive
+        return {
+            "island": d.island,
+            "host": d.host,
+            "index": d.index,
+            "kind": d.kind,
+            "alive": alive,
+            "load": self._load[d.id],
+        }
+
+    def _slice_status(self, s: Slice) -> dict:
+        return {
+            "client": s.client,
+            "shape": s.shape,
+            "island": s.island,
+            "devices": list(s.devices),
+            "version": s.version,
+            "broken": not self._healthy(s),
+        }
+
+    def _healthy(self, s: Slice) -> bool:
+        return all(d in self._alive for d in s.devices)
+
+    def _pool(self, island: int, kind: str | None) -> list[DeviceInfo]:
+        """Alive devices of an island that a request for ``kind`` may use."""
+        return [d for d in self.devices(island) if kind is None or d.kind == kind]
+
+    def _island_pool(self, what: str, n: int, island: int, kind: str | None) -> list[DeviceInfo]:
+        """The devices a request may use on ``island``; ResourceError if they cannot fit it."""
+        if island not in self._islands:
+            raise ResourceError(
+                f"{what}: unknown island {island}; islands: {sorted(self._islands)}"
+            )
+        pool = self._pool(island, kind)
+        if kind is not None and not pool:
+            kinds = sorted({d.kind for d in self.devices(island)})
+            raise ResourceError(
+                f"{what}: island {island} has no alive device of that kind; "
+                f"alive kinds there: {kinds}"
+            )
+        if len(pool) < n:
+            raise ResourceError(f"{what}: island {island} has only {len(pool)} alive devices")
+        return pool
+
+    def _choose_island(self, what: str, n: int, kind: str | None) -> int:
+        """The island that can fit n devices with the most unloaded ones; ties: lowest id."""
+        pools = {i: self._pool(i, kind) for i in sorted(self._islands)}
+        if kind is not None and not any(pools.values()):
+            kinds = sorted({d.kind for d in self.devices()})
+            raise ResourceError(f"{what}: no alive device of that kind; kinds: {kinds}")
+        fits = [i for i, pool in pools.items() if len(pool) >= n]
+        if not fits:
+            alive = {i: len(pool) for i, pool in pools.items()}
+            raise ResourceError(
+                f"{what}: no island has that many; alive devices per island: {alive}"
+            )
+        return max(fits, key=lambda i: (sum(self._load[d.id] == 0 for d in pools[i]), -i))
+
+
+def _check_shape(shape: Iterable[int]) -> tuple[int, ...]:
+    try:
+        dims = tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise ResourceError(f"slice shape {shape!r} must be a tuple of integers") from None
+    if not dims or any(s < 1 for s in dims):
+        raise ResourceError(f"slice shape {dims} must be a non-empty tuple of positive integers")
+    return dims
+
+
+def _layout_key(d: DeviceInfo) -> tuple[int, int]:
+    return (d.host, d.index)
+
+
+def _choose(
+    pool: list[DeviceInfo], n: int, load: Counter[int], taken: Counter[int]
+) -> list[DeviceInfo]:
+    """The n devices of ``pool`` taken one by one by (load, taken on host, host, index).
+
+    ``taken`` counts devices already held per host (a remapped slice's healthy ones). Works
+    level by level: a load level that fits whole is taken whole, since the order inside it
+    does not change the set; the last level is shared round-robin over hosts.
+    """
+    taken = Counter(taken)
+    levels: dict[int, list[DeviceInfo]] = defaultdict(list)
+    for d in pool:
+        levels[load[d.id]].append(d)
+    chosen: list[DeviceInfo] = []
+    for level in sorted(levels):
+        need = n - len(chosen)
+        if need <= 0:
+            break
+        group = levels[level]
+        picked = group if len(group) <= need else _round_robin(group, need, taken)
+        taken.update(d.host for d in picked)
+        chosen += picked
+    return chosen
+
+
+def _round_robin(group: list[DeviceInfo], need: int, taken: Counter[int]) -> list[DeviceInfo]:
+    """``need`` devices of ``group``, each from the host with fewest taken (then lowest id)."""
+    queues: dict[int, deque[DeviceInfo]] = defaultdict(deque)
+    for d in sorted(group, key=_layout_key):
+        queues[d.host].append(d)
+    counts = Counter(taken)
+    picked = []
+    for _ in range(need):
+        host = min(queues, key=lambda h: (counts[h], h))
+        picked.append(queues[host].popleft())
+        counts[host] += 1
+        if not queues[host]:
+            del queues[host]
+    return picked

@@ -1,0 +1,171 @@
+"""The inter-chip links between hosts: collective values go host to host, executor to executor.
+
+Each host binds one PULL socket and keeps one PUSH socket per peer host, all used only by the
+host's executor thread, which reads the PULL socket itself (no receiver thread, no hand-off).
+What the executor's devices send to one peer host during one executor turn leaves as one
+message: a fixed binary header describing every value, then each value's raw bytes as its own
+frame (no pickle). A value sent to several devices of the same host (psum, all_gather) travels
+once, with the list of its destinations.
+
+Header layout (little-endian): ``u32`` item count, then per item ``u8`` gang-key length,
+``u8`` dtype-string length, ``u16`` destination count, ``u8`` ndim, then that many ``i64``:
+gang key, exchange seq, source device, destinations, shape; an ``f64`` lag; then the dtype
+string (``numpy.dtype.str``). Exchange keys are ``(gang key, seq)`` with a gang key of ints.
+
+The lag is how far the sender's virtual time at the collective was behind its real time when
+it sent (<= 0). The receiver takes the value as available at its real arrival plus that lag:
+the sender's virtual time plus the real transit, never earlier than the data could have come,
+and with no clock shared between hosts. The sender's own lateness (a late publication, a busy
+executor) is then not booked on the receiver's device.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+
+import numpy as np
+import zmq
+
+from plaque import security
+from plaque.logutil import dropped
+from plaque.wire import ProtocolError
+from plaque.zmq_transport import bind_socket
+
+from ..errors import ProgramError
+
+log = logging.getLogger("pathways.host.ici")
+
+_COUNT = struct.Struct("<I")
+_ITEM = struct.Struct("<BBHB")
+_LAG = struct.Struct("<d")
+RECEIVE_BATCH = 256  # messages read per executor turn, so sending is never starved
+
+
+def encode(items) -> list:
+    """Frames for ``[(key, src, dsts, value[, lag]), ...]``: the header, then one frame per
+    value."""
+    head = [_COUNT.pack(len(items))]
+    frames: list = []
+    for key, src, dsts, value, *lag in items:
+        a = np.asarray(value)
+        if not a.flags.c_contiguous:
+            a = a.copy()  # (ascontiguousarray would make a 0-d array 1-d)
+        if a.dtype.hasobject:
+            raise ProgramError(f"a collective can only carry numeric arrays, got {a.dtype}")
+        dt = a.dtype.str.encode()
+        try:
+            gang, seq = key
+            ints = (*gang, seq, src, *dsts, *a.shape)
+            head.append(_ITEM.pack(len(gang), len(dt), len(dsts), a.ndim))
+            head.append(struct.pack(f"<{len(ints)}q", *ints))
+            head.append(_LAG.pack(lag[0] if lag else 0.0))
+        except (struct.error, TypeError, ValueError) as exc:
+            raise ProgramError(f"exchange {key!r} from {src!r} to {dsts!r} cannot travel "
+                               f"between hosts: its gang key, seq, devices and shape must be "
+                               f"64-bit ints, at most 255 and 65535 of them ({exc})") from None
+        head.append(dt)
+        frames.append(a.reshape(-1).data)
+    return [b"".join(head), *frames]
+
+
+def decode(frames) -> list:
+    """``[(key, src, dsts, value, lag), ...]`` from ``encode``'s frames; ProtocolError if
+    malformed.
+    Values are fresh writable arrays (a receiver never shares memory with the network)."""
+    try:
+        meta = bytes(frames[0])
+        (count,) = _COUNT.unpack_from(meta, 0)
+        if len(frames) != count + 1:
+            raise ProtocolError(f"ICI message with {count} items has {len(frames)} frames")
+        off, items = _COUNT.size, []
+        for i in range(count):
+            ngang, ndt, ndst, ndim = _ITEM.unpack_from(meta, off)
+            off += _ITEM.size
+            n = ngang + 2 + ndst + ndim
+            ints = struct.unpack_from(f"<{n}q", meta, off)
+            off += 8 * n
+            (lag,) = _LAG.unpack_from(meta, off)
+            off += _LAG.size
+            dtype = np.dtype(meta[off:off + ndt].decode())
+            off += ndt
+            gang, seq, src = ints[:ngang], ints[ngang], ints[ngang + 1]
+            dsts, shape = ints[ngang + 2:ngang + 2 + ndst], ints[ngang + 2 + ndst:]
+            if any(n < 0 for n in shape):
+                raise ProtocolError(f"ICI item with a negative dimension: {shape}")
+            value = np.frombuffer(frames[1 + i], dtype).reshape(shape).copy()
+            items.append(((gang, seq), src, dsts, value, lag))
+        if off != len(meta):
+            raise ProtocolError(f"ICI header has {len(meta) - off} bytes left over")
+        return items
+    except ProtocolError:
+        raise
+    except Exception as exc:
+        raise ProtocolError(f"malformed ICI message: {exc!r}") from None
+
+
+class IciLink:
+    """The host's end of the ICI network. ``worker_of`` (device -> host worker id) and
+    ``peers`` (worker id -> ICI address) are filled in by the host as the topology arrives."""
+
+    def __init__(self, ctx: zmq.Context, bind: str, worker_of: dict):
+        self.ctx, self.worker_of = ctx, worker_of
+        self._pull = ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self.address = bind_socket(self._pull, bind)
+        self.fd = self._pull.getsockopt(zmq.FD)
+        self.peers: dict[int, str] = {}
+        self._push: dict[int, zmq.Socket] = {}
+        self._out: dict[int, list] = {}
+        self.sent = {"messages": 0, "bytes": 0}  # what left for other hosts
+
+    def queue(self, key, src, dsts, value, lag: float = 0.0) -> None:
+        """Send ``value`` from device ``src`` to devices ``dsts`` at the next ``flush``;
+        ``lag``: the sender's virtual time minus its real time (see the module docstring)."""
+        by_worker: dict[int, list] = {}
+        for d in dsts:
+            by_worker.setdefault(self.worker_of[d], []).append(d)
+        for worker, ds in by_worker.items():
+            self._out.setdefault(worker, []).append((key, src, ds, value, lag))
+
+    def flush(self) -> None:
+        """One message per peer host with everything queued for it."""
+        if not self._out:
+            return
+        out, self._out = self._out, {}
+        for worker, items in out.items():
+            frames = encode(items)
+            self._socket(worker).send_multipart(frames, copy=False)
+            self.sent["messages"] += 1
+            self.sent["bytes"] += sum(memoryview(f).nbytes for f in frames)
+
+    def readable(self) -> bool:
+        return bool(self._pull.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+
+    def receive(self) -> list:
+        """What has arrived, without waiting: ``[(key, src, dsts, value, lag), ...]``."""
+        items: list = []
+        for _ in range(RECEIVE_BATCH):
+            try:
+                frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            try:
+                items.extend(decode([f.buffer for f in frames]))
+            except ProtocolError as exc:  # a bad message must not stop the link
+                dropped(log, "an ICI message", str(exc))
+        return items
+
+    def _socket(self, worker: int) -> zmq.Socket:
+        s = self._push.get(worker)
+        if s is None:
+            s = self._push[worker] = self.ctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.LINGER, 0)
+            security.client(s)
+            s.connect(self.peers[worker])
+        return s
+
+    def close(self) -> None:
+        for s in self._push.values():
+            s.close(0)
+        self._pull.close(0)

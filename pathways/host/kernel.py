@@ -1,0 +1,281 @@
+"""The Plaque operator that runs one shard of a compiled function on an emulated device.
+
+Parallel dispatch (the default): when run t starts on a host, each kernel shard at once
+enqueues its kernel on its device, at the sequence number the island scheduler fixed, with
+its inputs as object-store keys; the host's executor starts it once they are ready.
+Sequential dispatch: a shard enqueues only when Plaque tells it that every producer shard is
+done ("complete for t"). Either way the shard holds its Plaque capability until the kernel has
+finished, so consumers and the coordinator learn completion through progress tracking.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import plaque
+
+from ..errors import RemoteError
+from ..lowering.specs import OPERATORS, KernelSpec, SendSpec
+from ..program import cost as cost_model
+from ..protocol import transfer_key
+
+log = logging.getLogger("pathways.host.kernel")
+_HOSTNAME = socket.gethostname()
+
+def input_key(spec, arg, i: int, device: int):
+    """The buffer input ``i`` of equation ``spec.index`` is read from on ``device``."""
+    if i in spec.incoming:
+        return transfer_key(arg, spec.index, i, device)
+    return (arg.array_id(spec.inputs[i]), device)
+
+
+def release_input(spec, arg, host, i: int, device: int) -> None:
+    """This user is done with input ``i``: free a transfer buffer, or count one use of a
+    value shared by ``spec.releases[i]`` users (the last frees it); kept values stay."""
+    key = input_key(spec, arg, i, device)
+    if i in spec.incoming:
+        host.store.delete(key)
+    elif spec.releases[i]:
+        host.release(key, spec.releases[i])
+
+
+class DispatchedOp(plaque.Operator):
+    """An operator whose host work for run t starts when the run starts (parallel dispatch)
+    or when Plaque says its producers are done (sequential dispatch). It holds its capability
+    from the start and hands it to ``dispatch``, which releases it when the work is over."""
+
+    sequential = False  # True: always wait for the producers, whatever the run's mode
+
+    def __init__(self):
+        self.caps: dict = {}
+
+    def on_start(self, ctx, t):
+        self.caps[t] = ctx.hold()
+        if not (self.sequential or ctx.arg.mode == "sequential"):
+            self.dispatch(ctx, t, self.caps.pop(t))
+
+    def on_complete(self, ctx, t):
+        if self.sequential or ctx.arg.mode == "sequential":
+            self.dispatch(ctx, t, self.caps.pop(t))
+
+    def dispatch(self, ctx, t, cap) -> None:
+        raise NotImplementedError
+
+
+class KernelOp(DispatchedOp):
+    def __init__(self, spec: KernelSpec):
+        super().__init__()
+        self.spec = spec
+        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.mesh.ids)
+
+    def on_input(self, ctx, t, port, piece):
+        self.assembler.on_piece(ctx, t, port, piece)
+
+    def dispatch(self, ctx, t, cap):
+        host = ctx.services["host"]
+        arg = ctx.arg
+        device = self.spec.fn.mesh.ids[ctx.shard]
+        seq = arg.seqs[self.spec.index][device]
+        kernel = Kernel(self.spec, ctx.shard, device, arg, host, cap)
+        host.enqueue(device, seq, kernel)
+
+
+class Assembler:
+    """Where the pieces of inputs that arrive by transfer are put together, per run, into the
+    buffer the consuming kernel waits on (its transfer key in the object store)."""
+
+    def __init__(self, index: int, incoming: dict, devices):
+        self.index, self.incoming, self.devices = index, incoming, devices
+        self.assembling: dict[tuple, _Assembly] = {}  # (t, input index) -> what came so far
+
+    def on_piece(self, ctx, t, port, piece):
+        """A piece of an input that arrives by transfer; put the input once it is whole."""
+        inc = self.incoming[port]
+        host, arg = ctx.services["host"], ctx.arg
+        device = self.devices[ctx.shard]
+        key = transfer_key(arg, self.index, port, device)
+        owner = (arg.client, arg.run_id)
+        if piece[0] == "fail":
+            host.store.fail(key, RemoteError(piece[1]), owner)
+            return
+        _, dst_slices, block, link = piece
+        now = time.perf_counter()
+        got = self.assembling.get((t, port))
+        if got is None:
+            got = self.assembling[(t, port)] = _Assembly(np.empty(inc.shape, inc.dtype),
+                                                         inc.expect[ctx.shard], started=now)
+        # The modelled link time of this piece: the consuming kernel waits until the last
+        # piece would have arrived (event-loop timers are too coarse for microseconds).
+        got.arrival = max(got.arrival, now + _link_time(link, block.nbytes))
+        got.nbytes += block.nbytes
+        got.links.add(link)
+        try:
+            got.buffer[dst_slices] = block
+            got.missing -= 1
+            if got.missing:
+                return
+            del self.assembling[(t, port)]
+            host.record_transfer(device, f"v{inc.var} in", {
+                "client": arg.client, "run": arg.run_id, "eqn": self.index,
+                "bytes": got.nbytes, "link": "+".join(sorted(got.links))},
+                got.started, max(got.arrival, now))
+            host.put(key, got.buffer, owner, arrival=got.arrival)
+        except Exception as exc:  # never leave the consumer waiting for its input
+            self.assembling.pop((t, port), None)
+            log.exception("assembling a transferred input failed")
+            host.store.fail(key, RemoteError(f"transfer into {key} failed: {exc!r}"), owner)
+
+
+@dataclass
+class _Assembly:
+    """An input arriving by transfer, piece by piece."""
+
+    buffer: np.ndarray
+    missing: int  # pieces still expected
+    started: float  # when the first piece came (perf_counter)
+    arrival: float = 0.0  # modelled arrival of the last piece so far
+    nbytes: int = 0
+    links: set = field(default_factory=set)
+
+
+class Kernel:
+    """One shard of one equation of one run, as its device executes it."""
+
+    __slots__ = ("spec", "shard", "device_id", "arg", "host", "cap", "name", "labels", "owner",
+                 "_keys", "_outputs")
+
+    def __init__(self, spec: KernelSpec, shard: int, device: int, arg, host, cap):
+        self.spec, self.shard, self.device_id, self.arg = spec, shard, device, arg
+        self.host, self.cap = host, cap
+        self.name = spec.fn.name
+        self.labels = {"client": arg.client, "run": arg.run_id, "eqn": spec.index}
+        self.owner = (arg.client, arg.run_id)
+        self._keys = None
+        self._outputs = None
+
+    @property
+    def limit(self):
+        """Seconds the body may run (None: the host's default)."""
+        return self.spec.fn.limit
+
+    def key(self, var_id):
+        return (self.arg.array_id(var_id), self.device_id)
+
+    def input_keys(self):
+        if self._keys is None:
+            self._keys = [input_key(self.spec, self.arg, i, self.device_id)
+                          for i in range(len(self.spec.inputs))]
+        return self._keys
+
+    def execute(self, device) -> float:
+        store = self.host.store
+        shards = [store.get(k, 0) for k in self.input_keys()]
+        fn = self.spec.fn
+        env = self.host.kernel_env(fn.mesh, self.shard, (self.arg.client, self.arg.run_id,
+                                                         self.spec.index), device)
+        outs, seconds = fn.run_shard(env, shards, device.spec, self.spec.expect, self.device_id)
+        self._outputs = outs
+        remote = env.bytes_sent_remote
+        return seconds + (cost_model.transfer_time(remote, cost_model.ICI) if remote else 0.0)
+
+    def output_bytes(self) -> int:
+        return sum(o.nbytes for o in self._outputs)
+
+    def on_done(self):
+        """The device has been occupied for the kernel's time: publish its outputs (their
+        HBM is already taken), available from the kernel's modelled end."""
+        store, end = self.host.store, self.host.current_end(self.device_id)
+        for v, o in zip(self.spec.outputs, self._outputs):
+            store.put(self.key(v), o, self.owner, arrival=end, allocated=True)
+        self._release_inputs()
+        self._outputs = None
+        self.host.post_release(self.cap)
+
+    def _release_inputs(self):
+        for i in range(len(self.spec.inputs)):
+            release_input(self.spec, self.arg, self.host, i, self.device_id)
+
+    def on_error(self, exc):
+        err = kernel_error(self.name, self.device_id, exc)
+        poison(self.host, [self.key(v) for v in self.spec.outputs], err, self.owner)
+        self._release_inputs()
+        gang = (self.arg.client, self.arg.run_id, self.spec.index)
+        self.host.abort_gang(gang, self.spec.fn.mesh.ids, f"{self.name} failed on device"
+                             f" {self.device_id}: {exc!r}")
+
+        def fail(cap):
+            raise err
+
+        self.cap.post(fail)
+
+
+def kernel_error(name: str, device: int, exc: BaseException) -> RemoteError:
+    """What the readers of a failed kernel's outputs get: where it failed (function, device,
+    host), why (the exception's class and message), and its traceback as lines."""
+    if isinstance(exc, RemoteError):
+        return exc
+    return RemoteError.from_origin({
+        "type": (type(exc).__module__, type(exc).__qualname__), "message": str(exc),
+        "function": name, "device": device, "host": f"{_HOSTNAME} pid {os.getpid()}",
+        "traceback": "".join(traceback.format_exception(exc))})
+
+
+def poison(host, keys, err: Exception, owner) -> None:
+    """Fail these output buffers, so their readers get ``err`` instead of waiting."""
+    for key in keys:
+        try:
+            host.store.fail(key, err, owner)
+        except ValueError:
+            pass  # already resolved (e.g. failed for its waiting readers)
+        except Exception:
+            log.exception("could not poison output %s", key)
+
+
+def _link_time(link: str, nbytes: int) -> float:
+    if link == "dcn":
+        return cost_model.transfer_time(nbytes, cost_model.DCN)
+    if link == "ici":
+        return cost_model.transfer_time(nbytes, cost_model.ICI)
+    return 0.0
+
+
+class SendOp(DispatchedOp):
+    """The shards of a value that must move: once a shard's buffer is ready, emit to each
+    consumer shard the block it needs (over a KEYED edge), then let the buffer go."""
+
+    def __init__(self, spec: SendSpec):
+        super().__init__()
+        self.spec = spec
+
+    def dispatch(self, ctx, t, cap):
+        host, arg, shard = ctx.services["host"], ctx.arg, ctx.shard
+        key = (arg.array_id(self.spec.var), self.spec.devices[shard])
+        host.store.add_done_callback(key, lambda _k: cap.post(
+            lambda c: self._send(c, host, key, shard)))
+
+    def _send(self, cap, host, key, shard):
+        pieces = self.spec.pieces[shard]
+        try:
+            value = host.store.get(key, 0)
+        except Exception as exc:
+            for dst, *_ in pieces:  # consumers must fail, not wait for pieces forever
+                cap.emit(("fail", f"input of a transfer failed: {exc!r}"), shard=dst)
+        else:
+            for dst, src_slices, dst_slices, link in pieces:
+                block = np.asarray(value[src_slices])  # stays 0-d for a scalar
+                if not block.flags.c_contiguous:
+                    block = block.copy()
+                cap.emit(("piece", dst_slices, block, link), shard=dst)
+        if self.spec.uses:
+            host.release(key, self.spec.uses)
+        cap.release()
+
+
+OPERATORS.update(kernel=KernelOp, send=SendOp)

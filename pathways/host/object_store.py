@@ -1,0 +1,421 @@
+"""A host's object store: the buffers that live in its devices' emulated HBM.
+
+Every buffer is one shard of a logical array on one device, keyed ``(array_id, device_id)``;
+``array_id`` is whatever hashable the client chose (e.g. ``(client_id, n)``), so a client can
+name outputs before the host has seen the program that makes them (DESIGN.md, mechanism 7).
+Each entry has an owner ``(client_id, program_id or None)`` so that everything a lost client
+held can be collected at once.
+
+An entry's life::
+
+    reserve ──► PENDING ──put──► READY ──┐
+      (HBM taken,   └──fail──► FAILED ───┴─delete──► gone (HBM freed)
+       may wait)
+
+``put`` on an unreserved key reserves first. Deleting a PENDING entry leaves a tombstone:
+the key disappears for readers at once, and the HBM is freed as soon as the producer resolves
+it (the producing kernel still owns the memory it is writing).
+
+With asynchronous dispatch a consumer can ask for a buffer before its producer has reached
+this host, so ``get`` and ``add_done_callback`` on a key nobody has created yet wait for it:
+they leave an *awaited* placeholder that the producer's ``reserve``/``put``/``fail`` takes
+over. Placeholders hold no HBM and are invisible to ``state`` and ``delete``. A key deleted
+after it existed is remembered (a bounded number of them): a reader that asks for it later
+gets KeyError at once, so a kernel whose input was deleted fails instead of holding its device.
+
+A host's executor and event loop share one thread, but input functions run on worker threads
+(and a device made on its own has an executor thread), so the store is thread-safe: one lock
+guards the bookkeeping, allocation waits (back-pressure) happen outside it, and
+done-callbacks run outside it, in the thread that resolves the entry. The store keeps
+references to the arrays it is given; it does not copy them.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import operator
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..protocol import key_client
+from .device import EmulatedDevice
+
+log = logging.getLogger("pathways.host.object_store")
+
+Key = tuple[Hashable, int]  # (array_id, device_id)
+Owner = tuple[Hashable, Hashable]  # (client_id, program_id or None)
+
+
+EARLY_DELETES_KEPT = 100_000
+
+
+class BufferState(enum.Enum):
+    PENDING = "pending"
+    READY = "ready"
+    FAILED = "failed"
+
+
+@dataclass(eq=False, slots=True)
+class _Entry:
+    owner: Owner | None = None
+    nbytes: int = 0
+    state: BufferState = BufferState.PENDING
+    value: object = None
+    error: BaseException | None = None
+    callbacks: list | None = None
+    awaited: bool = False  # a placeholder: someone waits, no producer has claimed it yet
+    waiters: int = 0  # get() calls blocked on it, so a timed-out placeholder can be dropped
+    deleted: bool = False  # a tombstone: gone for readers, freed once resolved
+    allocating: bool = False  # reserve() is waiting for HBM
+    allocated: bool = False
+    arrival: float = 0.0  # when the data is available on its device (perf_counter)
+    # made only when a reader must wait: most buffers are resolved before anyone asks
+    done: threading.Event | None = None
+
+
+class ObjectStore:
+    """Buffers of one host, in the emulated HBM of its ``devices`` (device_id -> device).
+
+    ``devices`` is kept by reference: a host may add devices to the dict later.
+    """
+
+    def __init__(self, devices: dict[int, EmulatedDevice]):
+        self._devices = devices
+        self._lock = threading.Lock()
+        self._entries: dict[Key, _Entry] = {}
+        # keys deleted before their producer created them (a client may drop an output of a
+        # failed run while other shards are still being written): freed as soon as they come
+        self._deleted_early: OrderedDict[Key, None] = OrderedDict()
+        self._gone: OrderedDict[Key, None] = OrderedDict()  # deleted after they existed
+        self._retired: set = set()  # clients gone: whatever they still produce is dropped
+
+    # -- producing -------------------------------------------------------------------------
+
+    def reserve(self, key: Key, nbytes: int, owner: Owner, timeout: float | None = None) -> None:
+        """Take ``nbytes`` of HBM on the key's device and create a PENDING entry.
+
+        The entry is visible (readers wait on it, ``delete_owner`` finds it) while the
+        allocation waits for room. If the allocation fails (DeviceOutOfMemory: too big, or
+        ``timeout`` passed) the entry becomes FAILED with that error, so readers do not hang,
+        and the error is raised here too. ValueError if the key already exists.
+        """
+        entry = self._claim(key, nbytes, owner)
+        self._allocate(key, entry, timeout)
+
+    def put(self, key: Key, value, owner: Owner, timeout: float | None = None,
+            arrival: float | None = None, allocated: bool = False) -> None:
+        """Make ``key`` READY with ``value`` (a numpy array), reserving first if needed.
+
+        For a reserved key, ``owner`` and ``value.nbytes`` must match the reservation. Putting
+        into a tombstone (deleted while pending) resolves it, and its memory is freed.
+        ``arrival``: when the data is available on its device (``time.perf_counter``): a
+        kernel output's modelled end, a transfer's modelled arrival; now by default. Kernels
+        start no earlier (``arrival``). ``allocated``: the caller has already taken the
+        value's HBM on the key's device (an executor that made room before publishing).
+        ValueError if the key is already READY or FAILED.
+        """
+        value = np.asarray(value)
+        with self._lock:
+            entry = self._entries.get(key)
+        if entry is None or entry.awaited:
+            entry = self._claim(key, value.nbytes, owner, allocated)
+            if not allocated:
+                self._allocate(key, entry, timeout)
+        elif entry.owner != owner:
+            raise ValueError(f"object {key!r} is owned by {entry.owner!r}, not {owner!r}")
+        elif entry.nbytes != value.nbytes:
+            raise ValueError(f"object {key!r} was reserved with {entry.nbytes} bytes but the "
+                             f"value has {value.nbytes}")
+        elif allocated:  # the reservation holds the memory already: give back the caller's
+            self._device(key).hbm.free(value.nbytes)
+        entry.arrival = time.perf_counter() if arrival is None else arrival
+        self._resolve(key, entry, BufferState.READY, value=value)
+
+    def ready_at(self, keys) -> float | None:
+        """If every key is resolved (READY or FAILED), the latest of their ``arrival``
+        times; None if one is not (unknown, awaited, pending or deleted). One lock."""
+        latest = 0.0
+        with self._lock:
+            for key in keys:
+                entry = self._entries.get(key)
+                if entry is None or entry.state is BufferState.PENDING or entry.deleted:
+                    return None
+                if entry.arrival > latest:
+                    latest = entry.arrival
+        return latest
+
+    def arrival(self, key: Key) -> float:
+        """When ``key``'s data is available on its device (0: unknown or gone)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            return entry.arrival if entry is not None else 0.0
+
+    def fail(self, key: Key, error: BaseException, owner: Owner | None = None) -> None:
+        """Make ``key`` FAILED: readers and callbacks get ``error`` instead of a value.
+
+        A key nobody reserved (a producer that failed before allocating) becomes a FAILED
+        entry of no bytes, owned by ``owner`` (None: only ``delete`` collects it).
+        ValueError if the key is already READY or FAILED.
+        """
+        if not isinstance(error, BaseException):
+            raise TypeError(f"fail() needs an exception, got {error!r}")
+        if owner is not None:
+            _check_owner(key, owner)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry.awaited:
+                self._device(key)
+                entry = self._adopt_locked(key, 0, owner)
+        self._resolve(key, entry, BufferState.FAILED, error=error)
+
+    # -- consuming -------------------------------------------------------------------------
+
+    def get(self, key: Key, timeout: float | None = None):
+        """The value of ``key``, waiting until it exists and is resolved.
+
+        Raises the stored error if FAILED; KeyError if the key was deleted (also while
+        waiting); TimeoutError if it is not resolved after ``timeout`` seconds.
+        """
+        with self._lock:
+            entry = self._watch_locked(key)
+            entry.waiters += 1
+            if entry.state is BufferState.PENDING and entry.done is None:
+                entry.done = threading.Event()
+            done = entry.done if entry.state is BufferState.PENDING else None
+        resolved = done is None or done.wait(timeout)
+        with self._lock:
+            entry.waiters -= 1
+            if not resolved:
+                self._drop_placeholder_locked(key, entry)
+                raise TimeoutError(f"object {key!r} still "
+                                   f"{'awaited' if entry.awaited else 'pending'} after {timeout}s")
+            if entry.state is BufferState.FAILED:
+                raise entry.error  # also when deleted since: the reason beats "deleted"
+            if entry.deleted:
+                raise KeyError(f"object {key!r} was deleted")
+            return entry.value
+
+    def add_done_callback(self, key: Key, fn: Callable[[Key], object]) -> None:
+        """Call ``fn(key)`` once ``key`` is READY or FAILED (now, in this thread, if it is).
+
+        A key nobody created yet is awaited. Callbacks run outside the store's lock, in the
+        thread that resolves the entry; one that raises is logged and does not stop the
+        others. A callback registered before a pending entry is deleted still runs when the
+        entry resolves. KeyError for a deleted key.
+        """
+        with self._lock:
+            entry = self._watch_locked(key)
+            if entry.state is BufferState.PENDING:
+                if entry.callbacks is None:
+                    entry.callbacks = []
+                entry.callbacks.append(fn)
+                return
+        _call(fn, key)
+
+    def state(self, key: Key) -> BufferState | None:
+        """The entry's state, or None for an unknown, merely awaited or deleted key."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry.deleted or entry.awaited:
+                return None
+            return entry.state
+
+    # -- collecting ------------------------------------------------------------------------
+
+    def delete(self, key: Key) -> bool:
+        """Forget ``key`` and free its HBM (at once, or when a pending producer resolves it).
+
+        Returns False for an unknown, merely awaited or already deleted key. An unknown key is
+        remembered (a bounded number of them) and freed as soon as it is produced; an awaited
+        one is left alone, since a reader (a kernel) still needs it.
+        """
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self._deleted_early[key] = None
+                while len(self._deleted_early) > EARLY_DELETES_KEPT:
+                    self._deleted_early.popitem(last=False)
+                return False
+            if entry.deleted or entry.awaited:
+                return False
+            entry.deleted = True
+            self._release_if_done_locked(key, entry)
+            self._gone[key] = None  # a reader that comes later is told, never left waiting
+            while len(self._gone) > EARLY_DELETES_KEPT:
+                self._gone.popitem(last=False)
+            return True
+
+    def delete_owner(self, client_id: Hashable) -> int:
+        """Delete every entry owned by ``client_id`` (any program); returns how many."""
+        with self._lock:
+            doomed = [(key, entry) for key, entry in self._entries.items()
+                      if entry.owner is not None and entry.owner[0] == client_id
+                      and not entry.deleted]
+            for key, entry in doomed:
+                entry.deleted = True
+                self._release_if_done_locked(key, entry)
+            return len(doomed)
+
+    def fail_awaited(self, match: Callable[[Key], bool], error: BaseException) -> int:
+        """Fail the readers waiting for keys nobody has produced yet, where ``match(key)``;
+        returns how many keys. A producer that comes later finds a deleted key."""
+        with self._lock:
+            orphans = [(k, e) for k, e in self._entries.items() if e.awaited and match(k)]
+        n = 0
+        for key, entry in orphans:
+            with self._lock:
+                if self._entries.get(key) is not entry or not entry.awaited:
+                    continue
+                entry.awaited, entry.owner, entry.nbytes = False, None, 0
+                entry.deleted = True
+            self._resolve(key, entry, BufferState.FAILED, error=error, check=False)
+            n += 1
+        return n
+
+    def retire_client(self, client_id: Hashable, error: BaseException) -> int:
+        """A client is gone: delete what it owns, drop whatever is still produced for it, and
+        fail readers waiting for its buffers that nobody has produced yet (a kernel of its
+        last runs must not hold a device waiting for input that will never come)."""
+        with self._lock:
+            self._retired.add(client_id)
+        self.fail_awaited(lambda key: key_client(key) == client_id, error)
+        return self.delete_owner(client_id)
+
+    def used_bytes(self, device_id: int) -> int:
+        """HBM bytes the store holds on ``device_id``, tombstones awaiting their producer too."""
+        with self._lock:
+            return self._devices[device_id].hbm.used if device_id in self._devices else 0
+
+    def stats(self) -> dict:
+        """``{"entries": {state or "deleting" or "awaited": count}, "bytes": {device: n}}``."""
+        with self._lock:
+            counts = {state.value: 0 for state in BufferState}
+            counts.update(deleting=0, awaited=0)
+            for entry in self._entries.values():
+                kind = "awaited" if entry.awaited else "deleting" if entry.deleted else None
+                counts[kind or entry.state.value] += 1
+            devices = list(self._devices)  # the host may be adding devices meanwhile
+            return {"entries": counts, "bytes": {d: self._devices[d].hbm.used for d in devices}}
+
+    def __len__(self) -> int:
+        """Number of live entries (not deleted, not merely awaited)."""
+        with self._lock:
+            return sum(not (e.deleted or e.awaited) for e in self._entries.values())
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _claim(self, key: Key, nbytes: int, owner: Owner, allocated: bool = False) -> _Entry:
+        """Create the producer's entry (taking over a placeholder): its HBM still to be
+        allocated, or already ``allocated`` by the caller."""
+        self._device(key)
+        nbytes = operator.index(nbytes)
+        if nbytes < 0:
+            raise ValueError(f"object {key!r}: cannot reserve {nbytes} bytes")
+        _check_owner(key, owner)
+        with self._lock:
+            entry = self._adopt_locked(key, nbytes, owner)
+            entry.allocating, entry.allocated = not allocated, allocated
+            return entry
+
+    def _adopt_locked(self, key: Key, nbytes: int, owner: Owner | None) -> _Entry:
+        entry = self._entries.get(key)
+        if entry is not None and not entry.awaited:
+            raise ValueError(f"object {key!r} already exists "
+                             f"({'deleting' if entry.deleted else entry.state.value})")
+        if entry is None:
+            entry = self._entries[key] = _Entry()
+        entry.awaited, entry.owner, entry.nbytes = False, owner, nbytes
+        if self._deleted_early.pop(key, 0) is None:
+            entry.deleted = True  # deleted before it existed: a tombstone from the start
+        if owner is not None and owner[0] in self._retired:
+            entry.deleted = True  # produced for a client that is gone: freed once written
+        return entry
+
+    def _watch_locked(self, key: Key) -> _Entry:
+        """The entry a reader waits on: the real one, or a placeholder until it exists."""
+        entry = self._entries.get(key)
+        if entry is None:
+            self._device(key)
+            if key_client(key) in self._retired:
+                raise KeyError(f"object {key!r} belongs to a client that is gone")
+            if key in self._gone:
+                raise KeyError(f"object {key!r} was deleted before this reader asked for it")
+            entry = self._entries[key] = _Entry(awaited=True)
+        elif entry.deleted:
+            raise KeyError(f"object {key!r} was deleted")
+        return entry
+
+    def _drop_placeholder_locked(self, key: Key, entry: _Entry) -> None:
+        if entry.awaited and not entry.waiters and not entry.callbacks:
+            if self._entries.get(key) is entry:
+                del self._entries[key]
+
+    def _allocate(self, key: Key, entry: _Entry, timeout: float | None) -> None:
+        """Take the entry's HBM outside the lock: this is where back-pressure waits."""
+        try:
+            self._device(key).hbm.allocate(entry.nbytes, timeout)
+        except Exception as exc:
+            with self._lock:
+                entry.allocating = False
+                pending = entry.state is BufferState.PENDING
+                self._release_if_done_locked(key, entry)
+            if pending:  # a concurrent fail() may have resolved it already
+                self._resolve(key, entry, BufferState.FAILED, error=exc, check=False)
+            raise
+        with self._lock:
+            entry.allocating = False
+            entry.allocated = True
+            self._release_if_done_locked(key, entry)
+
+    def _resolve(self, key: Key, entry: _Entry, state: BufferState, value=None, error=None,
+                 check: bool = True) -> None:
+        with self._lock:
+            if entry.state is not BufferState.PENDING:
+                if check:
+                    raise ValueError(f"object {key!r} is already {entry.state.value}")
+                return
+            entry.state, entry.value, entry.error = state, value, error
+            callbacks, entry.callbacks = entry.callbacks or (), None
+            if entry.done is not None:
+                entry.done.set()
+            self._release_if_done_locked(key, entry)
+        for fn in callbacks:
+            _call(fn, key)
+
+    def _release_if_done_locked(self, key: Key, entry: _Entry) -> None:
+        """Drop a deleted entry and free its HBM once nobody is still writing or allocating."""
+        if not entry.deleted or entry.state is BufferState.PENDING or entry.allocating:
+            return
+        if self._entries.get(key) is entry:
+            del self._entries[key]
+        entry.value = None
+        if entry.allocated:
+            entry.allocated = False
+            self._devices[key[1]].hbm.free(entry.nbytes)
+
+    def _device(self, key: Key) -> EmulatedDevice:
+        if not (isinstance(key, tuple) and len(key) == 2):
+            raise ValueError(f"an object key is (array_id, device_id), got {key!r}")
+        device = self._devices.get(key[1])
+        if device is None:
+            raise KeyError(f"object {key!r}: no device {key[1]!r} on this host "
+                           f"(devices: {sorted(self._devices)})")
+        return device
+
+
+def _check_owner(key: Key, owner) -> None:
+    if not (isinstance(owner, tuple) and len(owner) == 2):
+        raise ValueError(f"object {key!r}: owner must be (client_id, program_id), got {owner!r}")
+
+
+def _call(fn: Callable[[Key], object], key: Key) -> None:
+    try:
+        fn(key)
+    except Exception:
+        log.exception("done-callback %r for object %r raised", fn, key)

@@ -1,0 +1,365 @@
+"""A host process: a Plaque worker, an object store, and D emulated TPUs.
+
+The host joins the coordinator's Plaque cluster (it is a Plaque worker whose operators are
+kernel shards), learns its global device ids from the resource manager, and serves clients
+directly on its own data socket (put, get, delete) so that array data never passes through
+the coordinator. One executor thread runs all of the host's devices (``pathways.host.executor``);
+collectives between devices of different hosts travel over the ICI link straight from
+executor to executor; within a host they are memory handoffs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import zmq
+
+import plaque
+from plaque import security
+from plaque.endpoint import serve_worker_core
+from plaque.logutil import dropped
+from plaque.worker import WorkerCore
+from plaque.zmq_transport import ZmqTransport
+
+from .. import protocol
+from ..errors import ClientGone, DeviceOutOfMemory, ProgramError, RemoteError
+from ..program import jax_body
+from ..program.cost import DeviceSpec
+from ..service import RouterService
+from .device import EmulatedDevice
+from .exchange import ExecutorEnv
+from .executor import KERNEL_LIMIT, Executor
+from .ici import IciLink
+from .object_store import ObjectStore
+
+log = logging.getLogger("pathways.host.server")
+
+SWITCH_INTERVAL = 0.0005
+TRANSFERS_KEPT = 10_000
+
+
+class Host:
+    def __init__(self, island: int, num_devices: int, spec: DeviceSpec | None = None,
+                 kernel_limit: float | None = KERNEL_LIMIT):
+        self.island, self.num_devices = island, num_devices
+        self.spec = spec or DeviceSpec()
+        self.devices: dict[int, EmulatedDevice] = {}
+        self.store = ObjectStore(self.devices)
+        self.executor = Executor("host", store=self.store, kernel_limit=kernel_limit)
+        self.worker_of: dict[int, int] = {}  # device -> host worker id (kept in place)
+        self._flat: dict[tuple, dict] = {}  # mesh devices -> {flat index: device}
+        self._released: deque = deque()  # capabilities to release on the loop
+        self._release_posted = False
+        self.core: WorkerCore | None = None
+        self.loop = None
+        self.started = time.monotonic()
+        self.ici = None  # IciLink, set when serving
+        self._uses: dict = {}  # buffer key -> users done with it so far
+        self.transfers: deque = deque(maxlen=TRANSFERS_KEPT)  # (device, name, labels, start, end)
+        self._uses_lock = threading.Lock()
+
+    # ---- devices and kernels (called from the loop or the executor thread) ---------------
+    def enqueue(self, device: int, seq: int, kernel) -> None:
+        self.devices[device].enqueue(seq, kernel)
+
+    def kernel_env(self, mesh, flat_index: int, gang_key, device) -> ExecutorEnv:
+        """Executor thread: where the collectives of the kernel running on ``device`` go."""
+        flat = self._flat.get(mesh.ids)
+        if flat is None:
+            flat = self._flat[mesh.ids] = dict(enumerate(mesh.ids))
+        return ExecutorEnv(mesh.axis_sizes, mesh.axis_names, flat_index, flat, gang_key,
+                           self.executor, device.current)
+
+    def current_end(self, device: int) -> float:
+        """Executor thread: the modelled end of the kernel finishing on ``device``."""
+        return self.devices[device].current.end
+
+    def post_release(self, cap) -> None:
+        """Executor thread: release ``cap`` on the loop; one loop wake for a whole turn's."""
+        self._released.append(cap)
+        if not self._release_posted:
+            self._release_posted = True
+            self.core.call_soon(self._release_all)
+
+    def _release_all(self) -> None:
+        self._release_posted = False
+        while self._released:
+            cap = self._released.popleft()
+            if cap.valid:  # not uninstalled meanwhile
+                cap.release()
+
+    def abort_gang(self, gang_key, devices, reason) -> None:
+        """Executor thread: stop this gang's collectives here and on its other hosts."""
+        self.executor.abort_gang(gang_key, reason)
+        workers = {self.worker_of[d] for d in devices if d in self.worker_of} - {self.core.id}
+        msg = ("abort_gang", gang_key, reason)
+        for w in workers:
+            self.core.call_soon(lambda w=w: self.core.send_user(w, msg))
+
+    def release(self, key, uses: int) -> None:
+        """One user of ``key`` is done with it; the last of ``uses`` users frees it."""
+        with self._uses_lock:
+            n = self._uses.get(key, 0) + 1
+            if n < uses:
+                self._uses[key] = n
+                return
+            self._uses.pop(key, None)
+        self.store.delete(key)
+
+    # ---- messages from the coordinator and peers (loop thread) ----------------------------
+    def on_user(self, sender, payload) -> None:
+        kind = payload[0]
+        if kind == "abort_gang":
+            self.executor.abort_gang(payload[1], payload[2])
+        elif kind == "abort_gangs":
+            runs = set()
+            for gang in payload[1]:
+                self.executor.abort_gang(gang, payload[2])
+                runs.add(tuple(gang[:2]))
+            # kernels of these runs waiting for inputs that will never come must not hold
+            # their devices: fail the run's buffers nobody has produced yet
+            err = RemoteError(f"the run failed: {payload[2]}")
+            self.store.fail_awaited(lambda key: protocol.key_run(key) in runs, err)
+        elif kind == "devices":
+            for d in payload[1]:
+                if d not in self.devices:
+                    self.devices[d] = self.executor.add_device(d, self.spec, name=f"tpu{d}")
+            log.info("host %s owns devices %s", self.core.id, sorted(self.devices))
+        elif kind == "topology":
+            self.worker_of.clear()
+            self.worker_of.update(payload[1])
+            self.ici.peers = dict(payload[2])
+        elif kind == "client_gone":
+            _, client, reason = payload
+            n = self.store.retire_client(client, ClientGone(reason))
+            log.info("client %s gone (%s): freed %d buffers", client, reason, n)
+        elif kind == "skip":
+            for d, seqs in payload[1].items():
+                for s in seqs:
+                    if d in self.devices:
+                        self.devices[d].skip(s)
+        else:
+            what = kind if isinstance(kind, str) and len(kind) < 80 else type(kind).__name__
+            log.warning("unknown message %s from %s", what, sender)
+
+    def put(self, key, value, owner, arrival: float | None = None) -> None:
+        """Loop thread: store a buffer that came from outside (a client's shard, a transfer,
+        routed rows) at once if its device's HBM has room, else once frees make room: the
+        host's one thread must never block waiting for memory."""
+        device = self.devices.get(key[1])
+        if device is None:
+            self.store.put(key, value, owner)  # raises, naming the devices this host has
+            return
+        frees = device.hbm.frees
+        try:
+            fits = device.hbm.try_allocate(value.nbytes)
+        except DeviceOutOfMemory as exc:  # larger than the whole HBM
+            self.store.fail(key, exc, owner)
+            return
+        if not fits:
+            self.executor.wait_for_hbm(device.hbm, frees,
+                                       lambda: self.put(key, value, owner, arrival))
+            return
+        try:
+            self.store.put(key, value, owner, arrival=arrival, allocated=True)
+        except Exception:
+            device.hbm.free(value.nbytes)  # not stored: give the memory back
+            raise
+
+    def status(self) -> dict:
+        return {
+            "island": self.island,
+            "uptime": time.monotonic() - self.started,
+            "devices": {d: {"busy_seconds": dev.busy_seconds, "hbm_used": dev.hbm.used,
+                            "hbm_capacity": dev.hbm.capacity, "next_seq": dev.next_seq}
+                        for d, dev in sorted(self.devices.items())},
+            "store": self.store.stats(),
+            "wire": self.wire_counters(),
+        }
+
+    def record_transfer(self, device, name, labels, start, end) -> None:
+        """Data that arrived for ``device`` (a transfer, routed rows) from ``start`` until its
+        modelled arrival ``end``, for traces. Any thread."""
+        self.transfers.append((device, name, labels, start, end))
+
+    def timeline(self, since: float | None = None) -> dict:
+        """Each device's kernels (seq, name, labels, start, end, failed) and incoming
+        transfers (name, labels, start, end) that ended after ``since``, in this host's
+        monotonic clock (``time.perf_counter``), with ``now``."""
+        out, moved = {}, {}
+        for d, dev in sorted(self.devices.items()):
+            out[d] = [(r.seq, r.name, r.labels, r.start, r.end, r.error) for r in dev.timeline
+                      if since is None or r.end > since]
+            moved[d] = []
+        for d, name, labels, start, end in list(self.transfers):
+            if (since is None or end > since) and d in moved:
+                moved[d].append((name, labels, start, end))
+        return {"now": time.perf_counter(), "island": self.island,
+                "host": self.core.id if self.core is not None else None,
+                "devices": out, "transfers": moved}
+
+    def wire_counters(self) -> dict:
+        """What this host sent to other hosts: Plaque messages (routed rows, transfers,
+        progress) and ICI messages (collectives), in messages and bytes."""
+        from plaque.counters import total
+
+        peers = self.core.counters.snapshot() if self.core is not None else {}
+        plaque_total = total({p: c for p, c in peers.items() if p >= 0})
+        ici = dict(self.ici.sent) if self.ici is not None else {"messages": 0, "bytes": 0}
+        return {"plaque": plaque_total, "ici": ici}
+
+    def close(self) -> None:
+        self.executor.close(timeout=1.0)
+        if self.ici is not None:
+            self.ici.close()
+
+
+class DataService:
+    """The host's client-facing socket: put, get (answered when ready), delete."""
+
+    def __init__(self, host: Host, bind: str, ctx: zmq.Context):
+        self.host = host
+        self.service = RouterService(ctx, bind, self._handle)
+        self.address = self.service.address
+
+    def start(self, loop) -> None:
+        self.loop = loop
+        self.service.start(loop)
+
+    def _reply(self, ident, payload) -> None:
+        self.service.reply(ident, payload)
+
+    def _handle(self, ident, req) -> None:
+        try:
+            self._serve(ident, req)
+        except Exception as exc:
+            dropped(log, "a data-service request", repr(exc))
+
+    def _serve(self, ident, req) -> None:
+        kind, store = req[0], self.host.store
+        if kind == "put":
+            _, array_id, device, value, owner = req
+            self.host.put((array_id, device), np.asarray(value), owner)
+        elif kind == "get":
+            _, req_id, array_id, device = req
+            self._get(ident, req_id, (array_id, device))
+        elif kind == "delete":
+            for key in req[1]:
+                store.delete(key)
+        elif kind == "delete_owner":
+            store.delete_owner(req[1])
+        elif kind == "status":
+            self._reply(ident, ("status", req[1], self.host.status()))
+        elif kind == "generate":
+            self._generate(ident, *req[1:])
+        elif kind == "timeline":
+            self._reply(ident, ("timeline", req[1], self.host.timeline(req[2])))
+        else:
+            raise ValueError(f"unknown request {kind!r}")
+
+    def _generate(self, ident, req_id, array_id, device, blob, slices, shape, dtype,
+                  owner) -> None:
+        """Input processing on the host (the paper's Appendix C): run the client's function
+        for this device's part of the array on a worker thread and store the result."""
+        import cloudpickle
+
+        key = (array_id, device)
+        store = self.host.store
+
+        def make():
+            fn = cloudpickle.loads(blob)
+            value = np.asarray(fn(slices))
+            if value.shape != tuple(shape) or value.dtype != np.dtype(dtype):
+                raise ProgramError(f"the input function returned {value.dtype}{list(value.shape)}"
+                                   f" for the part {slices} of device {device}; expected"
+                                   f" {np.dtype(dtype)}{list(shape)}")
+            store.put(key, value, owner)
+
+        def finish(fut):
+            exc = fut.exception()
+            if exc is not None:
+                err = exc if isinstance(exc, ProgramError) else RemoteError(
+                    f"the input function failed on host {self.host.core.id} for device"
+                    f" {device}: {exc!r}")
+                try:
+                    store.fail(key, err, owner)
+                except Exception:
+                    pass
+                self._reply(ident, ("error", req_id, err))
+            else:
+                self._reply(ident, ("generated", req_id, None))
+
+        fut = self.loop.run_in_executor(None, make)
+        fut.add_done_callback(finish)
+
+    def _get(self, ident, req_id, key) -> None:
+        def ready(_key):
+            self.loop.call_soon_threadsafe(answer)
+
+        def answer():
+            try:
+                value = self.host.store.get(key, 0)
+                self._reply(ident, ("value", req_id, value))
+            except Exception as exc:
+                self._reply(ident, ("error", req_id, exc))
+
+        self.host.store.add_done_callback(key, ready)
+
+
+def _coordinator_info(address: str, ctx: zmq.Context, timeout: float = 30.0) -> dict:
+    """Ask the coordinator where its Plaque cluster listens."""
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    security.client(s)
+    s.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
+    s.connect(address)
+    try:
+        s.send_multipart(protocol.pack(("info", 0)))
+        reply = protocol.unpack(s.recv_multipart())
+    except zmq.Again:
+        raise plaque.CoordinatorLost(f"no coordinator answered at {address}") from None
+    finally:
+        s.close(0)
+    return reply[2]
+
+
+async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
+                     spec: DeviceSpec | None = None, coordinator_timeout: float = 10.0,
+                     kernel_limit: float | None = KERNEL_LIMIT) -> str:
+    loop = asyncio.get_running_loop()
+    # The executor thread and the event loop take turns on the GIL; Python's default 5 ms
+    # switch interval would add up to 5 ms to every hand-off between them (a dispatch
+    # arriving, a kernel finishing), so hand over far more often.
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    jax_body.on_host()
+    ctx = zmq.Context()
+    info = await loop.run_in_executor(None, _coordinator_info, coordinator, ctx)
+    host = Host(island, num_devices, spec, kernel_limit)
+    host.loop = loop
+    host.ici = host.executor.link = IciLink(ctx, bind, host.worker_of)
+    host.executor.run_on(loop)  # one thread: the loop runs the devices too
+    data = DataService(host, bind, ctx)
+    transport = ZmqTransport(bind, context=ctx)
+    core = WorkerCore(transport.address, info["plaque"],
+                      info={"role": "host", "island": island, "devices": num_devices,
+                            "data": data.address, "ici": host.ici.address, "pid": os.getpid(),
+                            "hostname": socket.gethostname(), "spec": host.spec},
+                      coordinator_timeout=coordinator_timeout, services={"host": host})
+    core.on_user = host.on_user
+    host.core = core
+    data.start(loop)
+    try:
+        return await serve_worker_core(core, transport)
+    finally:
+        host.close()
+        data.service.close()
+        security.release(ctx)
+        ctx.term()

@@ -1,0 +1,372 @@
+"""Compiled functions: a numpy body mapped over the shards of a mesh (``shard_map``).
+
+A compiled function knows its mesh, the partition spec of each argument and result, and its
+cost. Output shapes and dtypes are found once per input signature by abstract evaluation: the
+body runs on the client on zero-filled shards of the right shape, with collectives answering as
+if every device held the same values (so ``psum(1, "i")`` is the size of "i"), and the answer
+is cached. Every device's real outputs are then checked against it: a body whose output shape
+or dtype depends on the data fails with an error instead of returning garbage. Outputs that
+``out_specs`` says are replicated are proven so, or checked at run time
+(``pathways.program.replication``). Calling one outside ``@pw.program`` runs it at once (OpByOp) and
+returns futures; inside a program it records one equation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ProgramError, ShardingError
+from . import collectives, jax_body, replication, tree
+from . import cost as cost_model
+from .ir import Aval, RemoteValue, current_trace
+from .mesh import Mesh
+from .sharding import P, global_shape_of, normalize_spec, shard_shape
+
+COSTS_KEPT = 1024  # signatures whose modelled cost a compiled function remembers
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a compiled function returns for one input signature: global output avals, one
+    device's output avals, and per output the mesh axes whose replication is checked at run
+    time (those out_specs leaves out that abstract evaluation could not prove)."""
+
+    avals: tuple[Aval, ...]
+    shards: tuple[Aval, ...]
+    checks: tuple[tuple[str, ...], ...]
+    ins: tuple[Aval, ...] = ()  # the global argument avals it is for
+
+
+ABSTRACT_PASS = ("while finding its output shapes and dtypes (abstract evaluation: the body runs"
+                 " once on the client on zero-filled shards, with collectives answering as if"
+                 " every device held the same values)")
+
+
+def _specs(specs, what: str) -> tuple[tuple, bool]:
+    """(tuple of specs, single) from a P, None, or a tuple/list of them; ((), False) for a
+    pytree of them (tuples, lists, dicts, dataclasses), which calls flatten first."""
+    if specs is None or isinstance(specs, P):
+        return (specs,), True
+    if isinstance(specs, (tuple, list)) and all(s is None or isinstance(s, P) for s in specs):
+        return tuple(specs), False
+    leaves = tree.flatten(specs)[0] if tree.is_node(specs) else [specs]
+    if all(s is None or isinstance(s, P) for s in leaves):
+        return (), False
+    raise ShardingError(f"{what} must be a P(...), or a tuple, list, dict or dataclass of them,"
+                        f" got {specs!r}")
+
+
+class CompiledFunction:
+    """``body`` run on every device of ``mesh`` on its shard. Create with ``shard_map``.
+
+    >>> step = pw.shard_map(lambda x: x * 2, mesh, P("data"), P("data"))
+    >>> y = step(x)                          # outside a program: runs now, a future
+    >>> avals = step.abstract_eval([x.aval])  # global output shapes and dtypes
+    """
+
+    def __init__(self, body, mesh: Mesh, in_specs, out_specs, cost=None, name=None,
+                 check_rep=True, limit=None):
+        if not callable(body):
+            raise ProgramError(f"shard_map needs a callable body, got {body!r}")
+        if not isinstance(mesh, Mesh):
+            raise ProgramError(f"shard_map needs a Mesh (client.mesh(...)), got {mesh!r}")
+        self.body, self.mesh, self.cost = body, mesh, cost
+        self.name = name or getattr(body, "__name__", "body")
+        flat_in, self._broadcast_in = _specs(in_specs, "in_specs")
+        flat_out, single = _specs(out_specs, "out_specs")
+        self.in_specs, self.out_specs, self.single_output = flat_in, flat_out, single
+        self._spec_trees = (in_specs, out_specs)  # as given, for pytree arguments/results
+        self._nested = not flat_in or not flat_out
+        self._flat: dict[tuple, CompiledFunction] = {}  # per argument structure and avals
+        self.check_rep = bool(check_rep)
+        if limit is not None and not (isinstance(limit, (int, float)) and limit > 0):
+            raise ProgramError(f"shard_map limit must be a number of seconds > 0, got {limit!r}")
+        self.limit = limit
+        self._signatures: dict[tuple, Signature] = {}
+        self._costs: dict[tuple, float] = {}  # (shapes and dtypes, device spec) -> seconds
+        self.jax = None  # a JaxBody once abstract evaluation finds the body written in JAX
+
+    def __repr__(self):
+        return f"<compiled {self.name} on {self.mesh}>"
+
+    def _as_jax(self) -> None:
+        """Run the body as JAX from now on (``pathways.program.jax_body``)."""
+        m = self.mesh
+        self.jax = jax_body.JaxBody(self.body, m.axis_names, m.axis_sizes, self.in_specs,
+                                    self.out_specs, self.check_rep, self.name)
+
+    def arg_specs(self, nargs: int) -> tuple:
+        """The spec of each of ``nargs`` arguments (one P given applies to all)."""
+        if self._broadcast_in:
+            return self.in_specs * nargs
+        if len(self.in_specs) != nargs:
+            raise ProgramError(f"{self.name}: {len(self.in_specs)} in_specs for {nargs}"
+                               " arguments")
+        return self.in_specs
+
+    def retarget(self, remapped) -> CompiledFunction:
+        """This function on ``remapped(mesh)`` (self if that is the same mesh)."""
+        mesh = remapped(self.mesh)
+        if mesh is self.mesh:
+            return self
+        import copy
+
+        other = copy.copy(self)
+        other.mesh = mesh
+        if self.jax is not None:
+            other.jax = self.jax.retarget(mesh.axis_names, mesh.axis_sizes)
+        return other
+
+    def in_mesh(self, i: int) -> Mesh:
+        """The mesh argument ``i`` must live on (one mesh for all, except routed calls)."""
+        return self.mesh
+
+    def out_mesh(self, k: int) -> Mesh:
+        """The mesh result ``k`` lives on."""
+        return self.mesh
+
+    def shard_avals(self, in_avals, specs=None) -> list[Aval]:
+        """One device's avals of arguments of ``in_avals`` (under ``specs``, by default the
+        function's in_specs)."""
+        m = self.mesh
+        out = []
+        specs = self.arg_specs(len(in_avals)) if specs is None else specs
+        for i, (a, spec) in enumerate(zip(in_avals, specs)):
+            try:
+                spec = normalize_spec(spec, len(a.shape), m.axis_names)
+                out.append(Aval(shard_shape(a.shape, m.axis_sizes, m.axis_names, spec), a.dtype))
+            except ShardingError as exc:
+                raise ShardingError(f"{self.name}: argument {i} {a}: {exc}") from None
+        return out
+
+    def abstract_eval(self, in_avals) -> tuple[Aval, ...]:
+        """Global output avals for these input avals (evaluated once, then cached)."""
+        return self.signature(in_avals).avals
+
+    def signature(self, in_avals) -> Signature:
+        """Output avals, global and per device, and the run-time replication checks, for
+        these input avals (evaluated once, then cached)."""
+        key = tuple(in_avals)
+        sig = self._signatures.get(key)
+        if sig is None:
+            sig = self._signatures[key] = self._abstract_eval(key)
+        return sig
+
+    def _on_zeros(self, run, zeros):
+        """``run(zeros)`` in the abstract pass: its errors say they came from there."""
+        m = self.mesh
+        with collectives.kernel_env(collectives.AbstractEnv(m.axis_sizes, m.axis_names)):
+            try:
+                out = run(zeros)
+            except (ShardingError, ProgramError) as exc:
+                raise type(exc)(f"{exc} ({ABSTRACT_PASS})") from exc
+            except Exception as exc:
+                if isinstance(exc, ImportError) and (exc.name or "").split(".")[0] == "jax":
+                    raise ProgramError(f"{self.name}: {jax_body.INSTALL_HINT}") from exc
+                if jax_body.came_from_jax(exc):
+                    raise jax_body.NotNumpy from exc
+                raise ProgramError(f"{self.name} fails on shards of shapes "
+                                   f"{[str(Aval.of(z)) for z in zeros]} {ABSTRACT_PASS}: "
+                                   f"{exc!r}") from exc
+        if jax_body.returns_jax(out):
+            raise jax_body.NotNumpy
+        return out
+
+    def _abstract_eval(self, in_avals) -> Signature:
+        m = self.mesh
+        if self.jax is None and jax_body.uses_jax(self.body):
+            self._as_jax()
+        if self.jax is not None:
+            self.shard_avals(in_avals)  # our errors for a wrong count or an uneven split
+            plan = self.jax.plan(in_avals, self.single_output)
+            outs, shards = ([Aval(tuple(a.shape), np.dtype(a.dtype)) for a in avals]
+                            for avals in (plan.out_avals, plan.shard_out_avals))
+            return Signature(tuple(outs), tuple(shards), tuple(() for _ in outs),
+                             tuple(in_avals))
+        zeros = [np.zeros(a.shape, a.dtype) for a in self.shard_avals(in_avals)]
+        try:
+            outs = self._as_tuple(self._on_zeros(lambda z: self.body(*z), zeros))
+        except jax_body.NotNumpy:  # JAX in a way uses_jax could not see: trace it as JAX
+            self._as_jax()
+            return self._abstract_eval(in_avals)
+        avals, specs = [], []
+        for o, spec in zip(outs, self.out_specs):
+            spec = normalize_spec(spec, o.ndim, m.axis_names)
+            specs.append(spec)
+            avals.append(Aval(global_shape_of(o.shape, m.axis_sizes, m.axis_names, spec), o.dtype))
+        return Signature(tuple(avals), tuple(Aval.of(o) for o in outs),
+                         self._rep_checks(in_avals, zeros, specs), tuple(in_avals))
+
+    def _rep_checks(self, in_avals, zeros, out_specs) -> tuple[tuple[str, ...], ...]:
+        """Per output, the axes it must be replicated along that no proof covers."""
+        m = self.mesh
+        left_out = [tuple(a for a in m.axis_names if a not in replication.spec_axes(s))
+                    for s in out_specs]
+        if not self.check_rep or not any(left_out):
+            return tuple(() for _ in out_specs)
+        in_specs = [normalize_spec(s, len(a.shape), m.axis_names)
+                    for a, s in zip(in_avals, self.arg_specs(len(in_avals)))]
+        proven = replication.prove(self.body, zeros, in_specs, m.axis_sizes, m.axis_names,
+                                   len(out_specs), self.single_output)
+        return tuple(tuple(a for a in axes if a not in p) for axes, p in zip(left_out, proven))
+
+    def check_outputs(self, outs, sig: Signature, device) -> None:
+        """Fail unless one device's outputs have the shapes and dtypes abstract evaluation
+        found (a data-dependent shape or dtype would otherwise assemble into garbage)."""
+        for k, (o, want) in enumerate(zip(outs, sig.shards)):
+            if o.shape != want.shape or o.dtype != want.dtype:
+                raise ProgramError(
+                    f"{self.name}: output {k} on device {device} is {Aval.of(o)}, but abstract"
+                    f" evaluation found {want} (the body run on zero-filled shards). Output"
+                    " shapes and dtypes must not depend on the data: JAX refuses"
+                    " data-dependent shapes under tracing too. Return a fixed-size result"
+                    " (e.g. np.where(mask, x, 0) instead of x[mask]) of a fixed dtype")
+
+    def _as_tuple(self, outs) -> tuple:
+        outs = (outs,) if self.single_output else outs
+        if not isinstance(outs, (tuple, list)) or len(outs) != len(self.out_specs):
+            raise ProgramError(f"{self.name} must return {len(self.out_specs)} array(s) to"
+                               f" match out_specs, got {type(outs).__name__}")
+        return tuple(np.asarray(o) for o in outs)
+
+    def run_shard(self, env, shards, spec, sig: Signature, device=None) -> tuple[tuple, float]:
+        """Run the body on one device's shards under ``env``, check its outputs against
+        ``sig``; (outputs, modelled seconds on a device of ``spec``)."""
+        token = collectives._env.set(env)
+        try:
+            outs = self.checked(self.run_body(shards, sig), sig, device)
+        finally:
+            collectives._env.reset(token)
+        return outs, self.cost_of(shards, outs, spec, sig)
+
+    def run_body(self, shards, sig: Signature):
+        """What the body returns on one device's ``shards`` (inside its kernel environment):
+        a numpy body is called; a JAX body runs its compiled plan."""
+        if self.jax is not None:
+            outs = self.jax.run(shards, sig.ins, self.single_output)
+            return outs[0] if self.single_output else outs
+        return self.body(*shards)
+
+    def checked(self, outs, sig: Signature, device) -> tuple:
+        """What the body returned on ``device``, as a tuple of arrays, once checked against
+        ``sig`` (shapes, dtypes, and replication along ``sig.checks``, which exchanges a
+        digest with the device's peers: call it inside the kernel's environment)."""
+        outs = self._as_tuple(outs)
+        self.check_outputs(outs, sig, device)
+        if any(sig.checks):
+            replication.check_replicas(self.name, outs, sig.checks, device)
+        return outs
+
+    def cost_of(self, inputs, outputs, spec, sig: Signature | None = None) -> float:
+        """Modelled seconds of one execution: ``cost`` if given (a number, or a function of
+        the input shapes), else the roofline estimate for a device of ``spec`` (of the flops
+        and bytes XLA counts in a JAX body's plan for ``sig``). Worked out once per signature
+        (shapes and dtypes in and out) and device spec."""
+        key = (tuple((a.shape, a.dtype) for a in inputs),
+               tuple((a.shape, a.dtype) for a in outputs), spec)
+        seconds = self._costs.get(key)
+        if seconds is None:
+            if self.jax is not None and sig is not None:
+                plan = self.jax.plan(sig.ins, self.single_output)
+                default = cost_model.kernel_time(plan.flops, plan.bytes, spec)
+            else:
+                default = cost_model.estimate_kernel(list(inputs), list(outputs), spec)
+            seconds = cost_model.resolve_cost(self.cost, [a.shape for a in inputs], default)
+            if len(self._costs) < COSTS_KEPT:
+                self._costs[key] = seconds
+        return seconds
+
+    def __call__(self, *args):
+        if self._nested or any(tree.is_node(a) for a in args):
+            return self._call_tree(args)
+        trace = current_trace()
+        if trace is not None:
+            return trace.record(self, args)
+        return run_op_by_op(self, args)
+
+    # ---- pytrees: a flat function per argument structure -----------------------------------
+
+    def _call_tree(self, args):
+        """Pytree arguments (tuples, lists, dicts, dataclasses of arrays) and results: the
+        call runs a flat twin of this function, one argument per leaf, and the results are
+        put back in the body's structure."""
+        flat, leaves = self.twin(args)
+        outs = flat(*leaves)
+        return tree.unflatten(flat.out_def, outs if isinstance(outs, tuple) else (outs,))
+
+    def twin(self, args) -> tuple[CompiledFunction, list]:
+        """The flat function (one argument and result per leaf; ``out_def``: the results'
+        structure) that runs this one on pytree ``args``, and their leaves. Made once per
+        argument structure and leaf avals."""
+        leaves, in_def = tree.flatten(args)
+        key = (in_def, tuple(Aval.of(a) for a in leaves))
+        flat = self._flat.get(key)
+        if flat is None:
+            flat = self._flat[key] = self._flat_twin(args, in_def, key[1])
+        return flat, leaves
+
+    def _flat_twin(self, args, in_def, avals) -> CompiledFunction:
+        in_specs = tree.per_leaf(self._in_prefix(len(args)), args, f"{self.name}: in_specs")
+        body = self.body
+
+        def flat_body(*shards):
+            out_leaves, out_def = tree.flatten(body(*tree.unflatten(in_def, shards)))
+            if out_def != want_def:
+                raise ProgramError(f"{self.name} returned another structure than it did on"
+                                   f" zero-filled shards: {out_def} instead of {want_def}")
+            return tuple(out_leaves)
+
+        shard_avals = self.shard_avals(avals, in_specs)
+
+        def on_leaves(*leaves):
+            return body(*tree.unflatten(in_def, leaves))
+
+        out = None
+        if not jax_body.uses_jax(body):
+            try:
+                out = self._on_zeros(lambda z: on_leaves(*z),
+                                     [np.zeros(a.shape, a.dtype) for a in shard_avals])
+            except jax_body.NotNumpy:
+                pass
+        if out is None:  # a JAX body: its output structure from JAX's trace
+            out = jax_body.out_shapes(on_leaves, self.mesh.axis_names, self.mesh.axis_sizes,
+                                      shard_avals, self.name)
+        out_specs = tree.per_leaf(self._spec_trees[1], out, f"{self.name}: out_specs")
+        want_def = tree.flatten(out)[1]
+        flat = CompiledFunction(flat_body, self.mesh, tuple(in_specs), tuple(out_specs),
+                                cost=self.cost, name=self.name, check_rep=self.check_rep,
+                                limit=self.limit)
+        flat.out_def = want_def
+        return flat
+
+    def _in_prefix(self, nargs: int):
+        spec = self._spec_trees[0]
+        if spec is None or isinstance(spec, P):
+            return (spec,) * nargs
+        return spec
+
+
+def shard_map(body, mesh: Mesh, in_specs, out_specs, cost=None, name=None,
+              check_rep=True, limit=None) -> CompiledFunction:
+    """Compile ``body`` to run on every device of ``mesh`` on its shard of the arguments.
+
+    ``in_specs``/``out_specs`` are partition specs (``P('data')``; a tuple for several).
+    ``cost`` is the modelled time of one execution in seconds, or a function of the input
+    shard shapes; by default it is estimated from the bytes touched.
+
+    >>> step = pw.shard_map(lambda x: pw.psum(x, "data") + 1, mesh, P("data"), P("data"))
+    """
+    return CompiledFunction(body, mesh, in_specs, out_specs, cost=cost, name=name,
+                            check_rep=check_rep, limit=limit)
+
+
+def run_op_by_op(fn: CompiledFunction, args):
+    """A compiled-function call outside a program: a one-equation program, run at once."""
+    if not args or not all(isinstance(a, RemoteValue) for a in args):
+        raise ProgramError(f"{fn.name}: call with pw.Array arguments (client.put(...));"
+                           " for numpy use pw.reference(f)")
+    client = args[0].client
+    program = client.op_program(fn, [Aval(a.shape, a.dtype) for a in args])
+    return client.run_program(program, args)

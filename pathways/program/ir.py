@@ -1,0 +1,136 @@
+"""The program IR: a short list of equations, one per compiled-function call, the abstract
+values they act on, the state of tracing, and the reference interpreter.
+
+An equation names the compiled function and its input and output variables; whatever the
+number of shards, a call is one equation. ``str(program)`` prints it readably. ``evaluate``
+runs a program in this process on global numpy arrays (every device's body on a thread, with
+real collectives), which every distributed result is checked against.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import collectives, sharding
+
+_state = threading.local()  # this thread's stack of programs being traced
+
+
+@dataclass(frozen=True)
+class Aval:
+    """The abstract value of a global array: shape and dtype."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @classmethod
+    def of(cls, x) -> Aval:
+        return cls(tuple(int(n) for n in x.shape), np.dtype(x.dtype))
+
+    def __str__(self):
+        return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
+
+
+class RemoteValue:
+    """A value that lives on a cluster and knows its ``client``, ``shape`` and ``dtype``:
+    ``pw.Array`` derives from it, so programs recognise arguments without importing the
+    client."""
+
+    __slots__ = ()
+
+
+def current_trace():
+    """The program being traced on this thread (innermost), or None."""
+    stack = getattr(_state, "stack", None)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def tracing(trace):
+    """Make ``trace`` this thread's current trace for the ``with`` block."""
+    stack = getattr(_state, "stack", None)
+    if stack is None:
+        stack = _state.stack = []
+    stack.append(trace)
+    try:
+        yield trace
+    finally:
+        stack.pop()
+
+
+@dataclass(frozen=True, eq=False)
+class Var:
+    id: int
+    aval: Aval
+
+    def __str__(self):
+        return f"v{self.id}"
+
+
+@dataclass(frozen=True, eq=False)
+class Eqn:
+    fn: object  # a CompiledFunction
+    inputs: tuple[Var, ...]
+    outputs: tuple[Var, ...]
+
+    def __str__(self):
+        outs = ", ".join(f"{v}:{v.aval}" for v in self.outputs)
+        ins = ", ".join(map(str, self.inputs))
+        m = self.fn.mesh
+        mesh = ",".join(f"{a}={n}" for a, n in zip(m.axis_names, m.axis_sizes))
+        return f"{outs} = {self.fn.name}[{mesh}]({ins})"
+
+
+@dataclass(eq=False)
+class Program:
+    name: str
+    inputs: tuple[Var, ...]
+    eqns: tuple[Eqn, ...]
+    outputs: tuple[Var, ...]
+    single_output: bool = True
+
+    def __str__(self):
+        ins = ", ".join(f"{v}:{v.aval}" for v in self.inputs)
+        lines = [f"program {self.name}({ins}):"]
+        lines += [f"  {e}" for e in self.eqns]
+        lines.append(f"  return {', '.join(map(str, self.outputs))}")
+        return "\n".join(lines)
+
+
+def evaluate_eqn(eqn: Eqn, args: list, timeout: float = 60.0) -> list:
+    """Run one equation on global numpy arrays, in process."""
+    fn, m = eqn.fn, eqn.fn.mesh
+    if getattr(fn, "routed", False):
+        return fn.evaluate(args)
+    specs = fn.arg_specs(len(args))
+    per_input = [sharding.split(a, m.axis_sizes, m.axis_names,
+                                sharding.normalize_spec(s, a.ndim, m.axis_names))
+                 for a, s in zip(args, specs)]
+    per_device = [tuple(shards[i] for shards in per_input) for i in range(m.size)]
+    sig = fn.signature([Aval.of(a) for a in args])
+
+    def body(*shards):
+        env = collectives.current_env()
+        return fn.checked(fn.run_body(shards, sig), sig, env.flat_index)
+
+    results = collectives.run_spmd(body, m.axis_sizes, m.axis_names, per_device, timeout=timeout)
+    outs = []
+    for k, spec in enumerate(fn.out_specs):
+        shards = [r[k] for r in results]
+        spec = sharding.normalize_spec(spec, shards[0].ndim, m.axis_names)
+        outs.append(sharding.assemble(shards, m.axis_sizes, m.axis_names, spec))
+    return outs
+
+
+def evaluate(program: Program, *args):
+    """The reference interpreter: run ``program`` on global numpy arrays in this process."""
+    env = {v: a for v, a in zip(program.inputs, args)}
+    for eqn in program.eqns:
+        outs = evaluate_eqn(eqn, [env[v] for v in eqn.inputs])
+        env.update(zip(eqn.outputs, outs))
+    outs = [env[v] for v in program.outputs]
+    return outs[0] if program.single_output else tuple(outs)

@@ -1,0 +1,263 @@
+"""JAX bodies: a ``shard_map`` body written with jax.numpy, jax.lax collectives and jax.grad.
+
+A body that refers to JAX (``uses_jax``) is traced, on the client and again on each host, as
+JAX itself would trace it: ``jax.make_jaxpr`` of ``jax.shard_map`` over an abstract mesh of the
+same axis names and sizes. So JAX checks the specs (and, with ``check_rep``, that outputs
+``out_specs`` calls replicated are), and ``jax.grad`` inside the body transposes collectives
+exactly as under ``jax.shard_map``. The per-device jaxpr inside becomes a plan
+(``pathways.program.jax_plan``: XLA-compiled segments between collectives that run through
+``pathways.program.collectives``), cached per (function, argument avals) in each process. A kernel's
+modelled time is the roofline (``pw.DeviceSpec``) of the flops and bytes XLA's cost analysis
+reports for its segments, unless ``cost=`` is given.
+
+JAX's own configuration decides dtypes (``jax_enable_x64``, off by default: float64 arguments
+become float32, as under ``jax.jit``): the client's setting where a function is first traced
+travels with it to the hosts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import types
+import uuid
+from collections import OrderedDict
+
+from ..errors import ProgramError, ShardingError
+from . import collectives
+from .jax_plan import Plan, plan_of
+
+__all__ = ["JaxBody", "NotNumpy", "came_from_jax", "is_jax_type", "out_shapes", "require",
+           "returns_jax", "uses_jax"]
+
+INSTALL_HINT = ("this body uses JAX, which is an optional extra: install it with"
+                " .venv/bin/pip install -e '.[jax]' (or pip install 'pathways-open[jax]')")
+PLANS_KEPT = 256
+
+_on_host = False
+
+
+def on_host() -> None:
+    """Configure JAX, when a body first needs it, for a host process: segments run on the
+    executor's thread (no asynchronous dispatch to a worker thread and back) and XLA uses one
+    thread per computation (a host shares its cores with its peers)."""
+    global _on_host
+    _on_host = True
+    if "jax" not in sys.modules:
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_cpu_multi_thread_eigen" not in flags:
+            os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false"
+                                       " intra_op_parallelism_threads=1").strip()
+
+
+def require():
+    """The ``jax`` module, or a ProgramError saying how to install the extra."""
+    try:
+        import jax
+    except ImportError as exc:
+        raise ProgramError(INSTALL_HINT) from exc
+    global _on_host
+    if _on_host:
+        jax.config.update("jax_cpu_enable_async_dispatch", False)
+        _on_host = False  # done
+    return jax
+
+
+# ---- which bodies are JAX bodies ---------------------------------------------------------------
+
+def _in_jax(module_name) -> bool:
+    return (module_name or "").split(".")[0] in ("jax", "jaxlib")
+
+
+def is_jax_type(value) -> bool:
+    """Whether ``value``'s class comes from JAX (a JAX array or tracer, a JAX exception)."""
+    return _in_jax(type(value).__module__)
+
+
+def _is_jax_value(value) -> bool:
+    if isinstance(value, types.ModuleType):
+        return _in_jax(value.__name__)
+    return _in_jax(getattr(value, "__module__", None)) or is_jax_type(value)
+
+
+def uses_jax(fn, depth: int = 3) -> bool:
+    """Whether ``fn`` refers to JAX: a name, closure cell or default it reads (through the
+    Python functions it calls, ``depth`` deep) is a jax module, function or array. Does not
+    import jax; a body that does not mention jax is a numpy body."""
+    seen: set[int] = set()
+
+    def look(f, depth) -> bool:
+        while hasattr(f, "func") and callable(f.func):  # functools.partial
+            if any(_is_jax_value(a) for a in getattr(f, "args", ())):
+                return True
+            f = f.func
+        if id(f) in seen or depth < 0:
+            return False
+        seen.add(id(f))
+        code = getattr(f, "__code__", None)
+        if code is None:
+            return _is_jax_value(f)
+        values = [c.cell_contents for c in (getattr(f, "__closure__", None) or ())
+                  if _filled(c)]
+        values += list(getattr(f, "__defaults__", None) or ())
+        scope = getattr(f, "__globals__", {})
+        for name in _names(code):
+            if name in scope:
+                values.append(scope[name])
+        for value in values:
+            if _is_jax_value(value):
+                return True
+            if isinstance(value, types.FunctionType) and look(value, depth - 1):
+                return True
+        return False
+
+    return look(fn, depth)
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def _names(code) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names(const)
+    return names
+
+
+class NotNumpy(Exception):
+    """The abstract pass of a numpy body found JAX in it (a JAX array out, or JAX's error)."""
+
+
+def returns_jax(outs) -> bool:
+    """Whether a body's result holds JAX arrays (a body run eagerly on numpy that is JAX)."""
+    items = outs if isinstance(outs, (tuple, list)) else (outs,)
+    return any(is_jax_type(o) for o in items)
+
+
+def came_from_jax(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside JAX (e.g. jax.lax.psum outside a JAX trace)."""
+    if is_jax_type(exc):
+        return True
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}jax{os.sep}" in tb.tb_frame.f_code.co_filename
+
+
+# ---- a JAX body and its plans ------------------------------------------------------------------
+
+class JaxBody:
+    """A body traced and run as JAX: ``plan`` (output avals, XLA's flops and bytes) and
+    ``run`` on a device's shards. Pickles as the body and its specs; plans are rebuilt (and
+    cached) in each process that runs it."""
+
+    def __init__(self, body, axis_names, mesh_shape, in_specs, out_specs, check_rep, name):
+        jax = require()
+        self.body, self.name, self.check_rep = body, name, check_rep
+        self.axis_names, self.mesh_shape = tuple(axis_names), tuple(mesh_shape)
+        self.in_specs, self.out_specs = tuple(in_specs), tuple(out_specs)
+        self.x64 = bool(jax.config.jax_enable_x64)
+        self.token = uuid.uuid4().hex  # names this body in every process's plan cache
+        self._last = None  # (argument avals, plan) of the latest run, in this process
+
+    def __getstate__(self):
+        return {**self.__dict__, "_last": None}
+
+    @staticmethod
+    def _x64(on: bool):
+        return require().enable_x64(on)
+
+    def retarget(self, axis_names, mesh_shape) -> JaxBody:
+        if (tuple(axis_names), tuple(mesh_shape)) == (self.axis_names, self.mesh_shape):
+            return self
+        other = JaxBody.__new__(JaxBody)
+        other.__dict__.update(self.__dict__, axis_names=tuple(axis_names),
+                              mesh_shape=tuple(mesh_shape), token=uuid.uuid4().hex,
+                              _last=None)
+        return other
+
+    def plan(self, in_avals, single_output: bool) -> Plan:
+        """The plan for global argument avals (``Aval``s), traced once per process."""
+        key = (self.token, tuple(in_avals))
+        with _plans_lock:
+            plan = _plans.get(key)
+            if plan is not None:
+                _plans.move_to_end(key)
+                return plan
+            plan = _plans[key] = self._trace(in_avals, single_output)
+            while len(_plans) > PLANS_KEPT:
+                _plans.popitem(last=False)
+            return plan
+
+    def _trace(self, in_avals, single_output) -> Plan:
+        jax = require()
+        from jax.sharding import AbstractMesh
+        from jax.sharding import PartitionSpec as JaxP
+
+        mesh = AbstractMesh(self.mesh_shape, self.axis_names)
+        in_specs = tuple(JaxP(*s) if s is not None else JaxP() for s in self.in_specs)
+        out_specs = tuple(JaxP(*s) if s is not None else JaxP() for s in self.out_specs)
+        body = self.body
+
+        def flat(*args):
+            outs = body(*args)
+            return (outs,) if single_output else tuple(outs)
+
+        mapped = jax.shard_map(flat, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                               check_vma=self.check_rep)
+        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals]
+        with _traced(self.name, in_avals), jax.enable_x64(self.x64):
+            closed = jax.make_jaxpr(mapped)(*structs)
+        with jax.enable_x64(self.x64):
+            return plan_of(closed, self.name)
+
+    def run(self, shards, in_avals, single_output: bool) -> tuple:
+        """One device's outputs (numpy) for its ``shards``, inside its kernel environment."""
+        last = self._last
+        if last is not None and last[0] is in_avals:  # every kernel of a program: one lookup
+            plan = last[1]
+        else:
+            plan = self.plan(in_avals, single_output)
+            self._last = (in_avals, plan)
+        with self._x64(self.x64):
+            return plan.run(shards)
+
+
+_plans: OrderedDict[tuple, Plan] = OrderedDict()
+_plans_lock = threading.RLock()
+
+
+def out_shapes(fn, axis_names, mesh_shape, shard_avals, name):
+    """What ``fn`` returns on shards of ``shard_avals`` (a tree of ShapeDtypeStructs), traced
+    with collectives over the mesh's axes (for a pytree body's output structure)."""
+    jax = require()
+    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in shard_avals]
+    with _traced(name, shard_avals):
+        return jax.make_jaxpr(fn, axis_env=list(zip(axis_names, mesh_shape)),
+                              return_shape=True)(*structs)[1]
+
+
+@contextlib.contextmanager
+def _traced(name, avals):
+    """Trace a body here: pw collectives mean jax.lax's, no kernel environment is seen (a host
+    traces inside a kernel), and JAX's errors become ProgramErrors naming the function."""
+    token = collectives.jax_tracing.set(True)
+    env_token = collectives._env.set(None)
+    try:
+        yield
+    except (ProgramError, ShardingError):
+        raise
+    except Exception as exc:
+        raise ProgramError(f"{name}: JAX could not trace the body on arguments"
+                           f" {[str(a) for a in avals]}: {exc}") from exc
+    finally:
+        collectives._env.reset(env_token)
+        collectives.jax_tracing.reset(token)

@@ -1,0 +1,398 @@
+"""The plan of a JAX body: its per-device jaxpr cut at collectives, and how a device runs it.
+
+``plan_of`` takes the jaxpr of ``jax.shard_map`` of a body (``pathways.program.jax_body`` traces it)
+and turns the per-device jaxpr inside into steps:
+
+- ``Segment``: the equations between two collectives, compiled once with ``jax.jit`` for the
+  CPU (nested calls such as ``jax.jit`` or ``custom_jvp`` functions are inlined into it, and
+  ``pvary``, JAX's replication bookkeeping, is an identity);
+- ``Collective``: one collective equation, run by ``pathways.program.collectives`` (on a
+  host, through its ICI path: the device's kernel parks there until its peers' values arrive);
+- ``Call``, ``Scan``, ``While``, ``Cond``: a nested call, ``lax.scan``, ``while_loop`` or
+  ``cond`` whose own jaxprs contain collectives, planned recursively; the loop runs here, the
+  body's plan per iteration.
+
+``Plan.run`` evaluates the steps on numpy values inside a kernel environment; ``Plan.flops``
+and ``Plan.bytes`` are what XLA's cost analysis counts in its segments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ProgramError
+from . import collectives
+
+__all__ = ["Plan", "plan_of"]
+
+# The collective primitives a plan runs itself, and the ones that only retag a value's
+# variation (JAX's check_vma bookkeeping): identities for us.
+_COLLECTIVES = {"psum", "psum_invariant", "pmax", "pmin", "ppermute", "all_gather",
+                "all_gather_invariant", "reduce_scatter", "all_to_all", "axis_index"}
+_IDENTITIES = {"pvary"}
+_INLINED_CALLS = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call",
+                  "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint"}
+
+
+@dataclass
+class Segment:
+    """Equations between collectives, compiled: reads ``ins``, defines ``outs``."""
+
+    ins: list
+    outs: list
+    compiled: object
+    flops: float
+    bytes: float
+
+
+@dataclass
+class Collective:
+    eqn: object
+
+
+@dataclass
+class Call:
+    """A nested call whose jaxpr holds collectives: its own plan on its own variables."""
+
+    eqn: object
+    plan: Plan
+
+    def run(self, args) -> list:
+        return list(self.plan.run(args))
+
+
+@dataclass
+class Scan:
+    """``lax.scan`` whose body holds collectives: the loop runs here, the body's plan per
+    iteration (every device runs the same iterations, so collectives stay in step)."""
+
+    eqn: object
+    plan: Plan
+
+    def run(self, args) -> list:
+        p = self.eqn.params
+        nc, nk, length = p["num_consts"], p["num_carry"], p["length"]
+        consts, carry, xs = args[:nc], list(args[nc:nc + nk]), args[nc + nk:]
+        ys = [None] * length
+        for i in reversed(range(length)) if p["reverse"] else range(length):
+            outs = self.plan.run([*consts, *carry, *(x[i] for x in xs)])
+            carry, ys[i] = list(outs[:nk]), outs[nk:]
+        stacked = [np.stack([y[k] for y in ys]) if length else
+                   np.zeros(v.aval.shape, v.aval.dtype)
+                   for k, v in enumerate(self.eqn.outvars[nk:])]
+        return carry + stacked
+
+
+@dataclass
+class While:
+    """``lax.while_loop`` whose condition or body holds collectives, run here."""
+
+    eqn: object
+    cond: Plan
+    plan: Plan
+
+    def run(self, args) -> list:
+        p = self.eqn.params
+        cc, bc = p["cond_nconsts"], p["body_nconsts"]
+        cond_consts, body_consts, carry = args[:cc], args[cc:cc + bc], list(args[cc + bc:])
+        while bool(self.cond.run([*cond_consts, *carry])[0]):
+            carry = list(self.plan.run([*body_consts, *carry]))
+        return carry
+
+
+@dataclass
+class Cond:
+    """``lax.cond`` / ``switch`` with collectives in a branch: the branch is chosen here."""
+
+    eqn: object
+    branches: list
+
+    def run(self, args) -> list:
+        index = int(np.clip(int(args[0]), 0, len(self.branches) - 1))
+        return list(self.branches[index].run(args[1:]))
+
+
+class Plan:
+    """A per-device jaxpr as steps; ``run`` evaluates them on numpy values."""
+
+    def __init__(self, jaxpr, consts, steps, name):
+        self.jaxpr, self.consts, self.steps, self.name = jaxpr, consts, steps, name
+        self.shard_out_avals = [v.aval for v in jaxpr.outvars]  # one device's results
+        self.out_avals: list = []  # global results (of the top plan: see plan_of)
+        costs = [_step_cost(step) for step in self.steps]
+        self.flops = sum(c[0] for c in costs)
+        self.bytes = sum(c[1] for c in costs)
+
+    def run(self, args) -> tuple:
+        env = dict(zip(self.jaxpr.constvars, self.consts))
+        for var, value in zip(self.jaxpr.invars, args):
+            env[var] = np.asarray(value, dtype=var.aval.dtype)
+        for step in self.steps:
+            if isinstance(step, Segment):
+                outs = step.compiled(*[env[v] for v in step.ins])
+                env.update(zip(step.outs, (np.asarray(o) for o in outs)))
+            elif isinstance(step, Collective):
+                _run_collective(step.eqn, env)
+            else:  # a call or a loop with collectives inside
+                ins = [_read(env, v) for v in step.eqn.invars]
+                env.update(zip(step.eqn.outvars, step.run(ins)))
+        return tuple(_read(env, v) for v in self.jaxpr.outvars)
+
+
+def _step_cost(step) -> tuple[float, float]:
+    """(flops, bytes) XLA counts for a step: a scan's body times its length, a cond's
+    costliest branch, a while loop's condition and body once (its trip count is not known
+    before it runs: give such a body ``cost=``); collectives count as none here."""
+    if isinstance(step, Segment):
+        return step.flops, step.bytes
+    if isinstance(step, Scan):
+        return step.plan.flops * step.eqn.params["length"], \
+            step.plan.bytes * step.eqn.params["length"]
+    if isinstance(step, Cond):
+        return max(b.flops for b in step.branches), max(b.bytes for b in step.branches)
+    if isinstance(step, While):
+        return step.cond.flops + step.plan.flops, step.cond.bytes + step.plan.bytes
+    if isinstance(step, Call):
+        return step.plan.flops, step.plan.bytes
+    return 0.0, 0.0
+
+
+def _read(env, var):
+    return np.asarray(var.val) if _is_literal(var) else env[var]
+
+
+def _is_literal(var) -> bool:
+    return type(var).__name__ == "Literal"
+
+
+def plan_of(closed, name) -> Plan:
+    """The plan of the per-device jaxpr inside the shard_map of ``closed``."""
+    outer = closed.jaxpr
+    if len(outer.eqns) != 1 or outer.eqns[0].primitive.name != "shard_map":
+        raise ProgramError(f"{name}: unexpected trace (equations outside the shard_map)")
+    eqn = outer.eqns[0]
+    inner = eqn.params["jaxpr"]
+    # Arguments of the outer jaxpr are ours; the rest are constants the body closed over.
+    const_of = dict(zip(outer.constvars, closed.consts))
+    n_args = len(outer.invars)
+    position = {v: i for i, v in enumerate(outer.invars)}
+    n_consts = len(eqn.invars) - n_args
+    if [position.get(v) for v in eqn.invars[n_consts:]] != list(range(n_args)) or any(
+            v not in const_of for v in eqn.invars[:n_consts] if not _is_literal(v)):
+        raise ProgramError(f"{name}: unexpected trace (shard_map arguments out of order)")
+    consts = [_read(const_of, v) if _is_literal(v) else np.asarray(const_of[v])
+              for v in eqn.invars[:n_consts]]
+    body = _Jaxpr(inner.constvars + inner.invars[:len(consts)], inner.invars[len(consts):],
+                  inner.outvars, inner.eqns)
+    plan = _plan_jaxpr(body, consts, name)
+    plan.out_avals = list(closed.out_avals)
+    return plan
+
+
+@dataclass
+class _Jaxpr:
+    """The parts of a jaxpr a plan needs (constants first, then arguments)."""
+
+    constvars: list
+    invars: list
+    outvars: list
+    eqns: list
+
+
+def _open(jaxpr_param) -> tuple[_Jaxpr, list]:
+    """A closed or open jaxpr param as (_Jaxpr, its constants)."""
+    jaxpr = getattr(jaxpr_param, "jaxpr", jaxpr_param)
+    consts = list(getattr(jaxpr_param, "consts", ()))
+    return _Jaxpr(list(jaxpr.constvars), list(jaxpr.invars), list(jaxpr.outvars),
+                  list(jaxpr.eqns)), consts
+
+
+def _sub_jaxprs(eqn):
+    for value in eqn.params.values():
+        for item in value if isinstance(value, (tuple, list)) else (value,):
+            if hasattr(item, "eqns") or hasattr(getattr(item, "jaxpr", None), "eqns"):
+                yield getattr(item, "jaxpr", item)
+
+
+def _communicates(eqn, kinds=_COLLECTIVES | _IDENTITIES) -> bool:
+    """Whether ``eqn`` is, or holds in a nested jaxpr, a collective (or a pvary)."""
+    if eqn.primitive.name in kinds:
+        return True
+    return any(_communicates(e, kinds) for j in _sub_jaxprs(eqn) for e in j.eqns)
+
+
+def _plan_jaxpr(jaxpr: _Jaxpr, consts, name) -> Plan:
+    steps, pending = [], []
+    later = _uses_after(jaxpr)
+
+    def close(i):
+        if pending:
+            steps.append(_segment(pending, later[i], name))
+            pending.clear()
+
+    for i, eqn in enumerate(jaxpr.eqns):
+        prim = eqn.primitive.name
+        if prim in _COLLECTIVES:
+            close(i)
+            steps.append(Collective(eqn))
+        elif _communicates(eqn, _COLLECTIVES):
+            close(i)
+            steps.append(_control_step(eqn, name))
+        else:
+            pending.append(eqn)
+    close(len(jaxpr.eqns))
+    return Plan(jaxpr, consts, steps, name)
+
+
+def _control_step(eqn, name):
+    """The step of a call, scan, while or cond whose jaxprs hold collectives."""
+    prim = eqn.primitive.name
+
+    def plan(param):
+        return _plan_jaxpr(*_open(param), name)
+
+    if prim in _INLINED_CALLS:
+        return Call(eqn, plan(_call_jaxpr(eqn)))
+    if prim == "scan":
+        return Scan(eqn, plan(eqn.params["jaxpr"]))
+    if prim == "while":
+        return While(eqn, plan(eqn.params["cond_jaxpr"]), plan(eqn.params["body_jaxpr"]))
+    if prim == "cond":
+        return Cond(eqn, [plan(b) for b in eqn.params["branches"]])
+    raise ProgramError(f"{name}: a collective inside {prim} is not supported in a pathways"
+                       " body; move it out (a Python loop around a collective works)")
+
+
+def _call_jaxpr(eqn):
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        if key in eqn.params:
+            return eqn.params[key]
+    raise ProgramError(f"cannot read the jaxpr of a {eqn.primitive.name} call")
+
+
+def _uses_after(jaxpr: _Jaxpr) -> list[set]:
+    """For each equation index i, the variables read by equations from i on or returned."""
+    live = {v for v in jaxpr.outvars if not _is_literal(v)}
+    after = [set() for _ in range(len(jaxpr.eqns) + 1)]
+    after[len(jaxpr.eqns)] = set(live)
+    for i in range(len(jaxpr.eqns) - 1, -1, -1):
+        live |= {v for v in jaxpr.eqns[i].invars if not _is_literal(v)}
+        after[i] = set(live)
+    return after
+
+
+def _segment(eqns, live_after, name) -> Segment:
+    """Compile ``eqns`` into one XLA computation of the variables they read from outside."""
+    import jax  # the optional extra: only JAX bodies get here
+    defined, ins = set(), []
+    for eqn in eqns:
+        for v in eqn.invars:
+            if not _is_literal(v) and v not in defined and v not in ins:
+                ins.append(v)
+        defined.update(eqn.outvars)
+    outs = [v for v in _ordered(eqns) if v in live_after]
+
+    def run(*values):
+        env = dict(zip(ins, values))
+        _eval(eqns, env)
+        return tuple(env[v] for v in outs)
+
+    structs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in ins]
+    jitted = jax.jit(run)
+    try:
+        compiled = jitted.lower(*structs).compile()
+    except Exception as exc:
+        raise ProgramError(f"{name}: XLA could not compile a segment of the body: {exc}") \
+            from exc
+    flops, nbytes = _cost(compiled)
+    # Calls go through the jitted function: JAX's C++ dispatch path, and its cache already
+    # holds what was just compiled.
+    return Segment(ins, outs, jitted, flops, nbytes)
+
+
+def _ordered(eqns):
+    for eqn in eqns:
+        yield from (v for v in eqn.outvars if type(v).__name__ != "DropVar")
+
+
+def _cost(compiled) -> tuple[float, float]:
+    """(flops, bytes accessed) XLA reports for a compiled computation (0 if it reports none)."""
+    try:
+        analysis = compiled.cost_analysis()
+    except Exception:
+        return 0.0, 0.0
+    if isinstance(analysis, (list, tuple)):
+        analysis = analysis[0] if analysis else {}
+    analysis = analysis or {}
+    return max(0.0, float(analysis.get("flops", 0.0))), \
+        max(0.0, float(analysis.get("bytes accessed", 0.0)))
+
+
+def _eval(eqns, env) -> None:
+    """Bind ``eqns`` on the values in ``env`` (inside a jit trace): nested calls are inlined
+    and pvary is an identity, so nothing needs JAX's shard_map axis context."""
+    def read(v):
+        return v.val if _is_literal(v) else env[v]
+
+    for eqn in eqns:
+        prim = eqn.primitive.name
+        args = [read(v) for v in eqn.invars]
+        if prim in _IDENTITIES:
+            outs = args
+        elif prim in _INLINED_CALLS:
+            sub, consts = _open(_call_jaxpr(eqn))
+            inner = dict(zip(sub.constvars, consts))
+            inner.update(zip(sub.invars, args))
+            _eval(sub.eqns, inner)
+            outs = [v.val if _is_literal(v) else inner[v] for v in sub.outvars]
+        else:
+            with eqn.ctx.manager:
+                outs = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(eqn.params))
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+        env.update(zip(eqn.outvars, outs))
+
+
+def _run_collective(eqn, env) -> None:
+    """Run one collective equation through pathways.program.collectives, into ``env``."""
+    prim, p = eqn.primitive.name, eqn.params
+    args = [_read(env, v) for v in eqn.invars]
+    if prim in _IDENTITIES:
+        outs = args
+    elif prim == "axis_index":
+        outs = [collectives.axis_index(p["axis_name"])]
+    else:
+        if p.get("axis_index_groups") is not None:
+            raise ProgramError(f"{prim} with axis_index_groups is not supported")
+        outs = [_collective(prim, p, x) for x in args]
+    for var, value in zip(eqn.outvars, outs):
+        if type(var).__name__ != "DropVar":
+            env[var] = np.asarray(value, dtype=var.aval.dtype).reshape(var.aval.shape)
+
+
+def _axes(p, key):
+    axes = p[key]
+    return axes if isinstance(axes, str) else tuple(axes)
+
+
+def _collective(prim, p, x):
+    if prim in ("psum", "psum_invariant"):
+        return collectives.psum(x, _axes(p, "axes"))
+    if prim == "pmax":
+        return collectives.pmax(x, _axes(p, "axes"))
+    if prim == "pmin":
+        return collectives.pmin(x, _axes(p, "axes"))
+    if prim == "ppermute":
+        return collectives.ppermute(x, _axes(p, "axis_name"), p["perm"])
+    if prim in ("all_gather", "all_gather_invariant"):
+        return collectives.all_gather(x, _axes(p, "axis_name"), p["all_gather_dimension"],
+                                      p["tiled"])
+    if prim == "reduce_scatter":
+        return collectives.psum_scatter(x, _axes(p, "axis_name"), p["scatter_dimension"],
+                                        p["tiled"])
+    # all_to_all: the primitive always splits into group-size chunks and concatenates
+    # (lax.all_to_all's untiled form reshapes around it)
+    return collectives.all_to_all(x, _axes(p, "axis_name"), p["split_axis"], p["concat_axis"],
+                                  tiled=True)

@@ -1,0 +1,188 @@
+"""``@pw.program``: record calls of compiled functions into one program, run with one call.
+
+While a program function runs under tracing, its arguments are tracers (shape and dtype, no
+value) and every compiled-function call appends one equation and returns new tracers. The
+traced program is cached per input signature, so the Python function runs once per
+signature. ``pw.reference(f)`` evaluates the same program in-process on numpy arrays.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from ..errors import ProgramError
+from . import tree
+from .compiled import CompiledFunction
+from .ir import Aval, Eqn, Program, RemoteValue, Var, current_trace, evaluate, tracing
+
+
+class Tracer:
+    """A value inside a program being traced: its shape and dtype are known, not its data."""
+
+    def __init__(self, trace: Trace, var: Var):
+        self._trace, self.var = trace, var
+
+    shape = property(lambda self: self.var.aval.shape)
+    dtype = property(lambda self: self.var.aval.dtype)
+    ndim = property(lambda self: len(self.var.aval.shape))
+
+    def __repr__(self):
+        return f"Tracer({self.var}:{self.var.aval})"
+
+    def _refuse(self, *args, **kwargs):
+        raise ProgramError("inside @pw.program only compiled functions (pw.shard_map) can act"
+                           " on arrays; do this arithmetic inside a shard_map body")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _refuse
+    __truediv__ = __rtruediv__ = __matmul__ = __neg__ = __getitem__ = _refuse
+    __array__ = _refuse
+
+    def __bool__(self):
+        raise ProgramError("a traced array has no value yet: Python control flow cannot depend"
+                           " on it inside @pw.program")
+
+
+class Trace:
+    def __init__(self):
+        self.ids = itertools.count()
+        self.eqns: list[Eqn] = []
+
+    def new_var(self, aval: Aval) -> Var:
+        return Var(next(self.ids), aval)
+
+    def record(self, fn: CompiledFunction, args):
+        vars_ = []
+        for i, a in enumerate(args):
+            if not isinstance(a, Tracer) or a._trace is not self:
+                raise ProgramError(
+                    f"{fn.name}: argument {i} is a {type(a).__name__}, not a value of this"
+                    " program; pass arrays in as program arguments")
+            vars_.append(a.var)
+        out_avals = fn.abstract_eval([v.aval for v in vars_])
+        outs = tuple(self.new_var(a) for a in out_avals)
+        self.eqns.append(Eqn(fn, tuple(vars_), outs))
+        tracers = tuple(Tracer(self, v) for v in outs)
+        return tracers[0] if fn.single_output else tracers
+
+
+def trace_program(fn, avals, name=None) -> Program:
+    """Run ``fn`` on tracers of ``avals`` and return the recorded program."""
+    trace = Trace()
+    inputs = tuple(trace.new_var(a) for a in avals)
+    with tracing(trace):
+        out = fn(*(Tracer(trace, v) for v in inputs))
+    single = not isinstance(out, (tuple, list))
+    outs = (out,) if single else tuple(out)
+    for i, o in enumerate(outs):
+        if not isinstance(o, Tracer) or o._trace is not trace:
+            raise ProgramError(f"program {name or fn.__name__} must return arrays it computed;"
+                               f" output {i} is {type(o).__name__}")
+    return Program(name or getattr(fn, "__name__", "program"), inputs, tuple(trace.eqns),
+                   tuple(o.var for o in outs), single)
+
+
+class ProgramFunction:
+    """A Python function traced into one program; calling it runs the program once."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.__name__ = getattr(fn, "__name__", "program")
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self._cache: dict[tuple, Program] = {}
+        self._tree_cache: dict[tuple, tuple[Program, object]] = {}  # pytree arguments
+
+    def trace(self, avals) -> Program:
+        key = tuple(avals)
+        if key not in self._cache:
+            self._cache[key] = trace_program(self.fn, key, self.__name__)
+        return self._cache[key]
+
+    def trace_tree(self, in_def, avals) -> tuple[Program, object]:
+        """The program for pytree arguments of structure ``in_def`` whose leaves have
+        ``avals`` (one program input per leaf, one output per result leaf), and the results'
+        structure."""
+        key = (in_def, tuple(avals))
+        if key not in self._tree_cache:
+            out_def: list = []
+
+            def flat_fn(*tracers):
+                leaves, d = tree.flatten(self.fn(*tree.unflatten(in_def, tracers)))
+                out_def.append(d)
+                return tuple(leaves)
+
+            self._tree_cache[key] = (trace_program(flat_fn, key[1], self.__name__), out_def[0])
+        return self._tree_cache[key]
+
+    def _call_tree(self, args):
+        leaves, in_def = tree.flatten(args)
+        if not leaves or not all(isinstance(a, RemoteValue) for a in leaves):
+            raise ProgramError(f"{self.__name__}: call a program with pw.Array arguments, or"
+                               " tuples, lists, dicts and dataclasses of them")
+        program, out_def = self.trace_tree(in_def, [Aval(a.shape, a.dtype) for a in leaves])
+        outs = leaves[0].client.run_program(program, leaves)
+        return tree.unflatten(out_def, outs)
+
+    def __call__(self, *arrays):
+        if current_trace() is not None:  # called while tracing another program: inlined
+            return self.fn(*arrays)      # into it, as nested jax.jit calls are
+        if any(tree.is_node(a) for a in arrays):
+            return self._call_tree(arrays)
+        if not arrays or not all(isinstance(a, RemoteValue) for a in arrays):
+            raise ProgramError(f"{self.__name__}: call a program with pw.Array arguments"
+                               " (client.put(...)); for numpy use pw.reference(f)")
+        program = self.trace([Aval(a.shape, a.dtype) for a in arrays])
+        return arrays[0].client.run_program(program, arrays)
+
+
+def program(fn) -> ProgramFunction:
+    """Decorator: trace ``fn`` into one program of compiled-function calls.
+
+    >>> @pw.program
+    ... def chain(x):
+    ...     for _ in range(128):
+    ...         x = step(x)
+    ...     return x
+    >>> z = chain(x)      # one client call runs all 128 steps
+    """
+    return ProgramFunction(fn)
+
+
+def single_call_program(fn: CompiledFunction, avals) -> Program:
+    trace = Trace()
+    inputs = tuple(trace.new_var(a) for a in avals)
+    outs = fn.abstract_eval(list(avals))
+    out_vars = tuple(trace.new_var(a) for a in outs)
+    return Program(fn.name, inputs, (Eqn(fn, inputs, out_vars),), out_vars, fn.single_output)
+
+
+def reference(f):
+    """A function computing ``f`` (a program or compiled function) in-process on numpy.
+
+    >>> want = pw.reference(chain)(x0)            # numpy in, numpy out; no cluster
+    >>> np.allclose(chain(client.put(x0, mesh, P("data"))).result(), want)
+    """
+    def run(*args):
+        if any(tree.is_node(a) for a in args):
+            leaves, in_def = tree.flatten(args)
+            leaves = [np.asarray(a) for a in leaves]
+            if isinstance(f, ProgramFunction):
+                prog, out_def = f.trace_tree(in_def, [Aval.of(a) for a in leaves])
+                return tree.unflatten(out_def, evaluate(prog, *leaves))
+            if not isinstance(f, CompiledFunction):
+                raise ProgramError(f"pw.reference needs a @pw.program or shard_map, got {f!r}")
+            flat, _ = f.twin(tree.unflatten(in_def, leaves))
+            outs = evaluate(single_call_program(flat, [Aval.of(a) for a in leaves]), *leaves)
+            return tree.unflatten(flat.out_def, outs)
+        args = [np.asarray(a) for a in args]
+        avals = [Aval.of(a) for a in args]
+        if isinstance(f, ProgramFunction):
+            prog = f.trace(avals)
+        elif isinstance(f, CompiledFunction):
+            prog = single_call_program(f, avals)
+        else:
+            raise ProgramError(f"pw.reference needs a @pw.program or shard_map, got {f!r}")
+        return evaluate(prog, *args)
+
+    return run

@@ -1,0 +1,100 @@
+"""Pytrees without JAX: tuples, lists, dicts and dataclasses of arrays, as JAX's tree_util reads
+them (dict keys in sorted order; a partition spec ``P`` and ``None`` are leaves here).
+
+>>> leaves, treedef = flatten({"w": w, "b": (b1, b2)})     # [b1, b2, w], a hashable treedef
+>>> unflatten(treedef, leaves) == {"w": w, "b": (b1, b2)}
+>>> per_leaf(P("data"), {"w": w, "b": b})                  # a spec prefix, one per leaf
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..errors import ProgramError
+
+__all__ = ["flatten", "is_node", "per_leaf", "unflatten"]
+
+LEAF = "*"
+
+
+def is_node(x) -> bool:
+    """Whether ``x`` is a container of the tree (not a leaf)."""
+    if type(x) in (tuple, list, dict):
+        return True
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a namedtuple
+        return True
+    return dataclasses.is_dataclass(x) and not isinstance(x, type)
+
+
+def _children(x):
+    """(node description, children) of a container."""
+    if isinstance(x, dict):
+        keys = tuple(sorted(x))
+        return ("dict", keys), [x[k] for k in keys]
+    if isinstance(x, (tuple, list)):
+        return (type(x), len(x)), list(x)
+    names = tuple(f.name for f in dataclasses.fields(x))
+    return (type(x), names), [getattr(x, n) for n in names]
+
+
+def flatten(tree) -> tuple[list, tuple]:
+    """The leaves of ``tree`` in order, and its structure (hashable)."""
+    leaves: list = []
+
+    def walk(x):
+        if not is_node(x):
+            leaves.append(x)
+            return LEAF
+        node, children = _children(x)
+        return (node, tuple(walk(c) for c in children))
+
+    return leaves, walk(tree)
+
+
+def unflatten(treedef, leaves):
+    """The tree of structure ``treedef`` holding ``leaves`` in order."""
+    it = iter(leaves)
+
+    def build(d):
+        if d == LEAF:
+            return next(it)
+        (kind, meta), children = d
+        values = [build(c) for c in children]
+        if kind == "dict":
+            return dict(zip(meta, values))
+        if kind in (tuple, list):
+            return kind(values)
+        if isinstance(kind, type) and issubclass(kind, tuple):  # namedtuple
+            return kind(*values)
+        return kind(**dict(zip(meta, values)))
+
+    return build(treedef)
+
+
+def per_leaf(prefix, tree, what: str = "specs") -> list:
+    """One item of ``prefix`` per leaf of ``tree``: a leaf of the prefix (a ``P`` or None)
+    stands for every leaf under it, as JAX's tree prefixes do."""
+    if not is_node(prefix):
+        return [prefix] * len(flatten(tree)[0])
+    if not is_node(tree):
+        raise ProgramError(f"{what}: {prefix!r} has structure where the value is one array")
+    (pk, pm), pc = _children(prefix)
+    (tk, tm), tc = _children(tree)
+    same = pm == tm and (pk == tk or {pk, tk} <= {tuple, list})
+    if not same:
+        raise ProgramError(f"{what}: {prefix!r} does not match the structure of the value"
+                           f" ({_describe(tree)})")
+    out = []
+    for p, t in zip(pc, tc):
+        out += per_leaf(p, t, what)
+    return out
+
+
+def _describe(tree) -> str:
+    if not is_node(tree):
+        return "an array"
+    (kind, meta), children = _children(tree)
+    if kind == "dict":
+        return "a dict of keys " + ", ".join(map(repr, meta))
+    name = kind.__name__ if isinstance(kind, type) else str(kind)
+    return f"a {name} of {len(children)}"
