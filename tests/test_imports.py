@@ -42,3 +42,17 @@ def test_the_command_prints_the_graph_and_exits_zero():
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout
     assert "  program -> (top)" in out.stdout and "circle" not in out.stdout
+
+
+def test_lowered_nodes_name_host_operators_by_kind():
+    """Lowering makes nodes with HostOp(kind, spec); the host package fills the table, and a
+    kind nobody registered is a clear error, not an AttributeError on a host."""
+    import pytest
+
+    import pathways.host  # noqa: F401  (registers the host operators)
+    from pathways.errors import PathwaysError
+    from pathways.lowering.specs import OPERATORS, HostOp
+
+    assert set(OPERATORS) == {"kernel", "send", "route", "expert", "gather"}
+    with pytest.raises(PathwaysError, match="no 'teleport' operator"):
+        HostOp("teleport", None)()
