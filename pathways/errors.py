@@ -32,15 +32,31 @@ class ProgramError(PathwaysError, ValueError):
 class RemoteError(PathwaysError):
     """A computation failed on a host; carries the remote traceback and where it happened.
 
-    ``origin`` (when the failure was a kernel's own exception): ``{"type": (module, name),
-    "message", "function", "device", "host", "traceback"}``. The client raises such an error
-    as an exception of the original class too when that is a standard one (``as_raised``):
-    ``except ValueError`` and ``except pw.RemoteError`` both catch it.
+    When the failure was a kernel's own exception, ``function``, ``device``, ``host``,
+    ``traceback`` (the remote one, as text) and ``exc_type`` (its ``(module, name)``) say so;
+    each is None for a failure of the runtime itself (a lost transfer, a failed run), which
+    carries its message only. ``origin`` is the same as one dict. The client raises such an
+    error as an exception of the original class too when that is a standard one
+    (``as_raised``): ``except ValueError`` and ``except pw.RemoteError`` both catch it.
+
+    >>> try:
+    ...     step(x).result()
+    ... except pw.RemoteError as err:
+    ...     print(err.function, err.device, err.host)
     """
 
     def __init__(self, message: str = "", origin: dict | None = None):
         super().__init__(message)
         self.origin = origin
+
+    def _field(self, name: str):
+        return (self.origin or {}).get(name)
+
+    function = property(lambda self: self._field("function"), doc="the kernel's function")
+    device = property(lambda self: self._field("device"), doc="the device it failed on")
+    host = property(lambda self: self._field("host"), doc="that device's host")
+    traceback = property(lambda self: self._field("traceback"), doc="the remote traceback")
+    exc_type = property(lambda self: self._field("type"), doc="(module, name) of its exception")
 
     def __reduce__(self):  # keeps ``origin`` across processes
         return (type(self), (str(self), self.origin))

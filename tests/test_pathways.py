@@ -102,8 +102,13 @@ def test_body_exception_fails_futures_with_remote_traceback_and_cluster_goes_on(
     z = ok(y)  # depends on the failed call: fails too, instead of hanging
     with pytest.raises(pw.RemoteError, match="bad shard on purpose"):
         y.result(timeout=30)
-    assert isinstance(y.exception(timeout=0), pw.RemoteError)
-    assert "Traceback" in str(y.exception())
+    err = y.exception(timeout=0)
+    assert isinstance(err, pw.RemoteError)
+    assert "Traceback" in str(err)
+    # where it failed, as fields: the function, one of the mesh's devices, its host
+    assert err.function == f.name and err.device in mesh.ids
+    assert err.host and "bad shard on purpose" in err.traceback
+    assert err.exc_type == ("builtins", "ValueError") and isinstance(err, ValueError)
     with pytest.raises(pw.RemoteError):
         z.result(timeout=30)
     np.testing.assert_allclose(ok(x).result(timeout=30), np.full((4, 4), 4.0))
