@@ -110,7 +110,6 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
             if len(group) > 1:
                 found.append(sorted(group))
 
-    sys.setrecursionlimit(max(1000, 10 * len(edges)))
     for v in sorted(edges):
         if v not in index:
             visit(v)

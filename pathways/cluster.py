@@ -20,7 +20,10 @@ class LocalCluster:
     Unless given ``keys`` (or ``$PLAQUE_KEYS`` names some) or told ``insecure=True``, it makes
     a throw-away CURVE key pair in a private temporary directory, ``keys``, which ``close``
     removes; then ``address`` names it (``tcp://127.0.0.1:PORT?keys=/tmp/pathways-keys-...``)
-    and ``pw.connect(cluster.address)`` needs nothing else.
+    and ``pw.connect(cluster.address)`` needs nothing else. ``bind``: where the coordinator and
+    hosts listen (loopback unless told otherwise; ``pathways slurm`` binds every interface on
+    multi-node jobs); ``port``: the coordinator's client port (0: a free one). Subclasses
+    start hosts elsewhere (``_start_hosts``) or keep keys elsewhere (``_new_keys``).
     """
 
     def __init__(self, islands=1, hosts_per_island=2, devices_per_host=4,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+import pathways as pw
 from pathways.errors import PathwaysError
 from pathways.slurm import Allocation, Layout
 
@@ -81,8 +82,6 @@ def test_bad_islands_is_one_line():
 
 
 def test_connect_without_an_address_reads_the_environment(monkeypatch):
-    import pathways as pw
-
     monkeypatch.delenv("PATHWAYS_ADDRESS", raising=False)
     with pytest.raises(ValueError, match=r"\$PATHWAYS_ADDRESS"):
         pw.connect()
@@ -178,8 +177,6 @@ def test_a_serving_job_is_reached_from_outside_and_cancelled(job_env, tmp_path):
     while not address_file.exists() or not address_file.read_text().endswith("\n"):
         assert time.monotonic() < deadline, output.read_text() if output.exists() else ""
         time.sleep(0.2)
-    import pathways as pw
-
     with pw.connect(address_file.read_text().strip()) as client:
         devices = client.devices()
     assert sorted(d.island for d in devices) == [0, 0, 1, 1]  # rank r in island r // 1
