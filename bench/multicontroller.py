@@ -58,11 +58,11 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _ROOT not in sys.path:  # run as a script: make "bench" importable in spawned children too
     sys.path.insert(0, _ROOT)
 
-from pathways.program import cost as cost_model  # noqa: E402
 from pathways.host import server as pathways_host  # noqa: E402
 from pathways.host.exchange import ExecutorEnv  # noqa: E402
 from pathways.host.executor import Executor  # noqa: E402
 from pathways.host.ici import IciLink  # noqa: E402
+from pathways.program import cost as cost_model  # noqa: E402
 from pathways.program.collectives import kernel_env, psum  # noqa: E402
 from plaque import security  # noqa: E402
 

@@ -12,6 +12,7 @@ from plaque.cluster import worker_env
 
 from .client.client import Client
 from .errors import PathwaysError
+from .twin import Twin
 
 
 class LocalCluster:
@@ -24,27 +25,36 @@ class LocalCluster:
     hosts listen (loopback unless told otherwise; ``pathways slurm`` binds every interface on
     multi-node jobs); ``port``: the coordinator's client port (0: a free one). Subclasses
     start hosts elsewhere (``_start_hosts``) or keep keys elsewhere (``_new_keys``).
+    ``processes=False``: the in-process twin (``pathways.twin``) instead of processes.
     """
 
     def __init__(self, islands=1, hosts_per_island=2, devices_per_host=4,
                  heartbeat_timeout=3.0, verbose=0, policy="fifo", window=8,
                  client_timeout=5.0, hbm_gib=16.0, keys=None, insecure=False,
-                 kernel_limit=30.0, bind="tcp://127.0.0.1", port=0):
+                 kernel_limit=30.0, bind="tcp://127.0.0.1", port=0, processes=True):
         if keys is not None and insecure:
             raise ValueError("keys=DIR and insecure=True contradict each other: choose one")
+        if keys is not None and not processes:
+            raise ValueError("keys=DIR with processes=False: the in-process cluster has no"
+                             " socket outside this process, so it takes no keys")
         self.processes: list[subprocess.Popen] = []
+        self.twin: Twin | None = None  # the in-process cluster, with processes=False
         self.islands, self.hosts_per_island = islands, hosts_per_island
         self.devices_per_host = devices_per_host
         self._own_keys = None  # the throw-away key directory this cluster made, if any
-        if keys is None and not insecure and security.keys_dir() is None:
+        if processes and keys is None and not insecure and security.keys_dir() is None:
             keys = self._own_keys = self._new_keys()
         env = worker_env(keys)
         self.keys = keys
         self._env, self._v, self.hbm_gib = env, ["-v"] * verbose, hbm_gib
         self.kernel_limit, self.bind, self.port = kernel_limit, bind, port
         try:
-            self.address = self._start_coordinator(heartbeat_timeout, policy, window,
-                                                   client_timeout)
+            if processes:
+                self.address = self._start_coordinator(heartbeat_timeout, policy, window,
+                                                       client_timeout)
+            else:
+                self.twin = Twin(heartbeat_timeout, policy, window, client_timeout)
+                self.address = self.twin.address
             self._start_hosts()
         except BaseException:
             self.close()
@@ -84,8 +94,11 @@ class LocalCluster:
                 return line.split()[-1]
         raise PathwaysError("coordinator did not report its address")
 
-    def add_host(self, island: int, devices: int) -> subprocess.Popen:
-        """Start one more host process in ``island``."""
+    def add_host(self, island: int, devices: int):
+        """Start one more host in ``island``: a process (its ``Popen``), or with
+        ``processes=False`` a thread (its ``pathways.twin.ThreadHost``)."""
+        if self.twin is not None:
+            return self.twin.add_host(island, devices, self.hbm_gib, self.kernel_limit)
         p = subprocess.Popen([*self._host_argv(devices), "--island", str(island)],
                              env=self._env)
         self.processes.append(p)
@@ -104,15 +117,21 @@ class LocalCluster:
                 if time.monotonic() > deadline:
                     raise PathwaysError(f"only {len(c.devices())} of {num_devices} devices"
                                         f" joined within {timeout:.0f} s")
-                if any(p.poll() is not None for p in self.processes):
+                if any(p.poll() is not None for p in self.processes) or (
+                        self.twin is not None and self.twin.failed()):
                     raise PathwaysError("a cluster process exited while starting")
                 time.sleep(0.05)
 
     def close(self) -> None:
-        """Stop every process, then remove the key directory this cluster made (if any)."""
-        stop_processes(list(reversed(self.processes)))
-        if self._own_keys is not None:
-            security.discard(self._own_keys)
+        """Stop every process (or thread), then remove the key directory this cluster made
+        (if any)."""
+        try:
+            if self.twin is not None:
+                self.twin.close()
+        finally:
+            stop_processes(list(reversed(self.processes)))
+            if self._own_keys is not None:
+                security.discard(self._own_keys)
 
 
 def hosts_per_island(hosts: int, islands: int) -> int:
@@ -144,7 +163,8 @@ def stop_processes(processes, grace: float = 5.0) -> None:
 @contextlib.contextmanager
 def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_timeout=3.0,
                   verbose=0, timeout=60.0, policy="fifo", window=8, client_timeout=5.0,
-                  hbm_gib=16.0, keys=None, insecure=False, kernel_limit=30.0):
+                  hbm_gib=16.0, keys=None, insecure=False, kernel_limit=30.0,
+                  processes=True):
     """Start a coordinator and ``islands * hosts_per_island`` host processes on this machine.
 
     ``policy`` orders the gangs of several clients on each island: "fifo", "share" (device
@@ -163,13 +183,18 @@ def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_t
     the address then stays plain, give the same ``keys`` to ``pw.connect``.
     ``insecure=True``: no keys, plain TCP that any local user can reach.
 
+    ``processes=False`` starts the same coordinator and hosts as threads of this process
+    instead (``pathways.twin``): real messages over in-process transports, no process
+    start-up, no TCP, no keys (nothing outside this process can reach it); quick to start,
+    for tests and notebooks, but every host shares this process's GIL, so not for measuring.
+
     >>> with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4) as cluster:
     ...     with pw.connect(cluster.address) as client:
     ...         print(client.devices())
     """
     cluster = LocalCluster(islands, hosts_per_island, devices_per_host, heartbeat_timeout,
                            verbose, policy, window, client_timeout, hbm_gib, keys, insecure,
-                           kernel_limit)
+                           kernel_limit, processes=processes)
     try:
         cluster.wait_ready(islands * hosts_per_island * devices_per_host, timeout)
         yield cluster

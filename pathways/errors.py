@@ -94,6 +94,17 @@ class KernelTimeout(PathwaysError):
 _RAISED: dict[type, type] = {}  # standard exception class -> Remote<class>(RemoteError, class)
 
 
+def received(err, of_run: bool) -> BaseException:
+    """The one boundary where an error that came over the wire (from the coordinator or a
+    host) becomes what the client raises. A Pathways error keeps its class, a kernel's own
+    exception its standard class too (``as_raised``); the failure of a run for any other
+    reason becomes a ``RemoteError``; a refused request keeps its exception (a bad argument's
+    ``ValueError``...); anything that is no exception at all is said as a ``PathwaysError``."""
+    if isinstance(err, PathwaysError) or (isinstance(err, Exception) and not of_run):
+        return as_raised(err)
+    return RemoteError(str(err)) if of_run else PathwaysError(str(err))
+
+
 def as_raised(err: BaseException) -> BaseException:
     """``err`` as the client raises it: a RemoteError whose kernel raised a standard
     exception (``ValueError``, ``ZeroDivisionError``, ``KeyError``...) becomes an instance of

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 import time
 
 log = logging.getLogger("plaque.endpoint")
@@ -103,7 +104,8 @@ async def serve_worker_core(core, transport) -> str:
     """Run a worker core on the running loop until it exits; returns why it exited.
 
     Adds what a worker process needs around the endpoint: a heartbeat thread for while the
-    loop is busy in an operator, and SIGINT/SIGTERM as a clean stop.
+    loop is busy in an operator, and SIGINT/SIGTERM as a clean stop (when run on the main
+    thread: a worker in a thread of another program leaves its signals alone).
     """
     from .heartbeat import HeartbeatThread
 
@@ -112,10 +114,11 @@ async def serve_worker_core(core, transport) -> str:
     endpoint = Endpoint(core, transport, loop,
                         on_exit=lambda reason: done.done() or done.set_result(reason))
     endpoint.start()
-    beats = HeartbeatThread(core, transport.ctx)
+    beats = HeartbeatThread(core, transport)
     beats.start()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, endpoint.stop, f"signal {sig.name}")
+    if threading.current_thread() is threading.main_thread():  # else: not the process's own
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, endpoint.stop, f"signal {sig.name}")
     try:
         return await done
     finally:

@@ -15,15 +15,19 @@ import time
 import zmq
 
 from . import security, wire
-from .wire import Kind
+from .wire import CONTROL, COORDINATOR, Kind
 
 HEARTBEAT_INTERVAL = 0.5
 
 
 class HeartbeatThread:
-    def __init__(self, core, ctx: zmq.Context, interval: float = HEARTBEAT_INTERVAL,
+    """``transport``: the worker's; a ZeroMQ one lends its context for the thread's own
+    socket, an in-process one (no socket to share) is sent through directly, which is safe
+    from any thread."""
+
+    def __init__(self, core, transport, interval: float = HEARTBEAT_INTERVAL,
                  stale_after: float = 60.0, clock=time.monotonic):
-        self.core, self.ctx = core, ctx
+        self.core, self.transport = core, transport
         self.interval, self.stale_after, self.clock = interval, stale_after, clock
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="plaque-heartbeat", daemon=True)
@@ -37,23 +41,26 @@ class HeartbeatThread:
 
     def _run(self) -> None:
         sock = None
+        ctx = getattr(self.transport, "ctx", None)
         try:
             while not self._stop.wait(self.interval):
                 core = self.core
                 last = core.last_tick
                 if core.id is None or last is None or not core.coordinator_control:
                     continue
-                if sock is None:  # connect early: the first beat must not wait for TCP
-                    sock = self.ctx.socket(zmq.PUSH)
+                if sock is None and ctx is not None:  # connect early: the first beat must
+                    sock = ctx.socket(zmq.PUSH)       # not wait for TCP
                     sock.setsockopt(zmq.LINGER, 0)
-                    security.client(sock)
-                    sock.connect(core.coordinator_control)
+                    security.connect(sock, core.coordinator_control)
                 silent = self.clock() - last
                 if silent < 1.5 * self.interval or silent > self.stale_after:
                     continue  # the loop beats by itself, or it is stuck, not busy
+                beat = wire.encode(Kind.HEARTBEAT, core.id, self.clock())
+                if sock is None:
+                    self.transport.send(COORDINATOR, CONTROL, beat)
+                    continue
                 try:
-                    sock.send_multipart(wire.encode(Kind.HEARTBEAT, core.id, self.clock()),
-                                        zmq.NOBLOCK)
+                    sock.send_multipart(beat, zmq.NOBLOCK)
                 except zmq.Again:
                     pass
         except zmq.ContextTerminated:

@@ -102,10 +102,11 @@ def split_address(address: str) -> tuple[str, str | None]:
     if scheme == "tcp":
         bad = not host or not port.isdigit() or not 0 < int(port) < 65536
     else:
-        bad = scheme != "ipc" or not rest
+        bad = scheme not in ("ipc", "inproc") or not rest
     if bad or (sep and not directory):
         raise ValueError(f"malformed address {address!r}: expected tcp://HOST:PORT (a port in"
-                         f" 1-65535) or ipc://PATH, optionally followed by ?{QUERY}DIR")
+                         f" 1-65535), ipc://PATH or inproc://NAME, optionally followed by"
+                         f" ?{QUERY}DIR")
     return endpoint, directory or None
 
 
@@ -158,6 +159,20 @@ def server(sock: zmq.Socket, directory: str | None = None) -> None:
     sock.curve_secretkey = secret
     sock.curve_publickey = public
     sock.curve_server = True
+
+
+def in_process(address: str) -> bool:
+    """Whether ``address`` is a ZeroMQ ``inproc://`` endpoint: reachable only by sockets of
+    this process and its context, so it needs (and gets) no CURVE."""
+    return address.startswith("inproc://")
+
+
+def connect(sock: zmq.Socket, address: str, directory: str | None = None) -> None:
+    """Connect ``sock`` to ``address`` as a CURVE client of the cluster (``client``), or
+    plainly to an in-process endpoint."""
+    if not in_process(address):
+        client(sock, directory)
+    sock.connect(address)
 
 
 def client(sock: zmq.Socket, directory: str | None = None) -> None:

@@ -32,13 +32,19 @@ _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum work 
 
 
 def bind_socket(sock, where: str, keys: str | None = None) -> str:
-    """Bind ``sock`` (``tcp://HOST`` picks a free port) and return the address peers dial.
+    """Bind ``sock`` (``tcp://HOST`` picks a free port, ``ipc://DIR/`` and ``inproc://NAME/``
+    a fresh name) and return the address peers dial.
 
     A wildcard bind (``tcp://0.0.0.0``, ``tcp://*``) is announced under this machine's name
     (or ``$PLAQUE_ADVERTISE``), since no peer can dial a wildcard. With keys (the directory
     ``keys``, else ``$PLAQUE_KEYS``) the socket is a CURVE server admitting only the
     cluster's key (``plaque.security``).
     """
+    if where.startswith("inproc://"):  # this process only: nothing to authenticate
+        if where.endswith("/"):
+            where = f"{where}plaque-{uuid.uuid4().hex[:12]}"
+        sock.bind(where)
+        return where
     security.server(sock, keys)
     if where.startswith("ipc://") and where.endswith("/"):
         where = f"{where}plaque-{uuid.uuid4().hex[:12]}"
@@ -52,6 +58,15 @@ def bind_socket(sock, where: str, keys: str | None = None) -> str:
             name = os.environ.get("PLAQUE_ADVERTISE") or socket.getfqdn()
             endpoint = f"tcp://{name}:{endpoint[len(wildcard):]}"
     return endpoint
+
+
+def context_for(address: str) -> tuple[zmq.Context, bool]:
+    """The ZeroMQ context for sockets of ``address`` and whether the caller owns it (and
+    terminates it): ``inproc://`` endpoints are only reachable within one context, so every
+    in-process peer shares the process's; anything else gets a context of its own."""
+    if security.in_process(address):
+        return zmq.Context.instance(), False
+    return zmq.Context(), True
 
 
 class ZmqTransport(Transport):

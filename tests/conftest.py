@@ -58,7 +58,18 @@ def threads():
 
 @pytest.fixture(scope="session")
 def pw_cluster():
-    """One island, 2 host processes x 4 emulated TPUs, shared by the test session."""
+    """One island, 2 hosts x 4 emulated TPUs, shared by the test session: the in-process twin
+    (threads, same code paths); tests of processes, sockets and failures start their own."""
+    import pathways as pw
+
+    with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4,
+                          processes=False) as c:
+        yield c
+
+
+@pytest.fixture(scope="session")
+def pw_process_cluster():
+    """The same cluster as host processes over TCP with CURVE, shared by the test session."""
     import pathways as pw
 
     with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4) as c:

@@ -265,6 +265,26 @@ def test_skip_lets_later_seqs_run(make_device):
     assert device.next_seq == 4 and not device.skip(0)
 
 
+def test_a_kernel_dispatched_after_its_seq_was_skipped_is_told_and_dropped(make_device):
+    """A run failed and the coordinator skipped its seqs before a late (sequential) dispatch
+    reached the host: the kernel must fail, not raise at its dispatcher nor run."""
+    ran = []
+    device = make_device()
+    assert device.skip(0) and device.skip(2)
+    device.enqueue(1, Kernel(1, ran))
+    assert device.wait_idle(WAIT) and device.next_seq == 3  # 0 and 2 passed: skipped
+    late = [Kernel("late0", ran), Kernel("late2", ran)]
+    device.enqueue(2, late[1])  # skipped, and already passed
+    device.enqueue(0, late[0])
+    device.enqueue(3, Kernel(3, ran))
+    assert device.wait_idle(WAIT)
+    assert ran == [1, 3]
+    for kernel in late:
+        assert "was skipped" in str(kernel.errors[0]) and not kernel.completed
+    with pytest.raises(ValueError, match="already ran"):  # told once: a second is misuse
+        device.enqueue(0, Kernel("again", ran))
+
+
 def test_close_is_idempotent_and_tells_queued_kernels(make_device):
     device = make_device()
     waiting = Kernel("never")

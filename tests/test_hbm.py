@@ -15,7 +15,7 @@ MIB = 1 << 20
 @pytest.fixture(scope="module")
 def small_cluster():
     with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=1,
-                          hbm_gib=1 / 1024) as c:  # 1 MiB per device
+                          hbm_gib=1 / 1024, processes=False) as c:  # 1 MiB per device
         yield c
 
 

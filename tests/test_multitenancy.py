@@ -18,7 +18,7 @@ WINDOW = 4
 def policy_cluster(request):
     """A cluster of one host with 4 devices whose scheduler runs ``request.param``."""
     with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=4,
-                          policy=request.param, window=WINDOW) as c:
+                          policy=request.param, window=WINDOW, processes=False) as c:
         yield request.param, c
 
 
@@ -100,7 +100,7 @@ def test_clients_sharing_an_island_all_get_correct_results(policy_cluster):
 
 def test_runs_spanning_two_islands_under_a_small_window_all_finish():
     with pw.local_cluster(islands=2, hosts_per_island=1, devices_per_host=2, policy="share",
-                          window=1) as cluster:
+                          window=1, processes=False) as cluster:
         with connect_all(cluster.address, weight=[1, 2]) as clients:
             outs = []
             for c in clients:

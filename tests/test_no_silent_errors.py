@@ -259,10 +259,12 @@ HOSTILE = textwrap.dedent("""
 """)
 
 
-def test_a_hostile_client_never_stalls_another(pw_cluster, client, mesh):
-    hostile = subprocess.Popen([sys.executable, "-c", HOSTILE, pw_cluster.address],
+def test_a_hostile_client_never_stalls_another(pw_process_cluster):
+    hostile = subprocess.Popen([sys.executable, "-c", HOSTILE, pw_process_cluster.address],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    client = pw.connect(pw_process_cluster.address)
     try:
+        mesh = client.mesh((8,), ("d",))
         assert hostile.stdout.readline().strip() == "stuck"
         step = pw.shard_map(lambda b: pw.psum(b, "d") + b, mesh, P("d"), P("d"))
         x0 = np.arange(8.0)
@@ -276,6 +278,7 @@ def test_a_hostile_client_never_stalls_another(pw_cluster, client, mesh):
         for got, expected in outs:
             np.testing.assert_array_equal(got.result(WAIT), expected)
     finally:
+        client.close()
         hostile.kill()
         hostile.wait(10)
         hostile.stdout.close()

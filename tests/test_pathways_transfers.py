@@ -65,7 +65,8 @@ def test_a_failed_producer_fails_the_consumer_across_a_transfer(client):
 
 
 def test_a_program_spanning_two_islands():
-    with pw.local_cluster(islands=2, hosts_per_island=1, devices_per_host=4) as cluster:
+    with pw.local_cluster(islands=2, hosts_per_island=1, devices_per_host=4,
+                          processes=False) as cluster:
         with pw.connect(cluster.address) as client:
             left = client.mesh((4,), ("d",), island=0)
             right = client.mesh((2, 2), ("a", "b"), island=1)

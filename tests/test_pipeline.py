@@ -137,7 +137,8 @@ def test_1f1b_on_stages_of_two_devices_matches_numpy(client):
 
 
 def test_stages_on_two_islands_match_numpy():
-    with pw.local_cluster(islands=2, hosts_per_island=1, devices_per_host=2) as cluster:
+    with pw.local_cluster(islands=2, hosts_per_island=1, devices_per_host=2,
+                          processes=False) as cluster:
         with pw.connect(cluster.address) as client:
             pipe, losses, got, want_losses, want = train_pipelined(client, 2, 3, 4,
                                                                    island=[0, 1])

@@ -91,7 +91,8 @@ def test_plot_renders_a_png_with_utilization(traced, tmp_path):
                            for k, v in kernels(traced[1]).items()})
 
 
-def test_trace_plot_and_status_commands(pw_cluster, tmp_path, threads):
+def test_trace_plot_and_status_commands(pw_process_cluster, tmp_path, threads):
+    pw_cluster = pw_process_cluster  # the commands connect from processes of their own
     out, png = tmp_path / "cli.json", tmp_path / "cli.png"
     stop, errors = threading.Event(), []
 

@@ -26,6 +26,7 @@ import zmq
 
 from plaque import security
 from plaque.shipping import ship
+from plaque.zmq_transport import context_for
 
 from .. import protocol
 from ..errors import (
@@ -34,8 +35,7 @@ from ..errors import (
     DeviceOutOfMemory,
     PathwaysError,
     ProgramError,
-    RemoteError,
-    as_raised,
+    received,
 )
 from ..lowering.lower import Placement, lower, placement_of, skeleton
 from ..program import sharding
@@ -76,7 +76,7 @@ class Client:
         self.keys = str(keys) if keys is not None else named or security.keys_dir()
         if self.keys is not None:
             security.check(self.keys)
-        self.ctx = zmq.Context()
+        self.ctx, self._own_ctx = context_for(self.address)
         self._loop = uvloop.new_event_loop()
         self._socks: dict[str, zmq.Socket] = {}
         self._pending: dict[int, tuple[cf.Future, str]] = {}  # request -> (future, sent to)
@@ -128,8 +128,7 @@ class Client:
         if s is None:
             s = self._socks[address] = self.ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
-            security.client(s, self.keys)
-            s.connect(address)
+            security.connect(s, address, self.keys)
             fd = s.getsockopt(zmq.FD)
             self._loop.add_reader(fd, self._drain, s)
         return s
@@ -158,7 +157,7 @@ class Client:
                 if kind == "run_done":
                     status.set_result(None)
                 else:
-                    status.set_exception(_as_remote(msg[2]))
+                    status.set_exception(received(msg[2], of_run=True))
         elif kind == "host_lost":
             info = msg[2]
             self._lost_hosts[info["data"]] = info["error"]
@@ -172,14 +171,13 @@ class Client:
                 if entry[3] == msg[1]:
                     del self._inflight[run_id]
                     self._unhold(entry[1])
-                    entry[0].set_exception(_as_remote(msg[2]))
+                    entry[0].set_exception(received(msg[2], of_run=True))
         else:
             fut, _ = self._pending.pop(msg[1], (None, None))
             if fut is None:
                 return
             if kind == "error":
-                fut.set_exception(as_raised(msg[2]) if isinstance(msg[2], Exception)
-                                  else PathwaysError(str(msg[2])))
+                fut.set_exception(received(msg[2], of_run=False))
             else:
                 fut.set_result(msg[2])
 
@@ -619,7 +617,8 @@ class Client:
         self._loop.call_soon_threadsafe(stop)
         self._thread.join(10)
         self._executor.shutdown(wait=False)
-        self.ctx.term()
+        if self._own_ctx:
+            self.ctx.term()
 
     def __enter__(self):
         return self
@@ -637,12 +636,6 @@ def _check_picklable(value: np.ndarray) -> None:
         raise ProgramError(f"put: this object array cannot be sent to the hosts (it does not"
                            f" pickle: {exc!r}); put numeric arrays, or objects that pickle")\
             from None
-
-
-def _as_remote(err) -> Exception:
-    if isinstance(err, PathwaysError):
-        return as_raised(err)
-    return RemoteError(str(err))
 
 
 def connect(address: str | None = None, dispatch: str = "parallel", timeout: float = 30.0,

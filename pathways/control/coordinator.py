@@ -21,6 +21,7 @@ import plaque
 from plaque import security
 from plaque.liveness import GRACE_TIMEOUTS, Listening
 from plaque.logutil import dropped
+from plaque.zmq_transport import context_for
 
 from ..errors import ClientGone, HostLost, RemoteError, ResourceError
 from ..lowering.lower import rebuild
@@ -96,9 +97,13 @@ class Coordinator:
         self.programs: dict[tuple, _Program] = {}
         self.clients: dict[int, bytes] = {}  # client id -> socket identity
         self._client_ids = itertools.count()
-        self.ctx = zmq.Context()
-        where = bind if bind.startswith("tcp://") else "tcp://127.0.0.1"
-        where = f"{where}:{port}" if port else where  # else a free port
+        if bind == "inproc":  # the in-process twin: Plaque and clients within this process
+            self.ctx, self._own_ctx = context_for("inproc://")
+            where = "inproc://pathways-coordinator/"
+        else:
+            self.ctx, self._own_ctx = zmq.Context(), True
+            where = bind if bind.startswith("tcp://") else "tcp://127.0.0.1"
+            where = f"{where}:{port}" if port else where  # else a free port
         self.service = RouterService(self.ctx, where, self._handle, sender=-1,
                                      after_batch=self.cluster.soon)
         self.address = self.service.address
@@ -114,7 +119,8 @@ class Coordinator:
         self.cluster.close()
         self.service.close()
         security.release(self.ctx)
-        self.ctx.term()
+        if self._own_ctx:
+            self.ctx.term()
 
     # ---- hosts ----------------------------------------------------------------------------
     def _on_cluster_event(self, ev):

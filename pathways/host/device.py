@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import operator
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -38,6 +38,7 @@ from ..program.cost import DeviceSpec
 log = logging.getLogger("pathways.host.device")
 
 TIMELINE_LENGTH = 10_000
+SKIPS_KEPT = 10_000  # skipped sequence numbers remembered, for kernels dispatched after
 
 
 class KernelRecord(NamedTuple):
@@ -173,6 +174,7 @@ class EmulatedDevice:
         self._lock = executor.lock
         self._queue: dict[int, tuple] = {}  # seq -> (kernel, real time it was enqueued)
         self._skipped: set[int] = set()
+        self._skips: OrderedDict[int, bool] = OrderedDict()  # skipped before their kernel came
         self._next_seq = 0
         self._max_enqueued = -1
         self._closing = False
@@ -193,15 +195,23 @@ class EmulatedDevice:
     # -- the scheduler's side --------------------------------------------------------------
 
     def enqueue(self, seq: int, kernel) -> None:
-        """Queue ``kernel`` to run as this device's ``seq``-th kernel. Any thread, any order."""
+        """Queue ``kernel`` to run as this device's ``seq``-th kernel. Any thread, any order.
+
+        A kernel whose ``seq`` was skipped already (its run failed, and the coordinator's skip
+        overtook the kernel's late dispatch) is dropped and told via ``on_error``, as one
+        queued when the skip came is."""
         if not callable(getattr(kernel, "execute", None)):
             raise TypeError(f"kernel {kernel!r} has no execute(device) method")
         with self._lock:
-            self._check_new_seq(seq)
-            self._queue[seq] = (kernel, self._clock())
-            if seq > self._max_enqueued:
-                self._max_enqueued = seq
-        if seq == self._next_seq:
+            late = self._skips.pop(seq, False)
+            if not late:
+                self._check_new_seq(seq)
+                self._queue[seq] = (kernel, self._clock())
+                if seq > self._max_enqueued:
+                    self._max_enqueued = seq
+        if late:
+            report_error(kernel, PathwaysError(f"{self.name}: seq {seq} was skipped"))
+        elif seq == self._next_seq:
             self.executor.wake()
 
     def skip(self, seq: int) -> bool:
@@ -212,6 +222,10 @@ class EmulatedDevice:
                 return False
             dropped = self._queue.pop(seq, None)
             self._skipped.add(seq)
+            if dropped is None:  # its kernel may still come: drop it then
+                self._skips[seq] = True
+                if len(self._skips) > SKIPS_KEPT:
+                    self._skips.popitem(last=False)
             self._max_enqueued = max(self._max_enqueued, seq)
         self.executor.wake()
         if dropped is not None:

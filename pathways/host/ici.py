@@ -161,8 +161,7 @@ class IciLink:
         if s is None:
             s = self._push[worker] = self.ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 0)
-            security.client(s)
-            s.connect(self.peers[worker])
+            security.connect(s, self.peers[worker])
         return s
 
     def close(self) -> None:

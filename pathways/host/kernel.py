@@ -59,11 +59,21 @@ class DispatchedOp(plaque.Operator):
     def on_start(self, ctx, t):
         self.caps[t] = ctx.hold()
         if not (self.sequential or ctx.arg.mode == "sequential"):
-            self.dispatch(ctx, t, self.caps.pop(t))
+            self._dispatch(ctx, t, self.caps.pop(t))
 
     def on_complete(self, ctx, t):
         if self.sequential or ctx.arg.mode == "sequential":
-            self.dispatch(ctx, t, self.caps.pop(t))
+            self._dispatch(ctx, t, self.caps.pop(t))
+
+    def _dispatch(self, ctx, t, cap) -> None:
+        """``dispatch``; if it raises, nothing took the capability over: release it here, or
+        the node would hold back every later run of the graph."""
+        try:
+            self.dispatch(ctx, t, cap)
+        except BaseException:
+            if not cap.released:
+                cap.release()
+            raise
 
     def dispatch(self, ctx, t, cap) -> None:
         raise NotImplementedError

@@ -26,8 +26,9 @@ import plaque
 from plaque import security
 from plaque.endpoint import serve_worker_core
 from plaque.logutil import dropped
+from plaque.transport import InprocTransport
 from plaque.worker import WorkerCore
-from plaque.zmq_transport import ZmqTransport
+from plaque.zmq_transport import ZmqTransport, context_for
 
 from .. import protocol
 from ..errors import ClientGone, DeviceOutOfMemory, ProgramError, RemoteError
@@ -318,9 +319,8 @@ def _coordinator_info(address: str, ctx: zmq.Context, timeout: float = 30.0) -> 
     """Ask the coordinator where its Plaque cluster listens."""
     s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
-    security.client(s)
     s.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
-    s.connect(address)
+    security.connect(s, address)
     try:
         s.send_multipart(protocol.pack(("info", 0)))
         reply = protocol.unpack(s.recv_multipart())
@@ -334,20 +334,28 @@ def _coordinator_info(address: str, ctx: zmq.Context, timeout: float = 30.0) -> 
 async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
                      spec: DeviceSpec | None = None, coordinator_timeout: float = 10.0,
                      kernel_limit: float | None = KERNEL_LIMIT) -> str:
+    """Serve a host until the coordinator stops it (or it is lost); returns why it stopped.
+
+    A coordinator at an ``inproc://`` address is the in-process twin's: the host then runs
+    in a thread of that process, on its Plaque in-process transport and ``inproc://``
+    sockets (``bind`` should be ``inproc://``), and leaves JAX's process-wide settings alone.
+    """
     loop = asyncio.get_running_loop()
-    # The executor thread and the event loop take turns on the GIL; Python's default 5 ms
-    # switch interval would add up to 5 ms to every hand-off between them (a dispatch
-    # arriving, a kernel finishing), so hand over far more often.
+    # Threads and the event loop take turns on the GIL; Python's default 5 ms switch
+    # interval would add up to 5 ms to every hand-off between them (a dispatch arriving, a
+    # kernel finishing), so hand over far more often.
     sys.setswitchinterval(SWITCH_INTERVAL)
-    jax_body.on_host()
-    ctx = zmq.Context()
+    in_process = security.in_process(coordinator)
+    if not in_process:
+        jax_body.on_host()
+    ctx, own_ctx = context_for(coordinator)
     info = await loop.run_in_executor(None, _coordinator_info, coordinator, ctx)
     host = Host(island, num_devices, spec, kernel_limit)
     host.loop = loop
     host.ici = host.executor.link = IciLink(ctx, bind, host.worker_of)
     host.executor.run_on(loop)  # one thread: the loop runs the devices too
     data = DataService(host, bind, ctx)
-    transport = ZmqTransport(bind, context=ctx)
+    transport = InprocTransport() if in_process else ZmqTransport(bind, context=ctx)
     core = WorkerCore(transport.address, info["plaque"],
                       info={"role": "host", "island": island, "devices": num_devices,
                             "data": data.address, "ici": host.ici.address, "pid": os.getpid(),
@@ -362,4 +370,5 @@ async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
         host.close()
         data.service.close()
         security.release(ctx)
-        ctx.term()
+        if own_ctx:
+            ctx.term()
