@@ -27,7 +27,7 @@ test: $(TEST_STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
-	$(BIN)/python bench/plaque_bench.py
+	$(BIN)/python -m bench.plaque_bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info

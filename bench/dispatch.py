@@ -26,7 +26,7 @@ utilization is the devices' occupied time over the cell's wall time (occupied = 
 including blocking in collectives and waiting for inputs, as ``EmulatedDevice.busy_seconds``
 counts it); "useful" is modelled compute only (computations/s x cost per computation).
 
-Run: ``python bench/dispatch.py [--quick] [--no-append] [--profile]``.
+Run: ``python -m bench.dispatch [--quick] [--no-append] [--profile]``.
 """
 
 from __future__ import annotations
@@ -38,15 +38,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # run as a script: make "bench" importable
-    sys.path.insert(0, _ROOT)
-
-import pathways as pw  # noqa: E402
-from bench import profiling  # noqa: E402
-from bench.multicontroller import MultiController, expected_value, trivial_body  # noqa: E402
-from bench.results import bench_parser, plot_sweep, publish, security_for_all  # noqa: E402
-from pathways import P  # noqa: E402
+import pathways as pw
+from bench import profiling
+from bench.multicontroller import MultiController, expected_value, trivial_body
+from bench.results import bench_parser, plot_sweep, publish, security_for_all
+from pathways import P
 
 TITLE = "Dispatch overhead: Pathways vs multi-controller (paper Figures 5 and 6)"
 CHAIN = 128  # computations per chained run and per fused call

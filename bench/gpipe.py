@@ -11,22 +11,19 @@ GPipe bound M/(M+S-1). We report the measured pipeline throughput as a fraction 
 (target >= 90%) and of the measured SPMD throughput. ``c`` is large enough that the runtime's
 CPU work (a few ms per step on 2 cores) is small next to the modelled time.
 
-    python bench/gpipe.py [--quick]
+    python -m bench.gpipe [--quick]
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import pathways as pw  # noqa: E402
-from bench.results import bench_parser, publish  # noqa: E402
-from pathways import P  # noqa: E402
+import pathways as pw
+from bench.results import bench_parser, publish
+from pathways import P
 
 TITLE = "Pipeline vs SPMD: fraction of the GPipe bound M/(M+S-1)"
 WIDTH, ROWS = 16, 8  # layer width; rows per micro-batch

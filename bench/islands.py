@@ -27,7 +27,7 @@ checked against the same training in numpy. CPU time of each cluster process and
 client (from /proc) is recorded per cell, to tell a CPU-bound cell from a modelled-time-bound
 one. Target: two islands >= 95% of one island's steps/s (the paper: 97.2%).
 
-Run: ``python bench/islands.py [--quick] [--no-append] [--profile]``.
+Run: ``python -m bench.islands [--quick] [--no-append] [--profile]``.
 """
 
 from __future__ import annotations
@@ -41,15 +41,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # run as a script: make "bench" importable
-    sys.path.insert(0, _ROOT)
-
-import pathways as pw  # noqa: E402
-from bench import profiling  # noqa: E402
-from bench.results import bench_parser, publish  # noqa: E402
-from pathways import P  # noqa: E402
-from pathways.program import cost as cost_model  # noqa: E402
+import pathways as pw
+from bench import profiling
+from bench.results import bench_parser, publish
+from pathways import P
+from pathways.program import cost as cost_model
 
 TITLE = "Two islands over DCN vs one island: data-parallel training (paper Figure 12)"
 GRAD_COST = 0.095  # modelled seconds of one device's gradient kernel (its share of the batch)
@@ -60,7 +56,8 @@ WARM_STEPS = 3
 
 
 def _load_example():
-    path = os.path.join(_ROOT, "examples", "two_islands.py")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "examples", "two_islands.py")
     spec = importlib.util.spec_from_file_location("two_islands", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

@@ -11,25 +11,19 @@ checked against pw.reference of the numpy body.
 Bodies: "scale" (x * 2 + 1, no collective: one XLA call vs three numpy ops) and "mlp"
 (psum(relu(x @ w1) @ w2): two segments around one collective), on shards of [rows, 64].
 
-Run: ``python bench/jax_bodies.py [--quick] [--no-append]``.
+Run: ``python -m bench.jax_bodies [--quick] [--no-append]``.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 
 import numpy as np
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # run as a script: make "bench" importable
-    sys.path.insert(0, _ROOT)
-
-import pathways as pw  # noqa: E402
-from bench.profiling import cpu_seconds  # noqa: E402
-from bench.results import bench_parser, publish, security_for_all  # noqa: E402
-from pathways import P  # noqa: E402
+import pathways as pw
+from bench.profiling import cpu_seconds
+from bench.results import bench_parser, publish, security_for_all
+from pathways import P
 
 WIDTH = 64
 

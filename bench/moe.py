@@ -32,7 +32,7 @@ to expert 5, on device 2).
    host), experts on 1, 2, 4 and 8 devices alternating between the hosts; Plaque messages
    (all, and progress only) per sparse forward, summed over hosts.
 
-Run: ``python bench/moe.py [--quick] [--no-append]``.
+Run: ``python -m bench.moe [--quick] [--no-append]``.
 """
 
 from __future__ import annotations
@@ -44,14 +44,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # run as a script: make "bench" importable
-    sys.path.insert(0, _ROOT)
-
-import pathways as pw  # noqa: E402
-from bench.results import _table, bench_parser, publish  # noqa: E402
-from pathways import P, moe  # noqa: E402
-from pathways.program.mesh import Mesh  # noqa: E402
+import pathways as pw
+from bench.results import _table, bench_parser, publish
+from pathways import P, moe
+from pathways.program.mesh import Mesh
 
 TITLE = "Mixture of Experts: sparse routing vs dense all-to-all dispatch (wire, tokens/s)"
 E = 8  # experts

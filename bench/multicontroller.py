@@ -38,7 +38,7 @@ clocks are system-wide on Linux; a device "finishes" when its last kernel's outp
 published, i.e. when real time reaches the kernel's modelled end); utilization is each
 device's busy (virtual) time over that window.
 
-Run: ``python bench/multicontroller.py --hosts 2 --n 2000 --cost 0.0005``.
+Run: ``python -m bench.multicontroller --hosts 2 --n 2000 --cost 0.0005``.
 """
 
 from __future__ import annotations
@@ -54,17 +54,13 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # run as a script: make "bench" importable in spawned children too
-    sys.path.insert(0, _ROOT)
-
-from pathways.host import server as pathways_host  # noqa: E402
-from pathways.host.exchange import ExecutorEnv  # noqa: E402
-from pathways.host.executor import Executor  # noqa: E402
-from pathways.host.ici import IciLink  # noqa: E402
-from pathways.program import cost as cost_model  # noqa: E402
-from pathways.program.collectives import kernel_env, psum  # noqa: E402
-from plaque import security  # noqa: E402
+from pathways.host import server as pathways_host
+from pathways.host.exchange import ExecutorEnv
+from pathways.host.executor import Executor
+from pathways.host.ici import IciLink
+from pathways.program import cost as cost_model
+from pathways.program.collectives import kernel_env, psum
+from plaque import security
 
 AXIS = "d"
 START_TIMEOUT = 60.0  # seconds for a host process to start, bind and connect

@@ -23,12 +23,12 @@ the time goes.
 Shares (policy "share", window 8): 3 clients of weights 1, 2, 4 start together, each
 backlogged with K programs; each client's device time while all three were still running
 (from the latest first-kernel start to the earliest last-kernel end, as in
-tests/test_multitenancy.py) over the total, against weight / sum of weights.
+tests/e2e/test_multitenancy.py) over the total, against weight / sum of weights.
 
 Targets (the issue): utilization >= 90% with 4 clients; aggregate throughput with N clients
 >= one client with the same total work; shares within 10% (relative) of the weights.
 
-Run: ``python bench/multitenancy.py [--quick] [--no-append]``.
+Run: ``python -m bench.multitenancy [--quick] [--no-append]``.
 """
 
 from __future__ import annotations
@@ -42,14 +42,10 @@ import traceback
 
 import numpy as np
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # run as a script: make "bench" importable
-    sys.path.insert(0, _ROOT)
-
-import pathways as pw  # noqa: E402
-from bench.results import bench_parser, plot_sweep, publish  # noqa: E402
-from pathways import P  # noqa: E402
-from pathways.client.trace import device_time_by_client  # noqa: E402
+import pathways as pw
+from bench.results import bench_parser, plot_sweep, publish
+from pathways import P
+from pathways.client.trace import device_time_by_client
 
 TITLE = "Multi-tenancy: clients sharing one island (paper Figure 8)"
 COST = 0.00033  # modelled seconds of one computation (per device)

@@ -32,7 +32,7 @@ latency-bound chain from a CPU-bound one on this small machine.
 
 Target: parallel >= 2x sequential throughput at 8 and 16 stages.
 
-Run: ``python bench/pipeline.py [--quick] [--no-append] [--profile]``.
+Run: ``python -m bench.pipeline [--quick] [--no-append] [--profile]``.
 """
 
 from __future__ import annotations
@@ -44,14 +44,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # run as a script: make "bench" importable
-    sys.path.insert(0, _ROOT)
-
-import pathways as pw  # noqa: E402
-from bench import profiling  # noqa: E402
-from bench.results import bench_parser, publish  # noqa: E402
-from pathways import P  # noqa: E402
+import pathways as pw
+from bench import profiling
+from bench.results import bench_parser, publish
+from pathways import P
 
 TITLE = "Parallel vs sequential dispatch: a chain of S computations across hosts (paper Figure 7)"
 HOSTS = 4

@@ -24,25 +24,20 @@ How tuples are counted (said again in the results):
 * keyed: each tuple makes exactly one exchange hop (about half of them cross workers, the rest
   stay on their worker); counted once.
 
-Run: ``python bench/plaque_bench.py [--quick] [--no-append]``.
+Run: ``python -m bench.plaque_bench [--quick] [--no-append]``.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
 
 import numpy as np
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # run as a script: make "bench" importable
-    sys.path.insert(0, _ROOT)
-
-import plaque  # noqa: E402
-from bench import raw_zmq  # noqa: E402
-from bench.results import bench_parser, publish, security_for_all  # noqa: E402
+import plaque
+from bench import raw_zmq
+from bench.results import bench_parser, publish, security_for_all
 
 TITLE = "Plaque engine vs raw pyzmq"
 REPS = 3

@@ -19,7 +19,7 @@ Each test runs over ``tcp`` (127.0.0.1, random port) or ``ipc`` (a unique
 socket file in the temp dir, removed afterwards). The peer is a 'spawn'ed
 process, stopped in a ``finally``; every wait has a timeout.
 
-Run: ``python bench/raw_zmq.py`` (or import as ``bench.raw_zmq``).
+Run: ``python -m bench.raw_zmq`` (or import as ``bench.raw_zmq``).
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ def machine() -> dict:
 def _command_line() -> str:
     # Independent of the interpreter path, and of where the repo is checked out.
     args = list(sys.argv) or [""]
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:  # run as ``python -m bench.NAME``
+        return " ".join(["python", "-m", spec.name, *args[1:]])
     if args[0] and os.path.exists(args[0]):
         args[0] = os.path.relpath(os.path.abspath(args[0]), _REPO_ROOT)
     return "python " + " ".join(args)

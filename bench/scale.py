@@ -34,7 +34,7 @@ the controller's idle cost dominates its CPU per computation, and the net figure
 the idle baseline's error (shown as n/a when it is not positive); the pipeline, whose
 computations stay fast, gives the cleaner reading.
 
-Run: ``python bench/scale.py [--quick] [--no-append] [--sizes 4x16,8x16]``.
+Run: ``python -m bench.scale [--quick] [--no-append] [--sizes 4x16,8x16]``.
 """
 
 from __future__ import annotations
@@ -48,16 +48,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _ROOT not in sys.path:  # run as a script: make "bench" importable
-    sys.path.insert(0, _ROOT)
-
-import pathways as pw  # noqa: E402
-from bench import profiling  # noqa: E402
-from bench.multicontroller import expected_value, trivial_body  # noqa: E402
-from bench.pipeline import chain_total, stage_body  # noqa: E402
-from bench.results import bench_parser, publish  # noqa: E402
-from pathways import P  # noqa: E402
+import pathways as pw
+from bench import profiling
+from bench.multicontroller import expected_value, trivial_body
+from bench.pipeline import chain_total, stage_body
+from bench.results import bench_parser, publish
+from pathways import P
 
 TITLE = "Scale: one controller, one island of 64 to 1,024 emulated devices"
 SIZES = "4x16,8x16,16x16,16x32,32x32"  # hosts x devices per host

@@ -8,7 +8,7 @@ ordering between channels. ``send`` never blocks the event loop.
 ``InprocTransport`` connects endpoints living in one process (any threads) through a
 registry; it copies every frame, as a socket would, so that senders and receivers never
 share memory. ``ZmqTransport`` (``zmq_transport.py``) is the real one. Both pass the same
-conformance suite (``tests/test_transport.py``).
+conformance suite (``tests/plaque/test_transport.py``).
 """
 
 from __future__ import annotations

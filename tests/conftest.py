@@ -3,10 +3,13 @@
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 import plaque
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository
 
 # Plain JAX, the reference of the JAX body tests, runs jax.shard_map on 8 CPU devices of this
 # process; the flag must be set before jax is first imported.
@@ -88,9 +91,8 @@ def load_example(name: str):
     """Import ``examples/<name>.py`` as a module (examples are scripts, not a package)."""
     import importlib.util
     import sys
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
+    path = ROOT / "examples" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while it executes
@@ -159,3 +161,26 @@ def listening_ports(pid: int) -> set[int]:
                 if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
                     ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
+
+
+# ---- what the hosts' object stores hold, asked of the hosts themselves ------------------
+
+def host_stats(client):
+    """Object-store stats of every host, asked directly of the hosts."""
+    addresses = sorted({d["data"] for d in client._device_info.values()})
+    return [client._request(a, ("status", None)).result(10)["store"] for a in addresses]
+
+
+def store_bytes(client) -> int:
+    return sum(sum(s["bytes"].values()) if isinstance(s.get("bytes"), dict) else 0
+               for s in host_stats(client))
+
+
+def wait_for_store_bytes(client, want, tries=100) -> int:
+    """Poll the hosts until their stores hold ``want`` bytes (frees travel asynchronously)."""
+    got = store_bytes(client)
+    while got != want and tries:
+        tries -= 1
+        threading.Event().wait(0.05)
+        got = store_bytes(client)
+    return got

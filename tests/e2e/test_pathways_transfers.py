@@ -5,9 +5,9 @@ import gc
 
 import numpy as np
 import pytest
+from conftest import store_bytes, wait_for_store_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_pathways import store_bytes, wait_for_store_bytes
 
 import pathways as pw
 from pathways import P

@@ -12,6 +12,7 @@ import sys
 import kubernetes_validate as kv
 import pytest
 import yaml
+from conftest import ROOT
 
 from pathways.k8s import Spec, render, to_yaml
 from plaque import security
@@ -71,8 +72,7 @@ def test_the_command_writes_the_rendered_manifests(tmp_path):
 
 
 def test_the_committed_example_is_what_render_writes_today():
-    from pathlib import Path
 
-    example = Path(__file__).resolve().parent.parent / "deploy" / "kubernetes" / "pathways.yaml"
+    example = ROOT / "deploy" / "kubernetes" / "pathways.yaml"
     assert objects(example.read_text()) == render(Spec(2)), (
         "deploy/kubernetes/pathways.yaml is stale: pathways k8s render --hosts 2 -o it")

@@ -5,16 +5,14 @@ import functools
 import gc
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from test_pathways import store_bytes, wait_for_store_bytes
+from conftest import ROOT, store_bytes, wait_for_store_bytes
 
 import pathways as pw
 from pathways.lib.pipeline import Pipeline, Stage, program_order, stage_orders
 
-ROOT = Path(__file__).resolve().parent.parent
 LAYERS, WIDTH, BATCH, LR = 4, 8, 24, 0.1
 
 

@@ -1,4 +1,4 @@
-"""Pathways core mechanisms on a real local cluster (coordinator + 2 host processes), every
+"""Pathways core mechanisms on the session's local cluster (coordinator + 2 hosts), every
 result checked against the reference interpreter."""
 
 import asyncio
@@ -8,30 +8,10 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import store_bytes, wait_for_store_bytes
 
 import pathways as pw
 from pathways import P
-
-
-def host_stats(client):
-    """Object-store stats of every host, asked directly of the hosts."""
-    addresses = sorted({d["data"] for d in client._device_info.values()})
-    return [client._request(a, ("status", None)).result(10)["store"] for a in addresses]
-
-
-def store_bytes(client) -> int:
-    return sum(sum(s["bytes"].values()) if isinstance(s.get("bytes"), dict) else 0
-               for s in host_stats(client))
-
-
-def wait_for_store_bytes(client, want, tries=100) -> int:
-    """Poll the hosts until their stores hold ``want`` bytes (frees travel asynchronously)."""
-    got = store_bytes(client)
-    while got != want and tries:
-        tries -= 1
-        threading.Event().wait(0.05)
-        got = store_bytes(client)
-    return got
 
 
 def test_collectives_across_hosts_match_the_reference(client):

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from conftest import read_until
+from conftest import ROOT, read_until
 
 
 def start(*args, **kw):
@@ -102,9 +102,8 @@ def test_every_option_says_what_it_does_and_its_default():
 
 
 def test_install_hints_match_the_readme():
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     hint = ".venv/bin/pip install -e '.[plot]'"
     assert hint in (root / "README.md").read_text()
     assert hint in (root / "pathways" / "plot.py").read_text()

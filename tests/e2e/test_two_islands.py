@@ -4,13 +4,11 @@ the distributed training equals the same training in numpy, bit for bit between 
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import load_example
+from conftest import ROOT, load_example
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "two_islands.py"
 
 

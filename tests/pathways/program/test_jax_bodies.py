@@ -20,7 +20,7 @@ from pathways.program.jax_body import uses_jax
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
-from conftest import load_example  # noqa: E402
+from conftest import ROOT, load_example  # noqa: E402
 from jax.sharding import Mesh as JaxMesh  # noqa: E402
 from jax.sharding import PartitionSpec as JaxP  # noqa: E402
 
@@ -363,9 +363,8 @@ def test_without_jax_numpy_bodies_work_and_jax_bodies_say_how_to_install(tmp_pat
 
 def test_the_readme_jax_snippet_matches_plain_jax():
     import re
-    from pathlib import Path
 
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    text = (ROOT / "README.md").read_text()
     code = re.search(r"<!-- jax -->\s*```python\n(.*?)```", text, re.S).group(1)
     scope = {"pw": pw, "P": P, "mesh": pw.Mesh.abstract((4,), ("data",))}
     exec(code, scope)

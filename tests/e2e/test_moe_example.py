@@ -4,13 +4,11 @@ losses equal the same training run by the in-process reference interpreter."""
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import load_example
+from conftest import ROOT, load_example
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "moe_routing.py"
 
 

@@ -23,17 +23,16 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import plaque
 from plaque import KEYED, ONE_TO_ONE, Graph, Operator
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 import word_count  # noqa: E402  (an example, shipped to workers by value)
 

@@ -17,12 +17,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
 import pathways as pw
 from pathways.errors import PathwaysError
 from pathways.slurm import Allocation, Layout
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_allocation_needs_a_slurm_job():

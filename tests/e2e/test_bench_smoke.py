@@ -2,16 +2,15 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ["plaque_bench.py", "dispatch.py", "pipeline.py", "islands.py", "gpipe.py", "moe.py",
-           "multitenancy.py", "scale.py", "jax_bodies.py"]
+BENCHES = ["plaque_bench", "dispatch", "pipeline", "islands", "gpipe", "moe", "multitenancy",
+           "scale", "jax_bodies"]
 
 
-PLOTS = {"dispatch.py", "multitenancy.py"}  # sweeps that can draw themselves
+PLOTS = {"dispatch", "multitenancy"}  # sweeps that can draw themselves
 
 
 @pytest.mark.parametrize("script", BENCHES)
@@ -20,7 +19,7 @@ def test_benchmark_runs_quickly(script, tmp_path):
     before = results.read_bytes() if results.exists() else b""
     png = tmp_path / "sweep.png"
     extra = ["--plot", str(png)] if script in PLOTS else []
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / script), "--quick", *extra],
+    out = subprocess.run([sys.executable, "-m", f"bench.{script}", "--quick", *extra],
                          capture_output=True, text=True, timeout=110, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "nothing appended" in out.stdout

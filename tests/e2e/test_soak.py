@@ -2,7 +2,7 @@
 Every future ends, in bounded time, with the right value or a clear Pathways error; the
 stores of the hosts left hold nothing once the clients are gone.
 
-Short by default (CI); ``PATHWAYS_SOAK_SECONDS=300 pytest tests/test_soak.py`` for the long
+Short by default (CI); ``PATHWAYS_SOAK_SECONDS=300 pytest tests/e2e/test_soak.py`` for the long
 form."""
 
 import os

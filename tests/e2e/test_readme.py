@@ -5,9 +5,8 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import ROOT
 
 
 def tour_script() -> str:
