@@ -317,7 +317,7 @@ class Client:
         ``island`` asks for devices of that island; by default the resource manager chooses.
 
         >>> mesh = client.mesh((2, 4), ("data", "model"))     # 8 devices
-        >>> other = client.mesh((4,), ("data",), island=1)
+        >>> other = client.mesh((4,), ("data",), island=1)    # 4 devices of island 1
         """
         shape = tuple(int(n) for n in shape)
         if len(shape) != len(tuple(axis_names)):
@@ -654,8 +654,8 @@ def connect(address: str | None = None, dispatch: str = "parallel", timeout: flo
     ``$PLAQUE_KEYS``. A malformed address raises ``ValueError``; a directory without a key
     pair, ``FileNotFoundError``.
 
-    >>> with pw.connect("tcp://127.0.0.1:5555", weight=2.0) as client:
-    ...     print(client.devices())
+    >>> with pw.connect(cluster.address, weight=2.0) as client:   # or "tcp://HOST:PORT?keys=DIR"
+    ...     print(len(client.devices()))
     """
     if address is None:
         address = os.environ.get("PATHWAYS_ADDRESS")

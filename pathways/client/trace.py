@@ -126,7 +126,7 @@ def device_time_by_client(timeline: dict, clients) -> tuple[dict, float]:
     (from the last first start to the first last end), and that interval's length: how a
     scheduling policy shared the devices while everyone wanted them.
 
-    >>> busy, seconds = device_time_by_client(client.timeline(), [a.id, b.id])
+    >>> busy, seconds = device_time_by_client(client.timeline(), [client.id, other.id])
     """
     spans = client_spans(timeline, clients)
     since = max(lo for lo, _ in spans.values())

@@ -170,9 +170,17 @@ class MoELayer:
     ``wr[d, E]`` (replicated on the token mesh) and experts ``w1[E, d, f]``, ``w2[E, f, d]``
     (sharded over the expert mesh).
 
+    >>> tm, em = client.mesh((4,), ("data",)), client.mesh((4,), ("expert",))
     >>> layer = pw.moe.MoELayer(tm, em, num_experts=8, top_k=2, capacity_factor=1.25)
+    >>> rng, (T, d, f) = np.random.default_rng(0), (32, 4, 8)
+    >>> x, dy = (client.put(rng.normal(size=(T, d)), tm, P("data")) for _ in range(2))
+    >>> wr = client.put(rng.normal(size=(d, 8)), tm, P())
+    >>> w1 = client.put(rng.normal(size=(8, d, f)), em, P("expert"))
+    >>> w2 = client.put(rng.normal(size=(8, f, d)), em, P("expert"))
     >>> y, saved, aux, load = layer.forward(x, wr, w1, w2)
     >>> dx, dwr, dw1, dw2 = layer.backward(dy, saved, wr, w1, w2)
+    >>> y.shape, dw1.shape
+    ((32, 4), (8, 4, 8))
 
     ``expert(x, w1, w2)`` replaces ``ffn`` (one expert on its rows); written in JAX, its
     backward is ``jax.vjp`` of it (``JaxExpert``), else ``expert_grad`` must be given.

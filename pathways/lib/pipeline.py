@@ -53,6 +53,7 @@ class Stage:
     ``cost`` optionally models the seconds one forward of one micro-batch occupies a device
     (its backward is charged twice that); by default the runtime estimates from bytes.
 
+    >>> w, b = np.eye(4), np.zeros(4)
     >>> stage = pw.Stage((w, b), forward=lambda p, x: (x @ p[0] + p[1], x),
     ...                  backward=lambda p, x, dy: ((x.T @ dy, dy.sum(0)), dy @ p[0].T))
     """
@@ -68,6 +69,8 @@ class Stage:
         of ``fn``, recomputing the forward from the saved input (as ``jax.checkpoint`` does),
         so there is no backward to write.
 
+        >>> import jax.numpy as jnp
+        >>> w, b = np.eye(4), np.zeros(4)
         >>> stage = pw.Stage.from_jax((w, b), lambda p, x: jnp.tanh(x @ p[0] + p[1]))
         """
         jax = jax_body.require()
@@ -256,8 +259,17 @@ class Pipeline:
     ``island`` is None (the resource manager chooses), one island for all stages, or a list
     with one island per stage. ``schedule`` is "gpipe" or "1f1b".
 
+    >>> def dense(w, b):
+    ...     return pw.Stage((w, b), forward=lambda p, x: (x @ p[0] + p[1], x),
+    ...                     backward=lambda p, x, dy: ((x.T @ dy, dy.sum(0)), dy @ p[0].T))
+    >>> def mse(y, t):                   # one device's rows: their mean, and its gradient
+    ...     return ((y - t) ** 2).mean(), 2 * (y - t) / y.size
+    >>> stage1, stage2 = dense(np.eye(4), np.zeros(4)), dense(np.eye(4), np.zeros(4))
     >>> pipe = pw.Pipeline(client, [stage1, stage2], loss=mse, microbatches=4, lr=0.1)
+    >>> x, target = np.ones((8, 4)), np.zeros((8, 4))
     >>> loss = pipe.step(x, target)      # a pw.Array, returned before the step runs
+    >>> float(loss.result())
+    1.0
     >>> params = pipe.params()           # fetched: one nest of arrays per stage
     """
 

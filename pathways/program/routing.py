@@ -41,7 +41,14 @@ class RoutedFunction(CompiledFunction):
 
     >>> tm, em = client.mesh((4,), ("tokens",)), client.mesh((4,), ("experts",))
     >>> ffn = pw.expert_map(lambda x, w: x @ w, tm, em, num_experts=8)
-    >>> rows = ffn(route, x, w)   # route int32[T, k], x [T, d] on tm; w [8, d, d] on em
+    >>> route = client.put(np.arange(16, dtype=np.int32).reshape(16, 1) % 8, tm, P("tokens"))
+    >>> x = client.put(np.ones((16, 3)), tm, P("tokens"))               # T = 16 rows, d = 3
+    >>> w = client.put(np.stack([np.eye(3) * e for e in range(8)]), em, P("experts"))
+    >>> rows = ffn(route, x, w)   # [T, k, d]: row t went to expert t % 8, which scales it
+    >>> rows.result()[:3, 0]
+    array([[0., 0., 0.],
+           [1., 1., 1.],
+           [2., 2., 2.]])
     """
 
     routed = True
@@ -238,9 +245,15 @@ def expert_map(body, tokens: Mesh, experts: Mesh, num_experts: int, token_args: 
     ``[num_experts, ...]``, sharded over ``experts``. ``body(*rows, *one_expert_params)``
     returns ``row_outputs`` arrays with one row per input row, then any per-expert arrays.
 
+    >>> tm, em = client.mesh((4,), ("tokens",)), client.mesh((4,), ("experts",))
     >>> ffn = pw.expert_map(lambda x, w: np.maximum(x @ w, 0), tokens=tm, experts=em,
     ...                     num_experts=8)
+    >>> route = client.put(np.full((16, 2), -1, np.int32), tm, P("tokens"))  # k = 2, all dropped
+    >>> x = client.put(np.ones((16, 3)), tm, P("tokens"))
+    >>> w = client.put(np.ones((8, 3, 3)), em, P("experts"))
     >>> rows = ffn(route, x, w)            # [T, k, d]; zeros where route == -1
+    >>> rows.shape, float(abs(rows.result()).sum())
+    ((16, 2, 3), 0.0)
     """
     return RoutedFunction(body, tokens, experts, num_experts, token_args, slot_args,
                           row_outputs, cost=cost, name=name)

@@ -1,9 +1,14 @@
 """Pytrees without JAX: tuples, lists, dicts and dataclasses of arrays, as JAX's tree_util reads
 them (dict keys in sorted order; a partition spec ``P`` and ``None`` are leaves here).
 
->>> leaves, treedef = flatten({"w": w, "b": (b1, b2)})     # [b1, b2, w], a hashable treedef
+>>> w, b1, b2 = 1.0, 2.0, 3.0
+>>> leaves, treedef = flatten({"w": w, "b": (b1, b2)})     # and a hashable treedef
+>>> leaves
+[2.0, 3.0, 1.0]
 >>> unflatten(treedef, leaves) == {"w": w, "b": (b1, b2)}
->>> per_leaf(P("data"), {"w": w, "b": b})                  # a spec prefix, one per leaf
+True
+>>> per_leaf(P("data"), {"w": w, "b": (b1, b2)})           # a spec prefix, one per leaf
+[P('data'), P('data'), P('data')]
 """
 
 from __future__ import annotations
