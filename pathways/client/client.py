@@ -1,7 +1,7 @@
 """The single-controller client: devices, meshes, arrays, and runs that never wait.
 
-All socket traffic happens on the client's own event-loop thread; user calls hand it work and
-return at once. A call of a compiled function or program names its output buffers itself
+All socket traffic happens on the client's own event-loop thread (``session``); user calls hand
+it work and return at once. A call of a compiled function or program names its output buffers itself
 (client id, run id, output index), so the futures it returns can be passed to the next call
 before the backend has seen the first: there is no enqueue round trip. A program is lowered
 and installed once per input placement; each call is then one "run" message.
@@ -9,7 +9,6 @@ and installed once per input placement; each call is then one "run" message.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures as cf
 import itertools
 import logging
@@ -17,27 +16,20 @@ import math
 import os
 import pickle
 import threading
-import time
-from collections import deque
 
 import numpy as np
-import uvloop
-import zmq
 
 from plaque import security
 from plaque.shipping import ship
-from plaque.zmq_transport import context_for
 
-from .. import protocol
 from ..errors import (
     ClientClosed,
-    CoordinatorLost,
     DeviceOutOfMemory,
     PathwaysError,
     ProgramError,
     received,
 )
-from ..lowering.lower import Placement, lower, placement_of, skeleton
+from ..lowering.lower import Placement, lower
 from ..program import sharding
 from ..program.compiled import Aval, CompiledFunction
 from ..program.ir import Eqn, Program
@@ -45,11 +37,10 @@ from ..program.mesh import Device, Mesh, device_of
 from ..program.tracer import single_call_program
 from ..protocol import RunArg
 from .array import Array
+from .session import Session
 from .trace import Tracing, collect
 
 log = logging.getLogger("pathways.client.client")
-
-PING_INTERVAL = 1.0  # seconds between the client's "alive" messages to the coordinator
 
 
 class Client:
@@ -76,14 +67,8 @@ class Client:
         self.keys = str(keys) if keys is not None else named or security.keys_dir()
         if self.keys is not None:
             security.check(self.keys)
-        self.ctx, self._own_ctx = context_for(self.address)
-        self._loop = uvloop.new_event_loop()
-        self._socks: dict[str, zmq.Socket] = {}
-        self._pending: dict[int, tuple[cf.Future, str]] = {}  # request -> (future, sent to)
-        self._lost_hosts: dict[str, Exception] = {}  # data address of a lost host -> why
-        self._inflight: dict[int, tuple] = {}
+        self._inflight: dict[int, tuple] = {}  # run -> (status, inputs, outputs, program id)
         self._holds_lock = threading.Lock()  # Array._holds: runs in flight reading an array
-        self._req_ids = itertools.count()
         self._array_ids = itertools.count()
         self._run_ids = itertools.count()
         self._program_ids = itertools.count()
@@ -92,15 +77,9 @@ class Client:
         self._retargeted: dict[tuple, tuple] = {}
         self._op_programs: dict[tuple, object] = {}
         self._executor = cf.ThreadPoolExecutor(2, thread_name_prefix="pathways-await")
-        self._outbox: deque = deque()  # (address, payload) for the loop thread to send
-        self._flush_posted = False
         self.closed = False
-        self.lost: CoordinatorLost | None = None  # set when the coordinator went silent
-        self.coordinator_timeout = coordinator_timeout
-        self._heard = time.monotonic()
-        self._thread = threading.Thread(target=self._serve, name="pathways-client",
-                                        daemon=True)
-        self._thread.start()
+        self._session = Session(self.address, self.keys, coordinator_timeout,
+                                self._on_run_reply, self._fail_runs)
         self.weight, self.priority = float(weight), int(priority)
         wait = timeout if connect_timeout is None else connect_timeout
         try:
@@ -112,42 +91,16 @@ class Client:
                 f"no coordinator answered at {address} within {wait:g} s: is the address"
                 " right, and if the cluster uses keys, were they given (ADDRESS?keys=DIR,"
                 f" keys=DIR or ${security.ENV})?") from None
-        self._loop.call_soon_threadsafe(self._ping)
+        self._session.start_pings(self.id)
         self._refresh_devices()
 
-    # ---- loop thread ----------------------------------------------------------------------
-    def _serve(self):
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_forever()
-        for s in self._socks.values():
-            s.close(linger=1000)  # let queued deletes reach the hosts
-        self._loop.close()
+    # ---- the session's loop thread: runs ending -------------------------------------------
+    @property
+    def lost(self):
+        """The ``CoordinatorLost`` error once the coordinator went silent, else None."""
+        return self._session.lost
 
-    def _sock(self, address: str) -> zmq.Socket:
-        s = self._socks.get(address)
-        if s is None:
-            s = self._socks[address] = self.ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 0)
-            security.connect(s, address, self.keys)
-            fd = s.getsockopt(zmq.FD)
-            self._loop.add_reader(fd, self._drain, s)
-        return s
-
-    def _drain(self, s):
-        while True:
-            try:
-                frames = s.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            if s is self._socks.get(self.address):
-                self._heard = time.monotonic()
-            try:
-                for reply in protocol.unbatch(protocol.unpack(frames)):
-                    self._on_reply(reply)
-            except Exception:
-                log.exception("bad reply")
-
-    def _on_reply(self, msg):
+    def _on_run_reply(self, msg):
         kind = msg[0]
         if kind in ("run_done", "run_failed"):
             entry = self._inflight.pop(msg[1], None)
@@ -158,108 +111,27 @@ class Client:
                     status.set_result(None)
                 else:
                     status.set_exception(received(msg[2], of_run=True))
-        elif kind == "host_lost":
-            info = msg[2]
-            self._lost_hosts[info["data"]] = info["error"]
-            for req, (fut, address) in list(self._pending.items()):
-                if address == info["data"]:
-                    del self._pending[req]
-                    if not fut.done():
-                        fut.set_exception(info["error"])
         elif kind == "install_failed":
             for run_id, entry in list(self._inflight.items()):
                 if entry[3] == msg[1]:
                     del self._inflight[run_id]
                     self._unhold(entry[1])
                     entry[0].set_exception(received(msg[2], of_run=True))
-        else:
-            fut, _ = self._pending.pop(msg[1], (None, None))
-            if fut is None:
-                return
-            if kind == "error":
-                fut.set_exception(received(msg[2], of_run=False))
-            else:
-                fut.set_result(msg[2])
 
-    def _ping(self):
-        """Loop thread: tell the coordinator this client is alive (it frees everything of a
-        client silent for its ``--client-timeout``)."""
-        if self.closed or self.lost is not None:
-            return
-        silent = time.monotonic() - self._heard
-        if silent > self.coordinator_timeout:
-            self._coordinator_lost(f"no word from the coordinator at {self.address} for"
-                                   f" {silent:.1f} s")
-            return
-        self._send_now(self.address, ("ping", self.id))
-        self._loop.call_later(PING_INTERVAL, self._ping)
-
-    def _coordinator_lost(self, reason: str) -> None:
-        """Loop thread: fail everything in flight; later calls fail at once."""
-        log.warning("%s", reason)
-        self.lost = CoordinatorLost(reason)
-        self._fail_all(self.lost)
-
-    def _fail_all(self, err: Exception) -> None:
-        """Loop thread: every run and request still waiting fails with ``err``."""
+    def _fail_runs(self, err: Exception) -> None:
+        """Every run still in flight fails with ``err``."""
         for status, inputs, *_ in self._inflight.values():
             self._unhold(inputs)
             if not status.done():
                 status.set_exception(err)
         self._inflight.clear()
-        for fut, _ in self._pending.values():
-            if not fut.done():
-                fut.set_exception(err)
-        self._pending.clear()
-
-    def _call(self, fn, *args):
-        if self.closed:
-            raise ClientClosed("this client is closed")
-        if self.lost is not None:
-            raise self.lost
-        self._loop.call_soon_threadsafe(fn, *args)
 
     def _send(self, address, payload):
-        """Any thread: send ``payload`` to ``address``. Messages sent back to back (a loop
-        of calls, a burst of deletes) leave together, one message per address, with one
-        wake of the loop thread."""
-        if self.closed:
-            raise ClientClosed("this client is closed")
-        if self.lost is not None:
-            raise self.lost
-        self._outbox.append((address, payload))
-        if not self._flush_posted:
-            self._flush_posted = True
-            self._call(self._flush)
-
-    def _flush(self):
-        """Loop thread: send what ``_send`` queued, in order, one message per address."""
-        self._flush_posted = False
-        batches: dict[str, list] = {}
-        while self._outbox:
-            address, payload = self._outbox.popleft()
-            batches.setdefault(address, []).append(payload)
-        for address, payloads in batches.items():
-            self._send_now(address, protocol.batch(payloads))
-
-    def _send_now(self, address, payload):
-        s = self._sock(address)
-        s.send_multipart(protocol.pack(payload), copy=False)
-        # A send can consume the edge of the socket's FD that announced an incoming message
-        # (ZeroMQ's FD is edge-triggered and shared by both directions): look again.
-        self._drain(s)
+        self._session.send(address, payload)
 
     def _request(self, address, payload) -> cf.Future:
-        """Send ``(kind, req_id, ...)``; the future gets the reply's third item."""
-        req = next(self._req_ids)
-        fut: cf.Future = cf.Future()
-        lost = self._lost_hosts.get(address)
-        if lost is not None:
-            fut.set_exception(lost)
-            return fut
-        self._pending[req] = (fut, address)
-        self._send(address, (payload[0], req, *payload[2:]))
-        return fut
+        """Send ``(kind, req_id, ...)`` to ``address``; the future gets the reply's value."""
+        return self._session.request(address, payload)
 
     # ---- cluster --------------------------------------------------------------------------
     def _refresh_devices(self):
@@ -579,19 +451,11 @@ class Client:
         worker_of = {d: info["host"] for d, info in self._device_info.items()}
         island_of = {d: info["island"] for d, info in self._device_info.items()}
         lowered = lower(program, list(placements), worker_of, island_of, self.dispatch)
-        out_places = {}
-        for eqn in program.eqns:
-            for k, (v, spec) in enumerate(zip(eqn.outputs, eqn.fn.out_specs)):
-                mesh = eqn.fn.out_mesh(k)
-                p = placement_of(mesh, spec, len(v.aval.shape))
-                out_places[v.id] = (mesh, sharding.P(*p.spec))
         pid = (self.id, next(self._program_ids))
-        blob = ship([n.factory for n in lowered.graph.nodes], [e.fn.body for e in program.eqns])
-        nodes, edges = skeleton(lowered.graph)
-        self._send(self.address, ("install", pid, nodes, edges, blob, lowered.gangs,
-                                  lowered.islands))
-        self._lowered[key] = (program, pid, out_places)  # keeps program alive: id() stays valid
-        return pid, out_places
+        payload = lowered.install_payload([e.fn.body for e in program.eqns])
+        self._send(self.address, ("install", pid, *payload))
+        self._lowered[key] = (program, pid, lowered.outputs)  # keeps program alive: id() valid
+        return pid, lowered.outputs
 
     # ---- life cycle -----------------------------------------------------------------------
     def close(self) -> None:
@@ -608,17 +472,8 @@ class Client:
         except Exception:
             pass
         self.closed = True
-        err = ClientClosed("the client closed before this run finished")
-
-        def stop():
-            self._fail_all(err)
-            self._loop.stop()
-
-        self._loop.call_soon_threadsafe(stop)
-        self._thread.join(10)
+        self._session.close(ClientClosed("the client closed before this run finished"))
         self._executor.shutdown(wait=False)
-        if self._own_ctx:
-            self.ctx.term()
 
     def __enter__(self):
         return self

@@ -18,10 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import plaque
+from plaque.shipping import ship
 
 from ..errors import ProgramError
 from ..program.ir import Program
-from ..program.sharding import normalize_spec, shard_shape
+from ..program.sharding import P, normalize_spec, shard_shape
 from . import resharding
 from .specs import ROUTED_PORT, HostOp, Incoming, KernelSpec, RouteSpec, SendSpec
 
@@ -92,6 +93,15 @@ class LoweredProgram:
     graph: plaque.Graph
     gangs: list[tuple[int, ...]]  # devices of each equation, in equation order
     islands: list[int]  # island of each gang
+    outputs: dict  # var id of each equation output -> (mesh, P spec) where it is made
+
+    def install_payload(self, bodies) -> tuple:
+        """What the coordinator installs, ``(nodes, edges, blob, gangs, islands)``: the
+        graph's skeleton and its operators and ``bodies`` shipped as one blob (code from
+        scripts by value)."""
+        nodes, edges = skeleton(self.graph)
+        blob = ship([n.factory for n in self.graph.nodes], bodies)
+        return nodes, edges, blob, self.gangs, self.islands
 
 
 def placement_of(m, spec, ndim) -> Placement:
@@ -102,7 +112,8 @@ def placement_of(m, spec, ndim) -> Placement:
 
 def lower(program: Program, input_placements: list[Placement], worker_of: dict[int, int],
           island_of: dict[int, int], dispatch: str = "parallel") -> LoweredProgram:
-    """Place every equation; insert a transfer wherever a value is consumed elsewhere.
+    """Place every equation; insert a transfer wherever a value is consumed elsewhere. The
+    result says where each output is made (``outputs``) and what to install.
 
     With parallel dispatch no node waits for "complete" notifications (kernels are enqueued
     at run start, transfers leave when their buffer is ready), so hosts exchange no progress
@@ -111,6 +122,7 @@ def lower(program: Program, input_placements: list[Placement], worker_of: dict[i
     where: dict[int, Placement] = {v.id: p for v, p in zip(program.inputs, input_placements)}
     uses: dict[int, int] = {}  # users of each value where it lives (kernels and transfers)
     transfers: dict[tuple[int, int], Placement] = {}  # (eqn, input index) -> where it must go
+    made: dict[int, tuple] = {}  # output var id -> (mesh, spec)
     for e, eqn in enumerate(program.eqns):
         specs = eqn.fn.arg_specs(len(eqn.inputs))
         for i, (v, spec) in enumerate(zip(eqn.inputs, specs)):
@@ -120,10 +132,11 @@ def lower(program: Program, input_placements: list[Placement], worker_of: dict[i
             uses[v.id] = uses.get(v.id, 0) + 1
         for k, (v, spec) in enumerate(zip(eqn.outputs, eqn.fn.out_specs)):
             where[v.id] = placement_of(eqn.fn.out_mesh(k), spec, len(v.aval.shape))
+            made[v.id] = (eqn.fn.out_mesh(k), P(*where[v.id].spec))
     keep = {v.id for v in program.outputs} | {v.id for v in program.inputs}
     builder = _Builder(program, worker_of, island_of, where, uses, keep, transfers)
     builder.notify = dispatch == "sequential"
-    return builder.build()
+    return builder.build(made)
 
 
 class _Builder:
@@ -140,13 +153,13 @@ class _Builder:
             raise ProgramError(f"device {exc.args[0]} of {what} is not known to be on a live"
                                " host") from None
 
-    def build(self) -> LoweredProgram:
+    def build(self, outputs: dict) -> LoweredProgram:
         for e, eqn in enumerate(self.program.eqns):
             self._kernel(e, eqn)
         g = self.graph
         gangs = [e.fn.mesh.ids for e in self.program.eqns]
         islands = [self.island_of[d[0]] for d in gangs]
-        return LoweredProgram(g, gangs, islands)
+        return LoweredProgram(g, gangs, islands, outputs)
 
     def _kernel(self, e, eqn):
         g, fn = self.graph, eqn.fn

@@ -1,0 +1,209 @@
+"""A client's I/O with the cluster: one event-loop thread that owns every socket.
+
+User calls hand the loop work and return at once: ``send`` queues a message (messages sent back
+to back leave together, one per address, with one wake of the loop), ``request`` sends one and
+returns a future for its reply. The loop reads replies, answers requests, hands the rest (the
+ends of runs, failed installs) to the client, and tells the coordinator every second that the
+client lives; a coordinator silent for ``coordinator_timeout`` fails everything in flight.
+What the messages mean is the client's business (``pathways.client.client``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+
+import uvloop
+import zmq
+
+from plaque import security
+from plaque.zmq_transport import context_for
+
+from .. import protocol
+from ..errors import ClientClosed, CoordinatorLost, received
+
+log = logging.getLogger("pathways.client.session")
+
+PING_INTERVAL = 1.0  # seconds between the client's "alive" messages to the coordinator
+RUN_REPLIES = ("run_done", "run_failed", "install_failed")  # handed to the client
+
+
+class Session:
+    """``address``: the coordinator's; ``keys``: the CURVE key directory (None: plain).
+    ``on_run_reply(msg)`` gets, on the loop thread, every reply about a run or an install;
+    ``on_lost(err)`` is told, on the loop thread, that everything in flight fails with
+    ``err`` (the coordinator went silent, or the client closed)."""
+
+    def __init__(self, address: str, keys: str | None, coordinator_timeout: float,
+                 on_run_reply, on_lost):
+        self.address, self.keys = address, keys
+        self.coordinator_timeout = coordinator_timeout
+        self._on_run_reply, self._on_lost = on_run_reply, on_lost
+        self.ctx, self._own_ctx = context_for(address)
+        self.loop = uvloop.new_event_loop()
+        self._socks: dict[str, zmq.Socket] = {}
+        self._pending: dict[int, tuple[cf.Future, str]] = {}  # request -> (future, sent to)
+        self._lost_hosts: dict[str, Exception] = {}  # data address of a lost host -> why
+        self._req_ids = itertools.count()
+        self._outbox: deque = deque()  # (address, payload) for the loop thread to send
+        self._flush_posted = False
+        self.closed = False
+        self.lost: CoordinatorLost | None = None  # set when the coordinator went silent
+        self._heard = time.monotonic()
+        self._client_id = None
+        self._thread = threading.Thread(target=self._serve, name="pathways-client",
+                                        daemon=True)
+        self._thread.start()
+
+    # ---- any thread -----------------------------------------------------------------------
+    def call(self, fn, *args) -> None:
+        """Run ``fn(*args)`` on the loop thread; fails at once once closed or lost."""
+        if self.closed:
+            raise ClientClosed("this client is closed")
+        if self.lost is not None:
+            raise self.lost
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def send(self, address, payload) -> None:
+        """Send ``payload`` to ``address``. Messages sent back to back (a loop of calls, a
+        burst of deletes) leave together, one message per address, with one wake of the
+        loop thread."""
+        if self.closed:
+            raise ClientClosed("this client is closed")
+        if self.lost is not None:
+            raise self.lost
+        self._outbox.append((address, payload))
+        if not self._flush_posted:
+            self._flush_posted = True
+            self.call(self._flush)
+
+    def request(self, address, payload) -> cf.Future:
+        """Send ``(kind, req_id, ...)``; the future gets the reply's third item."""
+        req = next(self._req_ids)
+        fut: cf.Future = cf.Future()
+        lost = self._lost_hosts.get(address)
+        if lost is not None:
+            fut.set_exception(lost)
+            return fut
+        self._pending[req] = (fut, address)
+        self.send(address, (payload[0], req, *payload[2:]))
+        return fut
+
+    def start_pings(self, client_id: int) -> None:
+        """Begin telling the coordinator that client ``client_id`` lives."""
+        self._client_id = client_id
+        self.loop.call_soon_threadsafe(self._ping)
+
+    def close(self, err: Exception) -> None:
+        """Stop: everything still in flight fails with ``err``; queued sends still leave."""
+        self.closed = True
+
+        def stop():
+            self._fail_all(err)
+            self.loop.stop()
+
+        self.loop.call_soon_threadsafe(stop)
+        self._thread.join(10)
+        if self._own_ctx:
+            self.ctx.term()
+
+    # ---- loop thread ----------------------------------------------------------------------
+    def _serve(self):
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+        for s in self._socks.values():
+            s.close(linger=1000)  # let queued deletes reach the hosts
+        self.loop.close()
+
+    def _sock(self, address: str) -> zmq.Socket:
+        s = self._socks.get(address)
+        if s is None:
+            s = self._socks[address] = self.ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            security.connect(s, address, self.keys)
+            self.loop.add_reader(s.getsockopt(zmq.FD), self._drain, s)
+        return s
+
+    def _drain(self, s):
+        while True:
+            try:
+                frames = s.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            if s is self._socks.get(self.address):
+                self._heard = time.monotonic()
+            try:
+                for reply in protocol.unbatch(protocol.unpack(frames)):
+                    self._on_reply(reply)
+            except Exception:
+                log.exception("bad reply")
+
+    def _on_reply(self, msg):
+        kind = msg[0]
+        if kind in RUN_REPLIES:
+            self._on_run_reply(msg)
+        elif kind == "host_lost":
+            info = msg[2]
+            self._lost_hosts[info["data"]] = info["error"]
+            for req, (fut, address) in list(self._pending.items()):
+                if address == info["data"]:
+                    del self._pending[req]
+                    if not fut.done():
+                        fut.set_exception(info["error"])
+        else:
+            fut, _ = self._pending.pop(msg[1], (None, None))
+            if fut is None:
+                return
+            if kind == "error":
+                fut.set_exception(received(msg[2], of_run=False))
+            else:
+                fut.set_result(msg[2])
+
+    def _ping(self):
+        """Tell the coordinator this client is alive (it frees everything of a client silent
+        for its ``--client-timeout``)."""
+        if self.closed or self.lost is not None:
+            return
+        silent = time.monotonic() - self._heard
+        if silent > self.coordinator_timeout:
+            self._coordinator_lost(f"no word from the coordinator at {self.address} for"
+                                   f" {silent:.1f} s")
+            return
+        self._send_now(self.address, ("ping", self._client_id))
+        self.loop.call_later(PING_INTERVAL, self._ping)
+
+    def _coordinator_lost(self, reason: str) -> None:
+        """Fail everything in flight; later calls fail at once."""
+        log.warning("%s", reason)
+        self.lost = CoordinatorLost(reason)
+        self._fail_all(self.lost)
+
+    def _fail_all(self, err: Exception) -> None:
+        """Every run and request still waiting fails with ``err``."""
+        self._on_lost(err)
+        for fut, _ in self._pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+        self._pending.clear()
+
+    def _flush(self):
+        """Send what ``send`` queued, in order, one message per address."""
+        self._flush_posted = False
+        batches: dict[str, list] = {}
+        while self._outbox:
+            address, payload = self._outbox.popleft()
+            batches.setdefault(address, []).append(payload)
+        for address, payloads in batches.items():
+            self._send_now(address, protocol.batch(payloads))
+
+    def _send_now(self, address, payload):
+        s = self._sock(address)
+        s.send_multipart(protocol.pack(payload), copy=False)
+        # A send can consume the edge of the socket's FD that announced an incoming message
+        # (ZeroMQ's FD is edge-triggered and shared by both directions): look again.
+        self._drain(s)
