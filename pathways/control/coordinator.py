@@ -1,112 +1,56 @@
-"""The Pathways coordinator: resource manager, one gang scheduler per island, program runs.
+"""The Pathways coordinator: the control plane on sockets and a Plaque cluster.
 
-It embeds a Plaque cluster (hosts are its workers) and serves clients on a ROUTER socket on
-the same event loop. A client's program is installed once as a Plaque graph; each run is one
-message from the client, sequenced by the island's scheduler (every gang of the run gets its
-sequence number on each of its devices) and started with one START message per host. The
-client learns the end of the run from here; its data it fetches from the hosts.
+The decisions (resource manager, one gang scheduler per island, programs, runs, client
+liveness) are the sans-IO ``ControlPlane`` (``pathways.control.plane``); this adapter feeds it
+and carries out what it decides, all on the Plaque cluster's event loop. It embeds a Plaque
+cluster (hosts are its workers) and serves clients on a ROUTER socket. A client's program is
+installed once as a Plaque graph; each run is one message from the client, sequenced by the
+island's scheduler (every gang of the run gets its sequence number on each of its devices) and
+started with one START message per host. The client learns the end of the run from here; its
+data it fetches from the hosts.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import logging
 import time
-from dataclasses import dataclass, field
 
 import zmq
 
 import plaque
 from plaque import security
-from plaque.liveness import GRACE_TIMEOUTS, Listening
-from plaque.logutil import dropped
 from plaque.zmq_transport import context_for
 
-from ..errors import ClientGone, HostLost, RemoteError, ResourceError
 from ..lowering.lower import rebuild
 from ..service import RouterService
-from .resource_manager import ResourceManager
-from .scheduler import (
-    FifoPolicy,
-    Gang,
-    IslandScheduler,
-    PriorityPolicy,
-    ProportionalSharePolicy,
-)
+from .plane import POLICIES, ControlPlane, Install, RefuseHost, Reply, Start, ToHost
+
+__all__ = ["POLICIES", "Coordinator"]
 
 log = logging.getLogger("pathways.control.coordinator")
 
 
-def _short(value) -> str:
-    """A loggable glimpse of a value a stranger sent (repr may fail or be huge)."""
-    try:
-        text = repr(value)
-    except Exception:
-        return f"<{type(value).__name__}>"
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-@dataclass
-class _Program:
-    client: int
-    gangs: list
-    islands: list  # island of each gang
-    gid: int | None = None
-    error: Exception | None = None
-    waiting: list = field(default_factory=list)  # runs that arrived before the install ended
-
-
-@dataclass
-class _Run:
-    ident: bytes
-    pid: tuple
-    run_id: int
-    arg: object
-    prog: _Program
-    programs: dict  # island -> the gangs submitted to that island's scheduler
-    seqs: dict = field(default_factory=dict)  # eqn index -> {device: seq}
-    started: bool = False
-
-
-POLICIES = ("fifo", "share", "priority")
-# requests that act for a client: only that client's own connection may send them
-OWNED = {"bye", "run", "install", "mesh", "remap"}
-
-
 class Coordinator:
+    """``bind``: ``tcp://HOST`` (``port`` 0: a free one) or ``"inproc"`` (the in-process
+    twin: Plaque and clients within this process)."""
+
     def __init__(self, bind: str = "tcp://127.0.0.1", heartbeat_timeout: float = 3.0,
                  policy: str = "fifo", window: int = 8, client_timeout: float = 5.0,
                  port: int = 0):
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-        self.policy, self.window = policy, window
-        self.cluster = plaque.Cluster(bind, heartbeat_timeout=heartbeat_timeout)
-        self.rm = ResourceManager()
-        self.schedulers: dict[int, IslandScheduler] = {}
-        self.runs: dict[tuple, _Run] = {}  # (pid, run_id) -> a run waiting or running
-        self.client_info: dict[int, dict] = {}  # weight, priority
-        self.client_timeout = client_timeout
         self._check_every = min(1.0, client_timeout / 4)
-        self._listening = Listening(GRACE_TIMEOUTS * client_timeout,
-                                    interval=self._check_every)
-        self._last_seen: dict[int, float] = {}  # client -> monotonic time of its last word
-        self._client_of: dict[bytes, int] = {}  # socket identity -> client id
-        self._departed: dict[int, dict] = {}  # lost host -> its info (devices, island)
-        self.hosts: dict[int, dict] = {}  # worker id -> info
-        self.programs: dict[tuple, _Program] = {}
-        self.clients: dict[int, bytes] = {}  # client id -> socket identity
-        self._client_ids = itertools.count()
-        if bind == "inproc":  # the in-process twin: Plaque and clients within this process
+        self.plane = ControlPlane(policy, window, client_timeout, self._check_every)
+        self.cluster = plaque.Cluster(bind, heartbeat_timeout=heartbeat_timeout)
+        if bind == "inproc":
             self.ctx, self._own_ctx = context_for("inproc://")
             where = "inproc://pathways-coordinator/"
         else:
             self.ctx, self._own_ctx = zmq.Context(), True
             where = bind if bind.startswith("tcp://") else "tcp://127.0.0.1"
             where = f"{where}:{port}" if port else where  # else a free port
-        self.service = RouterService(self.ctx, where, self._handle, sender=-1,
+        self.service = RouterService(self.ctx, where, self._on_request, sender=-1,
                                      after_batch=self.cluster.soon)
         self.address = self.service.address
+        self.plane.addresses = {"plaque": self.cluster.address, "clients": self.address}
         self.cluster.listeners.append(self._on_cluster_event)
         self.cluster.call_soon(lambda: self.service.start(self.cluster.loop))
         self.cluster.call_soon(self._check_clients)
@@ -122,326 +66,69 @@ class Coordinator:
         if self._own_ctx:
             self.ctx.term()
 
-    # ---- hosts ----------------------------------------------------------------------------
-    def _on_cluster_event(self, ev):
+    # ---- inputs (all on the cluster's loop) -------------------------------------------------
+    def _on_request(self, ident, req) -> None:
+        self.plane.request(ident, req, time.monotonic())
+        self._carry_out()
+
+    def _on_cluster_event(self, ev) -> None:
         if ev[0] != "membership":
             return
-        live = set(ev[1])
         core = self.cluster.core
-        for w in live - set(self.hosts):
-            info = core.workers[w].info
-            try:
-                if not isinstance(info, dict) or not all(
-                        isinstance(info.get(k), str) for k in ("data", "ici")):
-                    raise ValueError("its hello does not describe a host")
-                devs = self.rm.add_host(w, int(info.get("island", 0)),
-                                        int(info.get("devices", 0)))
-            except Exception as exc:  # a stranger or a broken host: keep it out
-                log.warning("worker %d refused as a host: %r", w, exc)
-                core.lose_worker(w, f"not a valid host: {exc!r}")
-                continue
-            self.hosts[w] = dict(info, device_ids=[d.id for d in devs])
-            core.send_user(w, ("devices", [d.id for d in devs]))
-            log.info("host %d joined island %s with devices %s", w, info.get("island"),
-                     [d.id for d in devs])
-        for w in set(self.hosts) - live:
-            lost = self.rm.remove_host(w)
-            log.warning("host %d lost with devices %s", w, lost)
-            info = self._departed[w] = self.hosts.pop(w)
-            notice = ("host_lost", None, {"host": w, "data": info.get("data"),
-                                          "devices": lost, "error": self._host_lost(
-                                              plaque.WorkerLost(w, "it stopped answering"))})
-            for ident in self.clients.values():  # their reads from it must not wait forever
-                self._reply(ident, notice)
-        topology = {d: w for w, h in self.hosts.items() for d in h["device_ids"]}
-        links = {w: h["ici"] for w, h in self.hosts.items()}
-        for w in self.hosts:
-            core.send_user(w, ("topology", topology, links))
-        self.cluster.soon()
+        self.plane.hosts_live({w: core.workers[w].info for w in ev[1]})
+        self._carry_out()
 
-    def devices(self) -> list[dict]:
-        out = []
-        for d in self.rm.devices():
-            h = self.hosts[d.host]
-            spec = h.get("spec")
-            out.append({"id": d.id, "island": d.island, "host": d.host, "index": d.index,
-                        "kind": d.kind, "data": h["data"],
-                        "hbm": getattr(spec, "hbm_bytes", None)})
-        return out
-
-    # ---- clients --------------------------------------------------------------------------
     def _check_clients(self) -> None:
-        """Loop thread, every second: a client silent for ``client_timeout`` is gone.
-
-        Silence counts only while we could hear (``plaque.liveness``): up to the last time
-        nothing waited unread on the client socket, and not over our own stalls.
-        """
+        """Every second or so: time passes for the plane. Silence counts only while we could
+        hear: up to the last time nothing waited unread on the client socket."""
         now = time.monotonic()
-        heard_until = self.service.drained_at if self.service.waiting() else now
-        blind, listened = self._listening.tick(now, heard_until)
-        for client, seen in list(self._last_seen.items()):
-            seen = self._last_seen[client] = seen + blind
-            if listened - seen > self.client_timeout:
-                log.warning("client %s lost: silent for %.1f s", client, listened - seen)
-                self._forget_client(client, f"client {client} stopped answering for"
-                                            f" {listened - seen:.1f} s")
+        self.plane.tick(now, self.service.drained_at if self.service.waiting() else now)
+        self._carry_out()
         self.cluster.loop.call_later(self._check_every, self._check_clients)
 
-    def _owner_of(self, req):
-        """The client a request acts for (checked against the sending connection)."""
-        kind = req[0]
-        if kind == "bye":
-            return req[1] if len(req) > 1 else None
-        if kind in ("run", "install"):
-            pid = req[1]
-            return pid[0] if isinstance(pid, tuple) and pid else None
-        if kind in ("mesh", "remap"):
-            return req[2] if len(req) > 2 else None
-        return None
-
-    def _req_ping(self, ident, client):
-        self._reply(ident, ("pong", None, None))  # the client knows the coordinator lives
-
-    def _handle(self, ident, req):
-        cid = self._client_of.get(ident)
-        if cid is not None:
-            self._last_seen[cid] = time.monotonic()
-        handler = getattr(self, "_req_" + req[0], None) if isinstance(req[0], str) else None
-        if handler is not None and req[0] in OWNED and (
-                len(req) < 2 or self._owner_of(req) != cid):
-            gone = ClientGone("this client was disconnected (closed, or silent too long)"
-                              if cid is None else "a request for another client")
-            if req[0] == "run" and len(req) > 2:
-                self._reply(ident, ("run_failed", req[2], gone))
-            elif req[0] in ("mesh", "remap"):
-                self._reply(ident, ("error", req[1], gone))
-            log.warning("refused a %s request for a client this connection is not", req[0])
-            return
-        if handler is None:
-            dropped(log, "a client request of unknown kind", _short(req[0]))
-            return
-        try:
-            handler(ident, *req[1:])
-        except Exception as exc:
-            log.info("request %s failed: %r", req[0], exc)
-            if len(req) > 1 and isinstance(req[1], int):
-                self._reply(ident, ("error", req[1], exc))
-
-    def _reply(self, ident, payload):
-        self.service.reply(ident, payload)
-
-    def _req_info(self, ident, req):
-        self._reply(ident, ("info", req, {"plaque": self.cluster.address,
-                                          "clients": self.address}))
-
-    def _req_hello(self, ident, req, info):
-        cid = next(self._client_ids)
-        self.clients[cid] = ident
-        self.client_info[cid] = dict(info or {})
-        self._last_seen[cid] = time.monotonic()
-        self._client_of[ident] = cid
-        self._reply(ident, ("welcome", req, cid))
-
-    def _req_devices(self, ident, req):
-        self._reply(ident, ("devices", req, self.devices()))
-
-    def _req_mesh(self, ident, req, client, shape, island):
-        sl = self.rm.allocate(client, tuple(shape), island=island)
-        self._reply(ident, ("mesh", req, sl))
-
-    def _req_remap(self, ident, req, client, slice_id):
-        sl = self.rm.slice(slice_id)
-        if sl.client != client:
-            raise ResourceError(f"slice {slice_id} belongs to another client")
-        self._reply(ident, ("mesh", req, self.rm.remap(slice_id)))
-
-    def _req_status(self, ident, req):
-        clients = {}
-        for cid in sorted(self.clients):
-            info = self.client_info.get(cid, {})
-            clients[cid] = {"weight": info.get("weight", 1.0),
-                            "priority": info.get("priority", 0), "queued": 0,
-                            "running": sum(1 for r in self.runs.values()
-                                           if r.prog.client == cid and r.started)}
-        for sched in self.schedulers.values():
-            for cid, n in sched.policy.waiting().items():
-                if cid in clients:
-                    clients[cid]["queued"] += n
-        self._reply(ident, ("status", req, {"hosts": self.hosts, "devices": self.devices(),
-                                            "clients": clients, "policy": self.policy,
-                                            "resources": self.rm.snapshot()}))
-
-    def _req_install(self, ident, pid, nodes, edges, blob, gangs, islands):
-        client = pid[0]
-        prog = self.programs[pid] = _Program(client, [tuple(g) for g in gangs], list(islands))
-        foreign = sorted({d for g in prog.gangs for d in g} - self.rm.devices_of(client))
-        if foreign:  # a mesh made by hand must stay within the client's own slices
-            prog.error = ResourceError(f"devices {foreign} are in no slice of client {client}:"
-                                       " get meshes from client.mesh(...)")
-            self._reply(ident, ("install_failed", pid, prog.error))
-            return
-
-        def installed(gid, error):
-            error = self._explain(error)
-            prog.gid, prog.error = gid, error
-            if error is not None:
-                self._reply(ident, ("install_failed", pid, error))
-            for run in prog.waiting:
-                self._req_run(*run)
-            prog.waiting.clear()
-
-        try:
-            graph = rebuild(nodes, edges, blob, self.cluster.core.live_workers())
-            self.cluster.install_async(graph, installed)
-        except Exception as exc:
-            installed(None, exc)
-
-    def _req_run(self, ident, pid, run_id, arg):
-        prog = self.programs.get(pid)
-        if prog is None:
-            self._reply(ident, ("run_failed", run_id, plaque.GraphError(f"no program {pid}")))
-            return
-        if prog.gid is None and prog.error is None:
-            prog.waiting.append((ident, pid, run_id, arg))
-            return
-        if prog.error is not None:
-            self._reply(ident, ("run_failed", run_id, prog.error))
-            return
-        if prog.client not in self.clients:
-            self._reply(ident, ("run_failed", run_id, ClientGone(
-                f"client {prog.client} was disconnected (closed or silent too long)")))
-            return
-        # each island's scheduler orders that island's gangs of the run
-        per_island: dict[int, list] = {}
-        for e, (devs, island) in enumerate(zip(prog.gangs, prog.islands)):
-            per_island.setdefault(island, []).append(Gang((pid, run_id, e), prog.client, devs))
-        run = _Run(ident, pid, run_id, arg, prog, {i: tuple(g) for i, g in per_island.items()})
-        self.runs[(pid, run_id)] = run
-        spans = len(run.programs) > 1
-        for island, gangs in run.programs.items():
-            self._released(self._scheduler(island).submit(gangs, spans_islands=spans))
-
-    def _scheduler(self, island: int) -> IslandScheduler:
-        sched = self.schedulers.get(island)
-        if sched is None:
-            info = self.client_info
-            if self.policy == "share":
-                policy = ProportionalSharePolicy(
-                    lambda c: info.get(c, {}).get("weight", 1.0), self.window)
-            elif self.policy == "priority":
-                policy = PriorityPolicy(lambda c: info.get(c, {}).get("priority", 0),
-                                        self.window)
-            else:
-                policy = FifoPolicy()
-            sched = self.schedulers[island] = IslandScheduler(island, policy)
-        return sched
-
-    def _released(self, releases) -> None:
-        """Gangs the schedulers numbered: start each run whose gangs all have their numbers."""
-        ready = []
-        for (pid, run_id, e), seqs in releases:
-            run = self.runs.get((pid, run_id))
-            if run is None:
-                continue
-            run.seqs[e] = dict(seqs)
-            if len(run.seqs) == len(run.prog.gangs) and not run.started:
-                run.started = True
-                ready.append(run)
-        for run in ready:
-            self._start(run)
-
-    def _start(self, run: _Run) -> None:
-        prog, run_id = run.prog, run.run_id
-        arg = dataclasses.replace(run.arg, seqs=run.seqs)
-
-        def done(result, error):
-            self._finished(run)
-            error = self._explain(error)
-            if error is None:
-                self._reply(run.ident, ("run_done", run_id))
-                return
-            self._reply(run.ident, ("run_failed", run_id, error))
-            # Kernels of this run still queued or waiting in collectives on surviving hosts
-            # must not hold their devices until a timeout: fail their gangs now.
-            self._abort([run], str(error))
-            # Sequence numbers of this run whose kernels never reached a host (its START was
-            # cut short) would stall their devices: skip them (no-op where they ran).
-            self._skip(run.seqs)
+    # ---- outputs ------------------------------------------------------------------------------
+    def _carry_out(self) -> None:
+        """Do what the plane decided (which may decide more), until nothing is left."""
+        core, sent = self.cluster.core, False
+        while True:
+            commands = self.plane.take()
+            if not commands:
+                break
+            for c in commands:
+                if isinstance(c, Reply):
+                    self.service.reply(c.ident, c.payload)
+                elif isinstance(c, ToHost):
+                    core.send_user(c.worker, c.payload)
+                    sent = True
+                elif isinstance(c, Install):
+                    self._install(c)
+                elif isinstance(c, Start):
+                    self._start(c)
+                elif isinstance(c, RefuseHost):
+                    core.lose_worker(c.worker, c.reason)
+        if sent:
             self.cluster.soon()
 
+    def _install(self, c: Install) -> None:
+        def installed(gid, error):
+            self.plane.installed(c.pid, gid, error)
+            self._carry_out()
+
         try:
-            self.cluster.start_async(prog.gid, arg, done)
+            graph = rebuild(c.nodes, c.edges, c.blob, self.cluster.core.live_workers())
+            self.cluster.install_async(graph, installed)
         except Exception as exc:
-            self._finished(run)
-            self._skip(run.seqs)
-            self._reply(run.ident, ("run_failed", run_id, self._explain(exc)))
+            self.plane.installed(c.pid, None, exc)
 
-    def _abort(self, runs, reason: str) -> None:
-        """Fail the gangs of these runs on every host (collectives and waiting kernels)."""
-        gangs = [(run.prog.client, run.run_id, e) for run in runs
-                 for e in range(len(run.prog.gangs))]
-        if gangs:
-            for w in self.hosts:
-                self.cluster.core.send_user(w, ("abort_gangs", gangs, reason))
+    def _start(self, c: Start) -> None:
+        def done(_result, error):
+            self.plane.run_ended(c.key, error)
+            self._carry_out()
 
-    def _explain(self, error):
-        """What a client should see: a lost Plaque worker is a lost host, named; a kernel's
-        own exception is said as the kernel's, not as the operator that carried it."""
-        if isinstance(error, plaque.WorkerLost):
-            return self._host_lost(error)
-        origin = getattr(error, "origin", None)
-        if isinstance(error, plaque.OperatorError) and isinstance(origin, dict):
-            return RemoteError.from_origin(origin)
-        return error
+        try:
+            self.cluster.start_async(c.gid, c.arg, done)
+        except Exception as exc:
+            self.plane.run_ended(c.key, exc)
 
-    def _host_lost(self, error: plaque.WorkerLost) -> HostLost:
-        info = self.hosts.get(error.worker) or self._departed.get(error.worker, {})
-        return HostLost(f"host {error.worker} (island {info.get('island', '?')}, devices"
-                        f" {info.get('device_ids', '?')}, {info.get('hostname', '?')} pid"
-                        f" {info.get('pid', '?')}) was lost: {error}")
-
-    def _finished(self, run: _Run) -> None:
-        """The run is over: its programs leave the schedulers' windows."""
-        if self.runs.pop((run.pid, run.run_id), None) is None:
-            return
-        for island, gangs in run.programs.items():
-            self._released(self._scheduler(island).finished(gangs))
-
-    def _skip(self, seqs):
-        """Tell hosts to skip sequence numbers of gangs that will never run."""
-        per_host: dict[int, dict] = {}
-        owner = {d: w for w, h in self.hosts.items() for d in h["device_ids"]}
-        for per_device in seqs.values():
-            for d, s in per_device.items():
-                if d in owner:
-                    per_host.setdefault(owner[d], {}).setdefault(d, []).append(s)
-        for w, skips in per_host.items():
-            self.cluster.core.send_user(w, ("skip", skips))
-
-    def _req_bye(self, ident, client):
-        self._forget_client(client, f"client {client} closed")
-
-    def _forget_client(self, client, reason: str) -> None:
-        """A client left or was lost: its slices, its runs still waiting for the scheduler,
-        its running gangs (aborted), and every buffer it owns on every host."""
-        ident = self.clients.pop(client, None)
-        if ident is None:
-            return
-        self._last_seen.pop(client, None)
-        self._client_of.pop(ident, None)
-        self.rm.release_client(client)
-        for w in self.hosts:
-            self.cluster.core.send_user(w, ("client_gone", client, reason))
-        self._abort([run for run in self.runs.values()
-                     if run.prog.client == client and run.started], reason)
-        self.cluster.soon()
-        dropped = set()
-        for sched in self.schedulers.values():
-            dropped.update((pid, run_id) for pid, run_id, _ in sched.drop_client(client))
-        for key in dropped:
-            run = self.runs.get(key)
-            if run is None:
-                continue
-            self._skip(run.seqs)  # gangs numbered on another island will never run
-            self._finished(run)
-        self.client_info.pop(client, None)
+    def devices(self) -> list[dict]:
+        return self.plane.devices()

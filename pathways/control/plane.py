@@ -1,0 +1,456 @@
+"""The coordinator's decisions without sockets, threads or clocks: the control plane.
+
+Inputs are method calls: a client's request (``request``), the hosts that are live now
+(``hosts``), the end of an install or of a run (``installed``, ``run_ended``) and the passing of
+time (``tick``, with ``now`` given). Outputs are commands collected for the caller to carry out
+(``take``): replies to clients, messages to hosts, hosts to refuse, graphs to install and runs
+to start. ``pathways.control.coordinator`` is the thin adapter that feeds it from its sockets
+and its Plaque cluster, on one event loop; tests drive it directly.
+
+It holds the resource manager (virtual slices), one gang scheduler per island, the programs
+installed and the runs waiting or running, and each client's liveness.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+import plaque
+from plaque.liveness import GRACE_TIMEOUTS, Listening
+from plaque.logutil import dropped
+
+from ..errors import ClientGone, HostLost, RemoteError, ResourceError
+from .resource_manager import ResourceManager
+from .scheduler import FifoPolicy, Gang, IslandScheduler, PriorityPolicy, ProportionalSharePolicy
+
+log = logging.getLogger("pathways.control.plane")
+
+POLICIES = ("fifo", "share", "priority")
+# requests that act for a client: only that client's own connection may send them
+OWNED = {"bye", "run", "install", "mesh", "remap"}
+
+
+# ---- commands out ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Reply:
+    """Send ``payload`` to the client connection ``ident``."""
+    ident: bytes
+    payload: tuple
+
+
+@dataclass(frozen=True)
+class ToHost:
+    """Send ``payload`` to the host (Plaque worker) ``worker``."""
+    worker: int
+    payload: tuple
+
+
+@dataclass(frozen=True)
+class RefuseHost:
+    """Put ``worker`` out of the cluster: it is no valid host."""
+    worker: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Install:
+    """Install program ``pid``'s graph (its skeleton and shipped code); report the outcome
+    with ``installed(pid, gid, error)``."""
+    pid: tuple
+    nodes: list
+    edges: list
+    blob: bytes
+
+
+@dataclass(frozen=True)
+class Start:
+    """Start run ``key`` of the installed graph ``gid`` with ``arg``; report its end with
+    ``run_ended(key, error)``."""
+    key: tuple
+    gid: int
+    arg: object
+
+
+# ---- state ---------------------------------------------------------------------------------------
+
+@dataclass
+class _Program:
+    ident: bytes  # the connection that installed it
+    client: int
+    gangs: list
+    islands: list  # island of each gang
+    gid: int | None = None
+    error: Exception | None = None
+    waiting: list = field(default_factory=list)  # runs that arrived before the install ended
+
+
+@dataclass
+class _Run:
+    ident: bytes
+    pid: tuple
+    run_id: int
+    arg: object
+    prog: _Program
+    programs: dict  # island -> the gangs submitted to that island's scheduler
+    seqs: dict = field(default_factory=dict)  # eqn index -> {device: seq}
+    started: bool = False
+
+
+def _short(value) -> str:
+    """A loggable glimpse of a value a stranger sent (repr may fail or be huge)."""
+    try:
+        text = repr(value)
+    except Exception:
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class ControlPlane:
+    def __init__(self, policy: str = "fifo", window: int = 8, client_timeout: float = 5.0,
+                 check_every: float = 1.0):
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        self.policy, self.window = policy, window
+        self.rm = ResourceManager()
+        self.schedulers: dict[int, IslandScheduler] = {}
+        self.runs: dict[tuple, _Run] = {}  # (pid, run_id) -> a run waiting or running
+        self.client_info: dict[int, dict] = {}  # weight, priority
+        self.client_timeout = client_timeout
+        self._listening = Listening(GRACE_TIMEOUTS * client_timeout, interval=check_every)
+        self._last_seen: dict[int, float] = {}  # client -> time of its last word
+        self._client_of: dict[bytes, int] = {}  # connection identity -> client id
+        self._departed: dict[int, dict] = {}  # lost host -> its info (devices, island)
+        self.hosts: dict[int, dict] = {}  # worker id -> info
+        self.programs: dict[tuple, _Program] = {}
+        self.clients: dict[int, bytes] = {}  # client id -> connection identity
+        self._client_ids = itertools.count()
+        self.addresses: dict = {}  # what "info" answers (the Plaque and client addresses)
+        self._out: list = []
+        self._now = 0.0  # the time of the request being handled
+
+    def take(self) -> list:
+        """The commands decided since the last call, in order."""
+        out, self._out = self._out, []
+        return out
+
+    def _reply(self, ident, payload) -> None:
+        self._out.append(Reply(ident, payload))
+
+    def _to_hosts(self, payload, workers=None) -> None:
+        for w in self.hosts if workers is None else workers:
+            self._out.append(ToHost(w, payload))
+
+    # ---- hosts ------------------------------------------------------------------------------
+    def hosts_live(self, live: dict[int, object]) -> None:
+        """The Plaque workers live now, each with the info of its hello: hosts join (and are
+        given their devices) or are lost (and every client is told); all learn the topology."""
+        for w in sorted(set(live) - set(self.hosts)):
+            info = live[w]
+            try:
+                if not isinstance(info, dict) or not all(
+                        isinstance(info.get(k), str) for k in ("data", "ici")):
+                    raise ValueError("its hello does not describe a host")
+                devs = self.rm.add_host(w, int(info.get("island", 0)),
+                                        int(info.get("devices", 0)))
+            except Exception as exc:  # a stranger or a broken host: keep it out
+                log.warning("worker %d refused as a host: %r", w, exc)
+                self._out.append(RefuseHost(w, f"not a valid host: {exc!r}"))
+                continue
+            self.hosts[w] = dict(info, device_ids=[d.id for d in devs])
+            self._out.append(ToHost(w, ("devices", [d.id for d in devs])))
+            log.info("host %d joined island %s with devices %s", w, info.get("island"),
+                     [d.id for d in devs])
+        for w in sorted(set(self.hosts) - set(live)):
+            lost = self.rm.remove_host(w)
+            log.warning("host %d lost with devices %s", w, lost)
+            info = self._departed[w] = self.hosts.pop(w)
+            notice = ("host_lost", None, {"host": w, "data": info.get("data"),
+                                          "devices": lost, "error": self._host_lost(
+                                              plaque.WorkerLost(w, "it stopped answering"))})
+            for ident in self.clients.values():  # their reads from it must not wait forever
+                self._reply(ident, notice)
+        topology = {d: w for w, h in self.hosts.items() for d in h["device_ids"]}
+        links = {w: h["ici"] for w, h in self.hosts.items()}
+        self._to_hosts(("topology", topology, links))
+
+    def devices(self) -> list[dict]:
+        out = []
+        for d in self.rm.devices():
+            h = self.hosts[d.host]
+            spec = h.get("spec")
+            out.append({"id": d.id, "island": d.island, "host": d.host, "index": d.index,
+                        "kind": d.kind, "data": h["data"],
+                        "hbm": getattr(spec, "hbm_bytes", None)})
+        return out
+
+    # ---- clients ----------------------------------------------------------------------------
+    def tick(self, now: float, heard_until: float) -> None:
+        """Time passed: a client silent for ``client_timeout`` is gone. ``heard_until``: up to
+        when nothing waited unread from clients (``now`` if nothing waits); silence counts
+        only while we could hear (``plaque.liveness``), not over our own stalls."""
+        blind, listened = self._listening.tick(now, heard_until)
+        for client, seen in list(self._last_seen.items()):
+            seen = self._last_seen[client] = seen + blind
+            if listened - seen > self.client_timeout:
+                log.warning("client %s lost: silent for %.1f s", client, listened - seen)
+                self._forget_client(client, f"client {client} stopped answering for"
+                                            f" {listened - seen:.1f} s")
+
+    def request(self, ident: bytes, req: tuple, now: float) -> None:
+        """A request from the client connection ``ident`` (a tuple naming its kind)."""
+        self._now = now
+        cid = self._client_of.get(ident)
+        if cid is not None:
+            self._last_seen[cid] = now
+        kind = req[0]
+        handler = self._HANDLERS.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            dropped(log, "a client request of unknown kind", _short(kind))
+            return
+        if kind in OWNED and (len(req) < 2 or _owner_of(req) != cid):
+            gone = ClientGone("this client was disconnected (closed, or silent too long)"
+                              if cid is None else "a request for another client")
+            if kind == "run" and len(req) > 2:
+                self._reply(ident, ("run_failed", req[2], gone))
+            elif kind in ("mesh", "remap"):
+                self._reply(ident, ("error", req[1], gone))
+            log.warning("refused a %s request for a client this connection is not", kind)
+            return
+        try:
+            handler(self, ident, *req[1:])
+        except Exception as exc:
+            log.info("request %s failed: %r", kind, exc)
+            if len(req) > 1 and isinstance(req[1], int):
+                self._reply(ident, ("error", req[1], exc))
+
+    def _ping(self, ident, client):
+        self._reply(ident, ("pong", None, None))  # the client knows the coordinator lives
+
+    def _info(self, ident, req):
+        self._reply(ident, ("info", req, dict(self.addresses)))
+
+    def _hello(self, ident, req, info):
+        cid = next(self._client_ids)
+        self.clients[cid] = ident
+        self.client_info[cid] = dict(info or {})
+        self._last_seen[cid] = self._now
+        self._client_of[ident] = cid
+        self._reply(ident, ("welcome", req, cid))
+
+    def _devices(self, ident, req):
+        self._reply(ident, ("devices", req, self.devices()))
+
+    def _mesh(self, ident, req, client, shape, island):
+        sl = self.rm.allocate(client, tuple(shape), island=island)
+        self._reply(ident, ("mesh", req, sl))
+
+    def _remap(self, ident, req, client, slice_id):
+        sl = self.rm.slice(slice_id)
+        if sl.client != client:
+            raise ResourceError(f"slice {slice_id} belongs to another client")
+        self._reply(ident, ("mesh", req, self.rm.remap(slice_id)))
+
+    def _status(self, ident, req):
+        self._reply(ident, ("status", req, self.status()))
+
+    def status(self) -> dict:
+        clients = {}
+        for cid in sorted(self.clients):
+            info = self.client_info.get(cid, {})
+            clients[cid] = {"weight": info.get("weight", 1.0),
+                            "priority": info.get("priority", 0), "queued": 0,
+                            "running": sum(1 for r in self.runs.values()
+                                           if r.prog.client == cid and r.started)}
+        for sched in self.schedulers.values():
+            for cid, n in sched.policy.waiting().items():
+                if cid in clients:
+                    clients[cid]["queued"] += n
+        return {"hosts": self.hosts, "devices": self.devices(), "clients": clients,
+                "policy": self.policy, "resources": self.rm.snapshot()}
+
+    def _bye(self, ident, client):
+        self._forget_client(client, f"client {client} closed")
+
+    # ---- programs and runs ------------------------------------------------------------------
+    def _install(self, ident, pid, nodes, edges, blob, gangs, islands):
+        client = pid[0]
+        prog = self.programs[pid] = _Program(ident, client, [tuple(g) for g in gangs],
+                                             list(islands))
+        foreign = sorted({d for g in prog.gangs for d in g} - self.rm.devices_of(client))
+        if foreign:  # a mesh made by hand must stay within the client's own slices
+            prog.error = ResourceError(f"devices {foreign} are in no slice of client {client}:"
+                                       " get meshes from client.mesh(...)")
+            self._reply(ident, ("install_failed", pid, prog.error))
+            return
+        self._out.append(Install(pid, nodes, edges, blob))
+
+    def installed(self, pid, gid, error) -> None:
+        """The install of program ``pid`` ended: graph ``gid``, or ``error``."""
+        prog = self.programs.get(pid)
+        if prog is None:
+            return
+        error = self._explain(error)
+        prog.gid, prog.error = gid, error
+        if error is not None:
+            self._reply(prog.ident, ("install_failed", pid, error))
+        for run in prog.waiting:
+            self._run(*run)
+        prog.waiting.clear()
+
+    def _run(self, ident, pid, run_id, arg):
+        prog = self.programs.get(pid)
+        if prog is None:
+            self._reply(ident, ("run_failed", run_id, plaque.GraphError(f"no program {pid}")))
+            return
+        if prog.gid is None and prog.error is None:
+            prog.waiting.append((ident, pid, run_id, arg))
+            return
+        if prog.error is not None:
+            self._reply(ident, ("run_failed", run_id, prog.error))
+            return
+        if prog.client not in self.clients:
+            self._reply(ident, ("run_failed", run_id, ClientGone(
+                f"client {prog.client} was disconnected (closed or silent too long)")))
+            return
+        # each island's scheduler orders that island's gangs of the run
+        per_island: dict[int, list] = {}
+        for e, (devs, island) in enumerate(zip(prog.gangs, prog.islands)):
+            per_island.setdefault(island, []).append(Gang((pid, run_id, e), prog.client, devs))
+        run = _Run(ident, pid, run_id, arg, prog, {i: tuple(g) for i, g in per_island.items()})
+        self.runs[(pid, run_id)] = run
+        spans = len(run.programs) > 1
+        for island, gangs in run.programs.items():
+            self._released(self._scheduler(island).submit(gangs, spans_islands=spans))
+
+    def _scheduler(self, island: int) -> IslandScheduler:
+        sched = self.schedulers.get(island)
+        if sched is None:
+            info = self.client_info
+            if self.policy == "share":
+                policy = ProportionalSharePolicy(
+                    lambda c: info.get(c, {}).get("weight", 1.0), self.window)
+            elif self.policy == "priority":
+                policy = PriorityPolicy(lambda c: info.get(c, {}).get("priority", 0),
+                                        self.window)
+            else:
+                policy = FifoPolicy()
+            sched = self.schedulers[island] = IslandScheduler(island, policy)
+        return sched
+
+    def _released(self, releases) -> None:
+        """Gangs the schedulers numbered: start each run whose gangs all have their numbers."""
+        ready = []
+        for (pid, run_id, e), seqs in releases:
+            run = self.runs.get((pid, run_id))
+            if run is None:
+                continue
+            run.seqs[e] = dict(seqs)
+            if len(run.seqs) == len(run.prog.gangs) and not run.started:
+                run.started = True
+                ready.append(run)
+        for run in ready:
+            arg = dataclasses.replace(run.arg, seqs=run.seqs)
+            self._out.append(Start((run.pid, run.run_id), run.prog.gid, arg))
+
+    def run_ended(self, key, error) -> None:
+        """Run ``key`` (program id, run id) finished, or failed with ``error``."""
+        run = self.runs.get(key)
+        if run is None:
+            return
+        self._finished(run)
+        error = self._explain(error)
+        if error is None:
+            self._reply(run.ident, ("run_done", run.run_id))
+            return
+        self._reply(run.ident, ("run_failed", run.run_id, error))
+        # Kernels of this run still queued or waiting in collectives on surviving hosts
+        # must not hold their devices until a timeout: fail their gangs now.
+        self._abort([run], str(error))
+        # Sequence numbers of this run whose kernels never reached a host (its START was
+        # cut short) would stall their devices: skip them (no-op where they ran).
+        self._skip(run.seqs)
+
+    def _abort(self, runs, reason: str) -> None:
+        """Fail the gangs of these runs on every host (collectives and waiting kernels)."""
+        gangs = [(run.prog.client, run.run_id, e) for run in runs
+                 for e in range(len(run.prog.gangs))]
+        if gangs:
+            self._to_hosts(("abort_gangs", gangs, reason))
+
+    def _explain(self, error):
+        """What a client should see: a lost Plaque worker is a lost host, named; a kernel's
+        own exception is said as the kernel's, not as the operator that carried it."""
+        if isinstance(error, plaque.WorkerLost):
+            return self._host_lost(error)
+        origin = getattr(error, "origin", None)
+        if isinstance(error, plaque.OperatorError) and isinstance(origin, dict):
+            return RemoteError.from_origin(origin)
+        return error
+
+    def _host_lost(self, error: plaque.WorkerLost) -> HostLost:
+        info = self.hosts.get(error.worker) or self._departed.get(error.worker, {})
+        return HostLost(f"host {error.worker} (island {info.get('island', '?')}, devices"
+                        f" {info.get('device_ids', '?')}, {info.get('hostname', '?')} pid"
+                        f" {info.get('pid', '?')}) was lost: {error}")
+
+    def _finished(self, run: _Run) -> None:
+        """The run is over: its programs leave the schedulers' windows."""
+        if self.runs.pop((run.pid, run.run_id), None) is None:
+            return
+        for island, gangs in run.programs.items():
+            self._released(self._scheduler(island).finished(gangs))
+
+    def _skip(self, seqs):
+        """Tell hosts to skip sequence numbers of gangs that will never run."""
+        per_host: dict[int, dict] = {}
+        owner = {d: w for w, h in self.hosts.items() for d in h["device_ids"]}
+        for per_device in seqs.values():
+            for d, s in per_device.items():
+                if d in owner:
+                    per_host.setdefault(owner[d], {}).setdefault(d, []).append(s)
+        for w, skips in per_host.items():
+            self._out.append(ToHost(w, ("skip", skips)))
+
+    def _forget_client(self, client, reason: str) -> None:
+        """A client left or was lost: its slices, its runs still waiting for the scheduler,
+        its running gangs (aborted), and every buffer it owns on every host."""
+        ident = self.clients.pop(client, None)
+        if ident is None:
+            return
+        self._last_seen.pop(client, None)
+        self._client_of.pop(ident, None)
+        self.rm.release_client(client)
+        self._to_hosts(("client_gone", client, reason))
+        self._abort([run for run in self.runs.values()
+                     if run.prog.client == client and run.started], reason)
+        gone = set()
+        for sched in self.schedulers.values():
+            gone.update((pid, run_id) for pid, run_id, _ in sched.drop_client(client))
+        for key in gone:
+            run = self.runs.get(key)
+            if run is None:
+                continue
+            self._skip(run.seqs)  # gangs numbered on another island will never run
+            self._finished(run)
+        self.client_info.pop(client, None)
+
+    _HANDLERS = {"ping": _ping, "info": _info, "hello": _hello, "devices": _devices,
+                 "mesh": _mesh, "remap": _remap, "status": _status, "install": _install,
+                 "run": _run, "bye": _bye}
+
+
+def _owner_of(req):
+    """The client a request acts for (checked against the sending connection)."""
+    kind = req[0]
+    if kind == "bye":
+        return req[1] if len(req) > 1 else None
+    if kind in ("run", "install"):
+        pid = req[1]
+        return pid[0] if isinstance(pid, tuple) and pid else None
+    if kind in ("mesh", "remap"):
+        return req[2] if len(req) > 2 else None
+    return None
