@@ -42,7 +42,7 @@ import pathways as pw
 from bench import profiling
 from bench.multicontroller import MultiController, expected_value, trivial_body
 from bench.results import bench_parser, plot_sweep, publish, security_for_all
-from pathways import P
+from pathways import P, protocol
 
 TITLE = "Dispatch overhead: Pathways vs multi-controller (paper Figures 5 and 6)"
 CHAIN = 128  # computations per chained run and per fused call
@@ -114,7 +114,7 @@ class PathwaysRig:
 
     def busy(self) -> dict[int, float]:
         """Busy seconds of every device of the mesh so far, from the hosts' status."""
-        futures = [self.client._request(a, ("status", None)) for a in self._data]
+        futures = [self.client._request(a, protocol.Status(None)) for a in self._data]
         busy = {}
         for f in futures:
             for d, info in f.result(10)["devices"].items():

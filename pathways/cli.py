@@ -116,7 +116,7 @@ def _status(args) -> int:
 
 def _show_status(c, before, clear=False):
     """Print the cluster once; busy % is over the time since ``before`` (else since start)."""
-    st = c._request(c.address, ("status", None)).result(10)
+    st = c.cluster_status()
     by_host: dict = {}
     for d in st["devices"]:
         by_host.setdefault((d["island"], d["host"]), []).append(d)
@@ -126,8 +126,9 @@ def _show_status(c, before, clear=False):
     for cid, info in clients.items():
         lines.append(f"  client {cid}: weight {info['weight']:g}, priority {info['priority']},"
                      f" runs running {info['running']}, gangs queued {info['queued']}")
+    statuses = c.host_status()
     for (island, host), devs in sorted(by_host.items()):
-        hs = c._request(devs[0]["data"], ("status", None)).result(10)
+        hs = statuses[host]
         lines.append(f"island {island} host {host}"
                      f" ({st['hosts'][host].get('hostname', '?')}):")
         for d in devs:

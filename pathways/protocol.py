@@ -1,42 +1,299 @@
-"""Messages between clients, the coordinator and hosts' data services.
+"""Messages between clients, the coordinator and hosts, as frozen dataclasses.
 
 They reuse Plaque's framing (``plaque.wire``): a small header, a pickle body and large numpy
-buffers as their own frames. Payloads are tuples whose first item names the request.
+buffers as their own frames. Every message is an instance of one ``Message`` class below;
+each role handles them through a table from class to handler (the coordinator's control
+plane, a host's data service, a host's Plaque user messages, the client's session), so an
+unknown or malformed message is dropped in one place. A request that expects an answer carries
+``req``, the id its ``Answer`` (or ``Refused``) echoes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import operator
+from dataclasses import dataclass, fields
 
 from plaque import wire
 
 CLIENT = -3  # sender id used by clients in headers
 
 
-def pack(payload, sender: int = CLIENT) -> list:
-    return wire.encode(wire.Kind.USER, sender, payload)
+class Message:
+    """Base of every message."""
+
+    __slots__ = ()
 
 
-def unpack(frames):
-    """The payload of a message; raises plaque.ProtocolError for anything malformed."""
+def message(cls):
+    """A message class: a frozen dataclass with slots, pickled as its class and its field
+    values (half the cost of a dataclass's default state)."""
+    cls = dataclass(frozen=True, slots=True)(cls)
+    get = operator.attrgetter(*(f.name for f in fields(cls)))
+    if len(fields(cls)) == 1:
+        cls.__reduce__ = lambda self: (type(self), (get(self),))
+    else:
+        cls.__reduce__ = lambda self: (type(self), get(self))
+    return cls
+
+
+class _ActsForClient(Message):
+    """A request acting for one client: only that client's own connection may send it."""
+
+    __slots__ = ()
+
+    @property
+    def owner(self):
+        return self.client
+
+
+class _ActsForProgram(_ActsForClient):
+    __slots__ = ()
+
+    @property
+    def owner(self):
+        pid = self.pid
+        return pid[0] if isinstance(pid, tuple) and pid else None
+
+
+# ---- client -> coordinator -----------------------------------------------------------------------
+
+@message
+class Info(Message):
+    """Where the coordinator's Plaque cluster and client socket listen (hosts ask first)."""
+    req: object
+
+
+@message
+class Hello(Message):
+    """A client joins; ``info`` holds its weight and priority. Answered with its id."""
+    req: object
+    info: dict
+
+
+@message
+class Ping(Message):
+    """Client ``client`` lives (every second)."""
+    client: int
+
+
+@message
+class ListDevices(Message):
+    req: object
+
+
+@message
+class AllocateMesh(_ActsForClient):
+    """A virtual slice of ``shape`` devices (on ``island``, or where the manager chooses)."""
+    req: object
+    client: int
+    shape: tuple
+    island: object
+
+
+@message
+class Remap(_ActsForClient):
+    """Slice ``slice_id`` with its lost devices replaced."""
+    req: object
+    client: int
+    slice_id: int
+
+
+@message
+class Status(Message):
+    """The coordinator's view of the cluster, or a host's own status."""
+    req: object
+
+
+@message
+class InstallProgram(_ActsForProgram):
+    """Install program ``pid``: a graph skeleton, its code (``blob``), each equation's gang
+    of devices and island."""
+    pid: tuple
+    nodes: list
+    edges: list
+    blob: bytes
+    gangs: list
+    islands: list
+
+
+@message
+class RunProgram(_ActsForProgram):
+    """Run installed program ``pid`` as run ``run_id`` with ``arg`` (a ``RunArg``)."""
+    pid: tuple
+    run_id: int
+    arg: object
+
+
+@message
+class Bye(_ActsForClient):
+    """Client ``client`` leaves: free everything it holds."""
+    client: int
+
+
+# ---- coordinator or host -> client ---------------------------------------------------------------
+
+@message
+class Answer(Message):
+    """The answer to request ``req``."""
+    req: object
+    value: object
+
+
+@message
+class Refused(Message):
+    """Request ``req`` failed with ``error``."""
+    req: object
+    error: object
+
+
+@message
+class RunDone(Message):
+    run_id: int
+
+
+@message
+class RunFailed(Message):
+    run_id: int
+    error: object
+
+
+@message
+class InstallFailed(Message):
+    pid: tuple
+    error: object
+
+
+@message
+class HostLostNotice(Message):
+    """Host ``host`` (data socket ``data``, ``devices``) was lost: reads from it fail."""
+    host: int
+    data: str
+    devices: list
+    error: object
+
+
+# ---- coordinator -> hosts, and host -> host (Plaque user messages) -----------------------------
+
+@message
+class AssignDevices(Message):
+    devices: list
+
+
+@message
+class Topology(Message):
+    """Which host holds each device (``worker_of``), and each host's ICI address."""
+    worker_of: dict
+    links: dict
+
+
+@message
+class ClientLeft(Message):
+    """Client ``client`` left or was lost: free its buffers."""
+    client: int
+    reason: str
+
+
+@message
+class SkipSeqs(Message):
+    """Sequence numbers, per device, of gangs that will never run."""
+    seqs: dict
+
+
+@message
+class AbortGangs(Message):
+    """Fail these gangs' collectives and waiting kernels (their runs failed)."""
+    gangs: list
+    reason: str
+
+
+@message
+class AbortGang(Message):
+    """From a host whose kernel failed: stop that gang's collectives here too."""
+    gang: tuple
+    reason: str
+
+
+# ---- client -> host data service -----------------------------------------------------------------
+
+@message
+class PutShard(Message):
+    array_id: object
+    device: int
+    value: object
+    owner: object
+
+
+@message
+class GetShard(Message):
+    """The shard, answered once it is ready."""
+    req: object
+    array_id: object
+    device: int
+
+
+@message
+class DeleteShards(Message):
+    keys: list
+
+
+@message
+class DeleteOwner(Message):
+    owner: object
+
+
+@message
+class Generate(Message):
+    """Compute a shard on the host with a shipped function of its slices (input
+    processing on the hosts)."""
+    req: object
+    array_id: object
+    device: int
+    blob: bytes
+    slices: tuple
+    shape: tuple
+    dtype: str
+    owner: object
+
+
+@message
+class Timeline(Message):
+    """The host's kernels and transfers that ended after ``since``."""
+    req: object
+    since: object
+
+
+@message
+class Batch(Message):
+    """Several messages sent back to back, as one."""
+    messages: list
+
+
+# ---- framing -------------------------------------------------------------------------------------
+
+def pack(msg, sender: int = CLIENT) -> list:
+    return wire.encode(wire.Kind.USER, sender, msg)
+
+
+def unpack(frames) -> Message:
+    """The message; raises plaque.ProtocolError for anything malformed or not a message."""
     kind, _sender, payload = wire.decode(frames)
-    if kind is not wire.Kind.USER or not isinstance(payload, tuple) or not payload:
+    if kind is not wire.Kind.USER or not isinstance(payload, Message):
         raise wire.ProtocolError(f"unexpected {kind.name} message")
     return payload
 
 
-def batch(payloads: list):
-    """One payload for several sent back to back (``unbatch`` undoes it)."""
-    return payloads[0] if len(payloads) == 1 else ("batch", payloads)
+def batch(messages: list) -> Message:
+    """One message for several sent back to back (``unbatch`` undoes it)."""
+    return messages[0] if len(messages) == 1 else Batch(messages)
 
 
-def unbatch(payload) -> list:
-    """The payloads a received one stands for."""
-    if payload[0] == "batch":
-        if len(payload) != 2 or not isinstance(payload[1], list):
-            raise wire.ProtocolError("a batch carries one list of payloads")
-        return [p for p in payload[1] if isinstance(p, tuple) and p]
-    return [payload]
+def unbatch(msg: Message) -> list:
+    """The messages a received one stands for (anything in a batch that is none dropped)."""
+    if isinstance(msg, Batch):
+        if not isinstance(msg.messages, list):
+            raise wire.ProtocolError("a batch carries one list of messages")
+        return [m for m in msg.messages if isinstance(m, Message) and not isinstance(m, Batch)]
+    return [msg]
 
 
 @dataclass(frozen=True)

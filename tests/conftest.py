@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import plaque
+from pathways import protocol
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 
@@ -168,7 +169,7 @@ def listening_ports(pid: int) -> set[int]:
 def host_stats(client):
     """Object-store stats of every host, asked directly of the hosts."""
     addresses = sorted({d["data"] for d in client._device_info.values()})
-    return [client._request(a, ("status", None)).result(10)["store"] for a in addresses]
+    return [client._request(a, protocol.Status(None)).result(10)["store"] for a in addresses]
 
 
 def store_bytes(client) -> int:

@@ -22,6 +22,7 @@ import numpy as np
 from plaque import security
 from plaque.shipping import ship
 
+from .. import protocol
 from ..errors import (
     ClientClosed,
     DeviceOutOfMemory,
@@ -83,7 +84,7 @@ class Client:
         self.weight, self.priority = float(weight), int(priority)
         wait = timeout if connect_timeout is None else connect_timeout
         try:
-            self.id = self._request(self.address, ("hello", None, {
+            self.id = self._request(self.address, protocol.Hello(None, {
                 "weight": self.weight, "priority": self.priority})).result(wait)
         except cf.TimeoutError:
             self.close()
@@ -101,22 +102,21 @@ class Client:
         return self._session.lost
 
     def _on_run_reply(self, msg):
-        kind = msg[0]
-        if kind in ("run_done", "run_failed"):
-            entry = self._inflight.pop(msg[1], None)
+        if isinstance(msg, (protocol.RunDone, protocol.RunFailed)):
+            entry = self._inflight.pop(msg.run_id, None)
             if entry is not None:
                 self._unhold(entry[1])
                 status = entry[0]
-                if kind == "run_done":
+                if isinstance(msg, protocol.RunDone):
                     status.set_result(None)
                 else:
-                    status.set_exception(received(msg[2], of_run=True))
-        elif kind == "install_failed":
+                    status.set_exception(received(msg.error, of_run=True))
+        else:  # InstallFailed: every run of that program fails
             for run_id, entry in list(self._inflight.items()):
-                if entry[3] == msg[1]:
+                if entry[3] == msg.pid:
                     del self._inflight[run_id]
                     self._unhold(entry[1])
-                    entry[0].set_exception(received(msg[2], of_run=True))
+                    entry[0].set_exception(received(msg.error, of_run=True))
 
     def _fail_runs(self, err: Exception) -> None:
         """Every run still in flight fails with ``err``."""
@@ -129,13 +129,13 @@ class Client:
     def _send(self, address, payload):
         self._session.send(address, payload)
 
-    def _request(self, address, payload) -> cf.Future:
-        """Send ``(kind, req_id, ...)`` to ``address``; the future gets the reply's value."""
-        return self._session.request(address, payload)
+    def _request(self, address, msg) -> cf.Future:
+        """Send the request ``msg`` to ``address``; the future gets the answer's value."""
+        return self._session.request(address, msg)
 
     # ---- cluster --------------------------------------------------------------------------
     def _refresh_devices(self):
-        infos = self._request(self.address, ("devices", None)).result(self.timeout)
+        infos = self._request(self.address, protocol.ListDevices(None)).result(self.timeout)
         self._device_info = {d["id"]: d for d in infos}
 
     def devices(self) -> list[Device]:
@@ -153,8 +153,18 @@ class Client:
         >>> for host, status in client.host_status().items():
         ...     print(host, {d: s["hbm_used"] for d, s in status["devices"].items()})
         """
-        futures = {h: self._request(a, ("status", None)) for h, a in self._hosts().items()}
+        futures = {h: self._request(a, protocol.Status(None)) for h, a in self._hosts().items()}
         return {h: f.result(timeout) for h, f in sorted(futures.items())}
+
+    def cluster_status(self, timeout: float = 10.0) -> dict:
+        """The coordinator's view: ``hosts`` (each host's hello: island, devices, addresses,
+        pid, hostname), ``devices``, ``clients`` (weight, priority, runs running, gangs
+        queued), the scheduling ``policy`` and the resource manager's ``resources``.
+
+        >>> sorted(client.cluster_status())
+        ['clients', 'devices', 'hosts', 'policy', 'resources']
+        """
+        return self._request(self.address, protocol.Status(None)).result(timeout)
 
     def _hosts(self) -> dict:
         """Host id -> its data address, as the coordinator lists them now."""
@@ -195,7 +205,7 @@ class Client:
         if len(shape) != len(tuple(axis_names)):
             raise sharding.ShardingError(f"mesh shape {shape} and axis names {axis_names}"
                                          " differ in length")
-        sl = self._request(self.address, ("mesh", None, self.id, shape, island)
+        sl = self._request(self.address, protocol.AllocateMesh(None, self.id, shape, island)
                            ).result(self.timeout)
         self._refresh_devices()
         return Mesh(shape, tuple(axis_names), sl.devices, sl.slice_id, sl.island, sl.version,
@@ -244,8 +254,8 @@ class Client:
         futures = []
         for i, d in enumerate(mesh.ids):
             slices = sharding.device_slices(shape, mesh.axis_sizes, mesh.axis_names, spec, i)
-            futures.append(self._request(self._data_address(d), (
-                "generate", None, array_id, d, blob, slices, block, dtype.str, (self.id, None))))
+            futures.append(self._request(self._data_address(d), protocol.Generate(
+                None, array_id, d, blob, slices, block, dtype.str, (self.id, None))))
         status: cf.Future = cf.Future()
         left = [len(futures)]
 
@@ -287,7 +297,7 @@ class Client:
         for members in by_slice.values():
             d = m.ids[members[0]]
             futures[members[0]] = self._request(self._data_address(d),
-                                                ("get", None, array.id, d))
+                                                protocol.GetShard(None, array.id, d))
         shards = [None] * m.size
         for members in by_slice.values():
             value = futures[members[0]].result(timeout)
@@ -333,7 +343,7 @@ class Client:
             if d in self._device_info:  # a lost host's buffers went with it
                 per_host.setdefault(self._data_address(d), []).append((array.id, d))
         for address, keys in per_host.items():
-            self._send(address, ("delete", keys))
+            self._send(address, protocol.DeleteShards(keys))
 
     # ---- programs -------------------------------------------------------------------------
     def op_program(self, fn: CompiledFunction, avals):
@@ -380,7 +390,7 @@ class Client:
                      {v.id: a.id for v, a in zip(program.inputs, arrays)}, out_ids, {})
         self._hold(arrays)
         self._inflight[run_id] = (status, tuple(arrays), tuple(outputs), pid)
-        self._send(self.address, ("run", pid, run_id, arg))
+        self._send(self.address, protocol.RunProgram(pid, run_id, arg))
         return outputs[0] if program.single_output else tuple(outputs)
 
     # ---- after a host loss: the same virtual slices on healthy devices ---------------------
@@ -396,7 +406,7 @@ class Client:
         """
         if mesh.slice_id is None:
             raise ProgramError("remap needs a mesh from client.mesh(...)")
-        sl = self._request(self.address, ("remap", None, self.id, mesh.slice_id)
+        sl = self._request(self.address, protocol.Remap(None, self.id, mesh.slice_id)
                            ).result(self.timeout)
         self._refresh_devices()
         new = Mesh(mesh.axis_sizes, mesh.axis_names, sl.devices, sl.slice_id, sl.island, sl.version,
@@ -422,7 +432,8 @@ class Client:
 
     def _put_shards(self, array_id, mesh: Mesh, shards) -> None:
         for d, shard in zip(mesh.ids, shards):
-            self._send(self._data_address(d), ("put", array_id, d, shard, (self.id, None)))
+            self._send(self._data_address(d), protocol.PutShard(array_id, d, shard,
+                                                                (self.id, None)))
 
     def _retarget(self, program):
         """``program`` with every compiled function on a remapped slice moved onto it."""
@@ -453,7 +464,7 @@ class Client:
         lowered = lower(program, list(placements), worker_of, island_of, self.dispatch)
         pid = (self.id, next(self._program_ids))
         payload = lowered.install_payload([e.fn.body for e in program.eqns])
-        self._send(self.address, ("install", pid, *payload))
+        self._send(self.address, protocol.InstallProgram(pid, *payload))
         self._lowered[key] = (program, pid, lowered.outputs)  # keeps program alive: id() valid
         return pid, lowered.outputs
 
@@ -467,8 +478,8 @@ class Client:
             return
         try:
             for address in {d["data"] for d in self._device_info.values()}:
-                self._send(address, ("delete_owner", self.id))
-            self._send(self.address, ("bye", self.id))
+                self._send(address, protocol.DeleteOwner(self.id))
+            self._send(self.address, protocol.Bye(self.id))
         except Exception:
             pass
         self.closed = True

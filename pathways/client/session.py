@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import dataclasses
 import itertools
 import logging
 import threading
@@ -30,7 +31,7 @@ from ..errors import ClientClosed, CoordinatorLost, received
 log = logging.getLogger("pathways.client.session")
 
 PING_INTERVAL = 1.0  # seconds between the client's "alive" messages to the coordinator
-RUN_REPLIES = ("run_done", "run_failed", "install_failed")  # handed to the client
+RUN_REPLIES = (protocol.RunDone, protocol.RunFailed, protocol.InstallFailed)  # the client's
 
 
 class Session:
@@ -82,8 +83,9 @@ class Session:
             self._flush_posted = True
             self.call(self._flush)
 
-    def request(self, address, payload) -> cf.Future:
-        """Send ``(kind, req_id, ...)``; the future gets the reply's third item."""
+    def request(self, address, msg: protocol.Message) -> cf.Future:
+        """Send the request ``msg`` (its ``req`` filled in here); the future gets the value
+        of its ``Answer``, or the error it was ``Refused`` with."""
         req = next(self._req_ids)
         fut: cf.Future = cf.Future()
         lost = self._lost_hosts.get(address)
@@ -91,7 +93,7 @@ class Session:
             fut.set_exception(lost)
             return fut
         self._pending[req] = (fut, address)
-        self.send(address, (payload[0], req, *payload[2:]))
+        self.send(address, dataclasses.replace(msg, req=req))
         return fut
 
     def start_pings(self, client_id: int) -> None:
@@ -144,25 +146,25 @@ class Session:
                 log.exception("bad reply")
 
     def _on_reply(self, msg):
-        kind = msg[0]
-        if kind in RUN_REPLIES:
+        if isinstance(msg, RUN_REPLIES):
             self._on_run_reply(msg)
-        elif kind == "host_lost":
-            info = msg[2]
-            self._lost_hosts[info["data"]] = info["error"]
+        elif isinstance(msg, protocol.HostLostNotice):
+            self._lost_hosts[msg.data] = msg.error
             for req, (fut, address) in list(self._pending.items()):
-                if address == info["data"]:
+                if address == msg.data:
                     del self._pending[req]
                     if not fut.done():
-                        fut.set_exception(info["error"])
-        else:
-            fut, _ = self._pending.pop(msg[1], (None, None))
+                        fut.set_exception(msg.error)
+        elif isinstance(msg, (protocol.Answer, protocol.Refused)):
+            fut, _ = self._pending.pop(msg.req, (None, None))
             if fut is None:
                 return
-            if kind == "error":
-                fut.set_exception(received(msg[2], of_run=False))
+            if isinstance(msg, protocol.Refused):
+                fut.set_exception(received(msg.error, of_run=False))
             else:
-                fut.set_result(msg[2])
+                fut.set_result(msg.value)
+        else:
+            log.warning("unexpected message %s", type(msg).__name__)
 
     def _ping(self):
         """Tell the coordinator this client is alive (it frees everything of a client silent
@@ -174,7 +176,7 @@ class Session:
             self._coordinator_lost(f"no word from the coordinator at {self.address} for"
                                    f" {silent:.1f} s")
             return
-        self._send_now(self.address, ("ping", self._client_id))
+        self._send_now(self.address, protocol.Ping(self._client_id))
         self.loop.call_later(PING_INTERVAL, self._ping)
 
     def _coordinator_lost(self, reason: str) -> None:

@@ -23,7 +23,7 @@ from plaque.zmq_transport import context_for
 
 from ..lowering.lower import rebuild
 from ..service import RouterService
-from .plane import POLICIES, ControlPlane, Install, RefuseHost, Reply, Start, ToHost
+from .plane import POLICIES, ControlPlane, InstallGraph, RefuseHost, Reply, StartRun, ToHost
 
 __all__ = ["POLICIES", "Coordinator"]
 
@@ -96,20 +96,20 @@ class Coordinator:
                 break
             for c in commands:
                 if isinstance(c, Reply):
-                    self.service.reply(c.ident, c.payload)
+                    self.service.reply(c.ident, c.msg)
                 elif isinstance(c, ToHost):
-                    core.send_user(c.worker, c.payload)
+                    core.send_user(c.worker, c.msg)
                     sent = True
-                elif isinstance(c, Install):
+                elif isinstance(c, InstallGraph):
                     self._install(c)
-                elif isinstance(c, Start):
+                elif isinstance(c, StartRun):
                     self._start(c)
                 elif isinstance(c, RefuseHost):
                     core.lose_worker(c.worker, c.reason)
         if sent:
             self.cluster.soon()
 
-    def _install(self, c: Install) -> None:
+    def _install(self, c: InstallGraph) -> None:
         def installed(gid, error):
             self.plane.installed(c.pid, gid, error)
             self._carry_out()
@@ -120,7 +120,7 @@ class Coordinator:
         except Exception as exc:
             self.plane.installed(c.pid, None, exc)
 
-    def _start(self, c: Start) -> None:
+    def _start(self, c: StartRun) -> None:
         def done(_result, error):
             self.plane.run_ended(c.key, error)
             self._carry_out()

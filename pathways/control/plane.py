@@ -22,6 +22,7 @@ import plaque
 from plaque.liveness import GRACE_TIMEOUTS, Listening
 from plaque.logutil import dropped
 
+from .. import protocol as m
 from ..errors import ClientGone, HostLost, RemoteError, ResourceError
 from .resource_manager import ResourceManager
 from .scheduler import FifoPolicy, Gang, IslandScheduler, PriorityPolicy, ProportionalSharePolicy
@@ -29,24 +30,22 @@ from .scheduler import FifoPolicy, Gang, IslandScheduler, PriorityPolicy, Propor
 log = logging.getLogger("pathways.control.plane")
 
 POLICIES = ("fifo", "share", "priority")
-# requests that act for a client: only that client's own connection may send them
-OWNED = {"bye", "run", "install", "mesh", "remap"}
 
 
 # ---- commands out ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Reply:
-    """Send ``payload`` to the client connection ``ident``."""
+    """Send ``msg`` to the client connection ``ident``."""
     ident: bytes
-    payload: tuple
+    msg: m.Message
 
 
 @dataclass(frozen=True)
 class ToHost:
-    """Send ``payload`` to the host (Plaque worker) ``worker``."""
+    """Send ``msg`` to the host (Plaque worker) ``worker``."""
     worker: int
-    payload: tuple
+    msg: m.Message
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ class RefuseHost:
 
 
 @dataclass(frozen=True)
-class Install:
+class InstallGraph:
     """Install program ``pid``'s graph (its skeleton and shipped code); report the outcome
     with ``installed(pid, gid, error)``."""
     pid: tuple
@@ -67,7 +66,7 @@ class Install:
 
 
 @dataclass(frozen=True)
-class Start:
+class StartRun:
     """Start run ``key`` of the installed graph ``gid`` with ``arg``; report its end with
     ``run_ended(key, error)``."""
     key: tuple
@@ -137,12 +136,12 @@ class ControlPlane:
         out, self._out = self._out, []
         return out
 
-    def _reply(self, ident, payload) -> None:
-        self._out.append(Reply(ident, payload))
+    def _reply(self, ident, msg) -> None:
+        self._out.append(Reply(ident, msg))
 
-    def _to_hosts(self, payload, workers=None) -> None:
-        for w in self.hosts if workers is None else workers:
-            self._out.append(ToHost(w, payload))
+    def _to_hosts(self, msg) -> None:
+        for w in self.hosts:
+            self._out.append(ToHost(w, msg))
 
     # ---- hosts ------------------------------------------------------------------------------
     def hosts_live(self, live: dict[int, object]) -> None:
@@ -161,21 +160,20 @@ class ControlPlane:
                 self._out.append(RefuseHost(w, f"not a valid host: {exc!r}"))
                 continue
             self.hosts[w] = dict(info, device_ids=[d.id for d in devs])
-            self._out.append(ToHost(w, ("devices", [d.id for d in devs])))
+            self._out.append(ToHost(w, m.AssignDevices([d.id for d in devs])))
             log.info("host %d joined island %s with devices %s", w, info.get("island"),
                      [d.id for d in devs])
         for w in sorted(set(self.hosts) - set(live)):
             lost = self.rm.remove_host(w)
             log.warning("host %d lost with devices %s", w, lost)
             info = self._departed[w] = self.hosts.pop(w)
-            notice = ("host_lost", None, {"host": w, "data": info.get("data"),
-                                          "devices": lost, "error": self._host_lost(
-                                              plaque.WorkerLost(w, "it stopped answering"))})
+            notice = m.HostLostNotice(w, info.get("data"), lost, self._host_lost(
+                plaque.WorkerLost(w, "it stopped answering")))
             for ident in self.clients.values():  # their reads from it must not wait forever
                 self._reply(ident, notice)
         topology = {d: w for w, h in self.hosts.items() for d in h["device_ids"]}
         links = {w: h["ici"] for w, h in self.hosts.items()}
-        self._to_hosts(("topology", topology, links))
+        self._to_hosts(m.Topology(topology, links))
 
     def devices(self) -> list[dict]:
         out = []
@@ -200,62 +198,63 @@ class ControlPlane:
                 self._forget_client(client, f"client {client} stopped answering for"
                                             f" {listened - seen:.1f} s")
 
-    def request(self, ident: bytes, req: tuple, now: float) -> None:
-        """A request from the client connection ``ident`` (a tuple naming its kind)."""
+    def request(self, ident: bytes, msg, now: float) -> None:
+        """A request from the client connection ``ident``."""
         self._now = now
         cid = self._client_of.get(ident)
         if cid is not None:
             self._last_seen[cid] = now
-        kind = req[0]
-        handler = self._HANDLERS.get(kind) if isinstance(kind, str) else None
+        handler = self._HANDLERS.get(type(msg))
         if handler is None:
-            dropped(log, "a client request of unknown kind", _short(kind))
+            dropped(log, "a client message of unknown kind", _short(msg))
             return
-        if kind in OWNED and (len(req) < 2 or _owner_of(req) != cid):
+        if isinstance(msg, m._ActsForClient) and msg.owner != cid:
             gone = ClientGone("this client was disconnected (closed, or silent too long)"
                               if cid is None else "a request for another client")
-            if kind == "run" and len(req) > 2:
-                self._reply(ident, ("run_failed", req[2], gone))
-            elif kind in ("mesh", "remap"):
-                self._reply(ident, ("error", req[1], gone))
-            log.warning("refused a %s request for a client this connection is not", kind)
+            if isinstance(msg, m.RunProgram):
+                self._reply(ident, m.RunFailed(msg.run_id, gone))
+            elif isinstance(msg, (m.AllocateMesh, m.Remap)):
+                self._reply(ident, m.Refused(msg.req, gone))
+            log.warning("refused a %s for a client this connection is not",
+                        type(msg).__name__)
             return
         try:
-            handler(self, ident, *req[1:])
+            handler(self, ident, msg)
         except Exception as exc:
-            log.info("request %s failed: %r", kind, exc)
-            if len(req) > 1 and isinstance(req[1], int):
-                self._reply(ident, ("error", req[1], exc))
+            log.info("request %s failed: %r", type(msg).__name__, exc)
+            req = getattr(msg, "req", None)
+            if isinstance(req, int):
+                self._reply(ident, m.Refused(req, exc))
 
-    def _ping(self, ident, client):
-        self._reply(ident, ("pong", None, None))  # the client knows the coordinator lives
+    def _ping(self, ident, msg):
+        self._reply(ident, m.Answer(None, None))  # the client knows the coordinator lives
 
-    def _info(self, ident, req):
-        self._reply(ident, ("info", req, dict(self.addresses)))
+    def _info(self, ident, msg):
+        self._reply(ident, m.Answer(msg.req, dict(self.addresses)))
 
-    def _hello(self, ident, req, info):
+    def _hello(self, ident, msg):
         cid = next(self._client_ids)
         self.clients[cid] = ident
-        self.client_info[cid] = dict(info or {})
+        self.client_info[cid] = dict(msg.info or {})
         self._last_seen[cid] = self._now
         self._client_of[ident] = cid
-        self._reply(ident, ("welcome", req, cid))
+        self._reply(ident, m.Answer(msg.req, cid))
 
-    def _devices(self, ident, req):
-        self._reply(ident, ("devices", req, self.devices()))
+    def _devices(self, ident, msg):
+        self._reply(ident, m.Answer(msg.req, self.devices()))
 
-    def _mesh(self, ident, req, client, shape, island):
-        sl = self.rm.allocate(client, tuple(shape), island=island)
-        self._reply(ident, ("mesh", req, sl))
+    def _mesh(self, ident, msg):
+        sl = self.rm.allocate(msg.client, tuple(msg.shape), island=msg.island)
+        self._reply(ident, m.Answer(msg.req, sl))
 
-    def _remap(self, ident, req, client, slice_id):
-        sl = self.rm.slice(slice_id)
-        if sl.client != client:
-            raise ResourceError(f"slice {slice_id} belongs to another client")
-        self._reply(ident, ("mesh", req, self.rm.remap(slice_id)))
+    def _remap(self, ident, msg):
+        sl = self.rm.slice(msg.slice_id)
+        if sl.client != msg.client:
+            raise ResourceError(f"slice {msg.slice_id} belongs to another client")
+        self._reply(ident, m.Answer(msg.req, self.rm.remap(msg.slice_id)))
 
-    def _status(self, ident, req):
-        self._reply(ident, ("status", req, self.status()))
+    def _status(self, ident, msg):
+        self._reply(ident, m.Answer(msg.req, self.status()))
 
     def status(self) -> dict:
         clients = {}
@@ -272,21 +271,21 @@ class ControlPlane:
         return {"hosts": self.hosts, "devices": self.devices(), "clients": clients,
                 "policy": self.policy, "resources": self.rm.snapshot()}
 
-    def _bye(self, ident, client):
-        self._forget_client(client, f"client {client} closed")
+    def _bye(self, ident, msg):
+        self._forget_client(msg.client, f"client {msg.client} closed")
 
     # ---- programs and runs ------------------------------------------------------------------
-    def _install(self, ident, pid, nodes, edges, blob, gangs, islands):
-        client = pid[0]
-        prog = self.programs[pid] = _Program(ident, client, [tuple(g) for g in gangs],
-                                             list(islands))
+    def _install(self, ident, msg):
+        pid, client = msg.pid, msg.pid[0]
+        prog = self.programs[pid] = _Program(ident, client, [tuple(g) for g in msg.gangs],
+                                             list(msg.islands))
         foreign = sorted({d for g in prog.gangs for d in g} - self.rm.devices_of(client))
         if foreign:  # a mesh made by hand must stay within the client's own slices
             prog.error = ResourceError(f"devices {foreign} are in no slice of client {client}:"
                                        " get meshes from client.mesh(...)")
-            self._reply(ident, ("install_failed", pid, prog.error))
+            self._reply(ident, m.InstallFailed(pid, prog.error))
             return
-        self._out.append(Install(pid, nodes, edges, blob))
+        self._out.append(InstallGraph(pid, msg.nodes, msg.edges, msg.blob))
 
     def installed(self, pid, gid, error) -> None:
         """The install of program ``pid`` ended: graph ``gid``, or ``error``."""
@@ -296,24 +295,25 @@ class ControlPlane:
         error = self._explain(error)
         prog.gid, prog.error = gid, error
         if error is not None:
-            self._reply(prog.ident, ("install_failed", pid, error))
-        for run in prog.waiting:
-            self._run(*run)
+            self._reply(prog.ident, m.InstallFailed(pid, error))
+        for ident, msg in prog.waiting:
+            self._run(ident, msg)
         prog.waiting.clear()
 
-    def _run(self, ident, pid, run_id, arg):
+    def _run(self, ident, msg):
+        pid, run_id, arg = msg.pid, msg.run_id, msg.arg
         prog = self.programs.get(pid)
         if prog is None:
-            self._reply(ident, ("run_failed", run_id, plaque.GraphError(f"no program {pid}")))
+            self._reply(ident, m.RunFailed(run_id, plaque.GraphError(f"no program {pid}")))
             return
         if prog.gid is None and prog.error is None:
-            prog.waiting.append((ident, pid, run_id, arg))
+            prog.waiting.append((ident, msg))
             return
         if prog.error is not None:
-            self._reply(ident, ("run_failed", run_id, prog.error))
+            self._reply(ident, m.RunFailed(run_id, prog.error))
             return
         if prog.client not in self.clients:
-            self._reply(ident, ("run_failed", run_id, ClientGone(
+            self._reply(ident, m.RunFailed(run_id, ClientGone(
                 f"client {prog.client} was disconnected (closed or silent too long)")))
             return
         # each island's scheduler orders that island's gangs of the run
@@ -354,7 +354,7 @@ class ControlPlane:
                 ready.append(run)
         for run in ready:
             arg = dataclasses.replace(run.arg, seqs=run.seqs)
-            self._out.append(Start((run.pid, run.run_id), run.prog.gid, arg))
+            self._out.append(StartRun((run.pid, run.run_id), run.prog.gid, arg))
 
     def run_ended(self, key, error) -> None:
         """Run ``key`` (program id, run id) finished, or failed with ``error``."""
@@ -364,9 +364,9 @@ class ControlPlane:
         self._finished(run)
         error = self._explain(error)
         if error is None:
-            self._reply(run.ident, ("run_done", run.run_id))
+            self._reply(run.ident, m.RunDone(run.run_id))
             return
-        self._reply(run.ident, ("run_failed", run.run_id, error))
+        self._reply(run.ident, m.RunFailed(run.run_id, error))
         # Kernels of this run still queued or waiting in collectives on surviving hosts
         # must not hold their devices until a timeout: fail their gangs now.
         self._abort([run], str(error))
@@ -379,7 +379,7 @@ class ControlPlane:
         gangs = [(run.prog.client, run.run_id, e) for run in runs
                  for e in range(len(run.prog.gangs))]
         if gangs:
-            self._to_hosts(("abort_gangs", gangs, reason))
+            self._to_hosts(m.AbortGangs(gangs, reason))
 
     def _explain(self, error):
         """What a client should see: a lost Plaque worker is a lost host, named; a kernel's
@@ -413,7 +413,7 @@ class ControlPlane:
                 if d in owner:
                     per_host.setdefault(owner[d], {}).setdefault(d, []).append(s)
         for w, skips in per_host.items():
-            self._out.append(ToHost(w, ("skip", skips)))
+            self._out.append(ToHost(w, m.SkipSeqs(skips)))
 
     def _forget_client(self, client, reason: str) -> None:
         """A client left or was lost: its slices, its runs still waiting for the scheduler,
@@ -424,7 +424,7 @@ class ControlPlane:
         self._last_seen.pop(client, None)
         self._client_of.pop(ident, None)
         self.rm.release_client(client)
-        self._to_hosts(("client_gone", client, reason))
+        self._to_hosts(m.ClientLeft(client, reason))
         self._abort([run for run in self.runs.values()
                      if run.prog.client == client and run.started], reason)
         gone = set()
@@ -438,19 +438,7 @@ class ControlPlane:
             self._finished(run)
         self.client_info.pop(client, None)
 
-    _HANDLERS = {"ping": _ping, "info": _info, "hello": _hello, "devices": _devices,
-                 "mesh": _mesh, "remap": _remap, "status": _status, "install": _install,
-                 "run": _run, "bye": _bye}
+    _HANDLERS = {m.Ping: _ping, m.Info: _info, m.Hello: _hello, m.ListDevices: _devices,
+                 m.AllocateMesh: _mesh, m.Remap: _remap, m.Status: _status,
+                 m.InstallProgram: _install, m.RunProgram: _run, m.Bye: _bye}
 
-
-def _owner_of(req):
-    """The client a request acts for (checked against the sending connection)."""
-    kind = req[0]
-    if kind == "bye":
-        return req[1] if len(req) > 1 else None
-    if kind in ("run", "install"):
-        pid = req[1]
-        return pid[0] if isinstance(pid, tuple) and pid else None
-    if kind in ("mesh", "remap"):
-        return req[2] if len(req) > 2 else None
-    return None

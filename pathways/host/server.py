@@ -101,7 +101,7 @@ class Host:
         """Executor thread: stop this gang's collectives here and on its other hosts."""
         self.executor.abort_gang(gang_key, reason)
         workers = {self.worker_of[d] for d in devices if d in self.worker_of} - {self.core.id}
-        msg = ("abort_gang", gang_key, reason)
+        msg = protocol.AbortGang(gang_key, reason)
         for w in workers:
             self.core.call_soon(lambda w=w: self.core.send_user(w, msg))
 
@@ -116,40 +116,51 @@ class Host:
         self.store.delete(key)
 
     # ---- messages from the coordinator and peers (loop thread) ----------------------------
-    def on_user(self, sender, payload) -> None:
-        kind = payload[0]
-        if kind == "abort_gang":
-            self.executor.abort_gang(payload[1], payload[2])
-        elif kind == "abort_gangs":
-            runs = set()
-            for gang in payload[1]:
-                self.executor.abort_gang(gang, payload[2])
-                runs.add(tuple(gang[:2]))
-            # kernels of these runs waiting for inputs that will never come must not hold
-            # their devices: fail the run's buffers nobody has produced yet
-            err = RemoteError(f"the run failed: {payload[2]}")
-            self.store.fail_awaited(lambda key: protocol.key_run(key) in runs, err)
-        elif kind == "devices":
-            for d in payload[1]:
-                if d not in self.devices:
-                    self.devices[d] = self.executor.add_device(d, self.spec, name=f"tpu{d}")
-            log.info("host %s owns devices %s", self.core.id, sorted(self.devices))
-        elif kind == "topology":
-            self.worker_of.clear()
-            self.worker_of.update(payload[1])
-            self.ici.peers = dict(payload[2])
-        elif kind == "client_gone":
-            _, client, reason = payload
-            n = self.store.retire_client(client, ClientGone(reason))
-            log.info("client %s gone (%s): freed %d buffers", client, reason, n)
-        elif kind == "skip":
-            for d, seqs in payload[1].items():
-                for s in seqs:
-                    if d in self.devices:
-                        self.devices[d].skip(s)
-        else:
-            what = kind if isinstance(kind, str) and len(kind) < 80 else type(kind).__name__
-            log.warning("unknown message %s from %s", what, sender)
+    def on_user(self, sender, msg) -> None:
+        """A message from the coordinator or a peer host, by its class (``_COMMANDS``)."""
+        handler = self._COMMANDS.get(type(msg))
+        if handler is None:
+            log.warning("unknown message %s from %s", type(msg).__name__[:80], sender)
+            return
+        handler(self, msg)
+
+    def _abort_gang(self, msg) -> None:
+        self.executor.abort_gang(msg.gang, msg.reason)
+
+    def _abort_gangs(self, msg) -> None:
+        runs = set()
+        for gang in msg.gangs:
+            self.executor.abort_gang(gang, msg.reason)
+            runs.add(tuple(gang[:2]))
+        # kernels of these runs waiting for inputs that will never come must not hold
+        # their devices: fail the run's buffers nobody has produced yet
+        err = RemoteError(f"the run failed: {msg.reason}")
+        self.store.fail_awaited(lambda key: protocol.key_run(key) in runs, err)
+
+    def _assign_devices(self, msg) -> None:
+        for d in msg.devices:
+            if d not in self.devices:
+                self.devices[d] = self.executor.add_device(d, self.spec, name=f"tpu{d}")
+        log.info("host %s owns devices %s", self.core.id, sorted(self.devices))
+
+    def _topology(self, msg) -> None:
+        self.worker_of.clear()
+        self.worker_of.update(msg.worker_of)
+        self.ici.peers = dict(msg.links)
+
+    def _client_left(self, msg) -> None:
+        n = self.store.retire_client(msg.client, ClientGone(msg.reason))
+        log.info("client %s gone (%s): freed %d buffers", msg.client, msg.reason, n)
+
+    def _skip(self, msg) -> None:
+        for d, seqs in msg.seqs.items():
+            for s in seqs:
+                if d in self.devices:
+                    self.devices[d].skip(s)
+
+    _COMMANDS = {protocol.AbortGang: _abort_gang, protocol.AbortGangs: _abort_gangs,
+                 protocol.AssignDevices: _assign_devices, protocol.Topology: _topology,
+                 protocol.ClientLeft: _client_left, protocol.SkipSeqs: _skip}
 
     def put(self, key, value, owner, arrival: float | None = None) -> None:
         """Loop thread: store a buffer that came from outside (a client's shard, a transfer,
@@ -244,36 +255,38 @@ class DataService:
         except Exception as exc:
             dropped(log, "a data-service request", repr(exc))
 
-    def _serve(self, ident, req) -> None:
-        kind, store = req[0], self.host.store
-        if kind == "put":
-            _, array_id, device, value, owner = req
-            self.host.put((array_id, device), np.asarray(value), owner)
-        elif kind == "get":
-            _, req_id, array_id, device = req
-            self._get(ident, req_id, (array_id, device))
-        elif kind == "delete":
-            for key in req[1]:
-                store.delete(key)
-        elif kind == "delete_owner":
-            store.delete_owner(req[1])
-        elif kind == "status":
-            self._reply(ident, ("status", req[1], self.host.status()))
-        elif kind == "generate":
-            self._generate(ident, *req[1:])
-        elif kind == "timeline":
-            self._reply(ident, ("timeline", req[1], self.host.timeline(req[2])))
-        else:
-            raise ValueError(f"unknown request {kind!r}")
+    def _serve(self, ident, msg) -> None:
+        handler = self._REQUESTS.get(type(msg))
+        if handler is None:
+            raise ValueError(f"unknown request {type(msg).__name__}")
+        handler(self, ident, msg)
 
-    def _generate(self, ident, req_id, array_id, device, blob, slices, shape, dtype,
-                  owner) -> None:
+    def _put(self, ident, msg) -> None:
+        self.host.put((msg.array_id, msg.device), np.asarray(msg.value), msg.owner)
+
+    def _delete(self, ident, msg) -> None:
+        for key in msg.keys:
+            self.host.store.delete(key)
+
+    def _delete_owner(self, ident, msg) -> None:
+        self.host.store.delete_owner(msg.owner)
+
+    def _status(self, ident, msg) -> None:
+        self._reply(ident, protocol.Answer(msg.req, self.host.status()))
+
+    def _timeline(self, ident, msg) -> None:
+        self._reply(ident, protocol.Answer(msg.req, self.host.timeline(msg.since)))
+
+    def _generate(self, ident, msg) -> None:
         """Input processing on the host (the paper's Appendix C): run the client's function
         for this device's part of the array on a worker thread and store the result."""
         import cloudpickle
 
-        key = (array_id, device)
+        req_id, device, slices, shape, dtype, owner = (msg.req, msg.device, msg.slices,
+                                                       msg.shape, msg.dtype, msg.owner)
+        key = (msg.array_id, device)
         store = self.host.store
+        blob = msg.blob
 
         def make():
             fn = cloudpickle.loads(blob)
@@ -294,25 +307,32 @@ class DataService:
                     store.fail(key, err, owner)
                 except Exception:
                     pass
-                self._reply(ident, ("error", req_id, err))
+                self._reply(ident, protocol.Refused(req_id, err))
             else:
-                self._reply(ident, ("generated", req_id, None))
+                self._reply(ident, protocol.Answer(req_id, None))
 
         fut = self.loop.run_in_executor(None, make)
         fut.add_done_callback(finish)
 
-    def _get(self, ident, req_id, key) -> None:
+    def _get(self, ident, msg) -> None:
+        key = (msg.array_id, msg.device)
+
         def ready(_key):
             self.loop.call_soon_threadsafe(answer)
 
         def answer():
             try:
                 value = self.host.store.get(key, 0)
-                self._reply(ident, ("value", req_id, value))
+                self._reply(ident, protocol.Answer(msg.req, value))
             except Exception as exc:
-                self._reply(ident, ("error", req_id, exc))
+                self._reply(ident, protocol.Refused(msg.req, exc))
 
         self.host.store.add_done_callback(key, ready)
+
+    _REQUESTS = {protocol.PutShard: _put, protocol.GetShard: _get,
+                 protocol.DeleteShards: _delete, protocol.DeleteOwner: _delete_owner,
+                 protocol.Status: _status, protocol.Generate: _generate,
+                 protocol.Timeline: _timeline}
 
 
 def _coordinator_info(address: str, ctx: zmq.Context, timeout: float = 30.0) -> dict:
@@ -322,13 +342,15 @@ def _coordinator_info(address: str, ctx: zmq.Context, timeout: float = 30.0) -> 
     s.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
     security.connect(s, address)
     try:
-        s.send_multipart(protocol.pack(("info", 0)))
+        s.send_multipart(protocol.pack(protocol.Info(0)))
         reply = protocol.unpack(s.recv_multipart())
     except zmq.Again:
         raise plaque.CoordinatorLost(f"no coordinator answered at {address}") from None
     finally:
         s.close(0)
-    return reply[2]
+    if not isinstance(reply, protocol.Answer) or not isinstance(reply.value, dict):
+        raise plaque.ProtocolError(f"the coordinator at {address} answered {reply!r}")
+    return reply.value
 
 
 async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,

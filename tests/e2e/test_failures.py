@@ -24,7 +24,7 @@ def test_a_killed_host_fails_the_futures_that_need_it_naming_it_and_others_go_on
         with pw.connect(cluster.address) as a, pw.connect(cluster.address) as b:
             hosts = {d.id: d.host for d in a.devices()}
             victim = host_processes(cluster)[-1]
-            infos = a._request(a.address, ("status", None)).result(10)["hosts"]
+            infos = a.cluster_status()["hosts"]
             victim_host = next(w for w, info in infos.items() if info["pid"] == victim.pid)
             everywhere = a.mesh((6,), ("d",))
             slow = pw.shard_map(lambda v: pw.psum(v, "d") + 1.0, everywhere, P(), P(),
@@ -134,7 +134,7 @@ def test_remap_after_a_host_loss_and_a_late_host_adds_capacity():
             x = c.put(np.arange(8.0), mesh, P("d"))
             want = pw.reference(twice)(np.arange(8.0))
             np.testing.assert_allclose(twice(x).result(timeout=30), want)
-            infos = c._request(c.address, ("status", None)).result(10)["hosts"]
+            infos = c.cluster_status()["hosts"]
             used = {d.host for d in mesh.devices.flat}
             victim = next(p for p in host_processes(cluster)
                           if any(infos[w]["pid"] == p.pid for w in used))

@@ -26,6 +26,7 @@ keeping strangers out is the job of CURVE (``plaque.security``), not of input ch
 """
 
 import contextlib
+import dataclasses
 import os
 import pickletools
 import re
@@ -143,7 +144,7 @@ def ctx():
 @pytest.fixture(scope="module")
 def hosts(cluster, ctx) -> dict:
     """The coordinator's view of its hosts at the start: worker id -> info."""
-    hosts = request(ctx, cluster.address, ("status", 0))[2]["hosts"]
+    hosts = request(ctx, cluster.address, protocol.Status(0)).value["hosts"]
     assert len(hosts) == 2
     return hosts
 
@@ -155,7 +156,7 @@ def identities(hosts: dict) -> dict:
 @pytest.fixture(scope="module")
 def targets(cluster, ctx, hosts) -> dict[str, Target]:
     found = [Target("coordinator/client", cluster.address, "coordinator")]
-    info = request(ctx, cluster.address, ("info", 0))[2]
+    info = request(ctx, cluster.address, protocol.Info(0)).value
     ctrl, data = info["plaque"].split("|")
     found += [Target("coordinator/plaque-control", ctrl, "plaque"),
               Target("coordinator/plaque-data", data, "plaque")]
@@ -189,7 +190,7 @@ def assert_cluster_serves(cluster, hosts):
     dead = [(p.args, p.returncode) for p in cluster.processes if p.poll() is not None]
     assert not dead, f"cluster processes exited: {dead}"
     with pw.connect(cluster.address, timeout=20) as client:
-        now = client._request(client.address, ("status", None)).result(10)["hosts"]
+        now = client.cluster_status()["hosts"]
         assert identities(now) == identities(hosts)
         mesh = client.mesh((4,), ("x",))
         assert len({d.host for d in mesh.devices.flat}) == 2
@@ -246,20 +247,27 @@ random_frame = st.binary(max_size=64)
 
 
 REQUESTS = {  # what each ROUTER serves, so that replays reach the handlers
-    "coordinator": ["info", "hello", "devices", "mesh", "status", "install", "run", "ping",
-                    "bye"],
-    "host-data": ["put", "get", "delete", "delete_owner", "status", "generate", "timeline"],
+    "coordinator": [protocol.Info, protocol.Hello, protocol.ListDevices, protocol.AllocateMesh,
+                    protocol.Status, protocol.InstallProgram, protocol.RunProgram,
+                    protocol.Ping, protocol.Bye],
+    "host-data": [protocol.PutShard, protocol.GetShard, protocol.DeleteShards,
+                  protocol.DeleteOwner, protocol.Status, protocol.Generate, protocol.Timeline],
 }
-HOST_COMMANDS = {"abort_gang", "abort_gangs", "devices", "topology", "client_gone", "skip"}
+HOST_COMMANDS = {protocol.AbortGang, protocol.AbortGangs, protocol.AssignDevices,
+                 protocol.Topology, protocol.ClientLeft, protocol.SkipSeqs}
+MESSAGES = sorted((c for c in vars(protocol).values() if isinstance(c, type) and
+                   issubclass(c, protocol.Message) and dataclasses.is_dataclass(c)),
+                  key=lambda c: c.__name__)
 
 
 def valid(role: str) -> list[list]:
     """Well-formed messages this socket accepts, to truncate, replay and pad."""
     if role == "coordinator":
-        return [protocol.pack(p) for p in [("info", 1), ("status", 1), ("devices", 1)]]
+        return [protocol.pack(p) for p in [protocol.Info(1), protocol.Status(1),
+                                           protocol.ListDevices(1)]]
     if role == "host-data":
-        return [protocol.pack(p) for p in [("status", 1), ("timeline", 1, None),
-                                           ("delete", [(("fuzz", 1), 0)])]]
+        return [protocol.pack(p) for p in [protocol.Status(1), protocol.Timeline(1, None),
+                                           protocol.DeleteShards([(("fuzz", 1), 0)])]]
     if role == "ici":
         return [protocol.pack(("ici", [((("fuzz",), 0), 0, 0, np.zeros(3))]))]
     return [wire.encode(Kind.HEARTBEAT, 10**6, 0.0),
@@ -274,8 +282,7 @@ def obeyed(role: str, kind: int, payload) -> bool:
         return True
     if kind in (Kind.PEERS, Kind.INSTALL, Kind.UNINSTALL):
         return True  # the coordinator's orders: a well-formed one is obeyed
-    return kind == Kind.USER and isinstance(payload, tuple) and bool(payload) and \
-        isinstance(payload[0], str) and payload[0] in HOST_COMMANDS
+    return kind == Kind.USER and type(payload) in HOST_COMMANDS
 
 
 def messages(role: str):
@@ -316,8 +323,7 @@ def messages(role: str):
 
     @st.composite
     def unexpected_type(draw):
-        value = draw(garbage.filter(lambda v: not (isinstance(v, tuple) and v and
-                                                   isinstance(v[0], str))))
+        value = draw(garbage)  # never a message
         kind = Kind.USER if role != "plaque" else draw(st.sampled_from(list(Kind)))
         if role == "plaque":
             sender = draw(st.one_of(st.sampled_from([-3, -2, -1, 0, 1]), int32s))
@@ -329,19 +335,22 @@ def messages(role: str):
 
     @st.composite
     def unknown_request(draw):
-        name = draw(st.text(max_size=16).filter(
-            lambda s: s not in REQUESTS.get(role, ()) and s not in HOST_COMMANDS))
-        args = draw(st.lists(garbage, max_size=4))
+        """A message of a kind this socket does not serve, or a tuple in the old style."""
+        served = set(REQUESTS.get(role, ())) | HOST_COMMANDS
+        cls = draw(st.sampled_from([c for c in MESSAGES if c not in served]))
+        if draw(st.booleans()):
+            msg = cls(*[draw(garbage) for _ in dataclasses.fields(cls)])
+        else:
+            msg = (draw(st.text(max_size=16)), *draw(st.lists(garbage, max_size=4)))
         if role == "plaque":
-            return wire.encode(Kind.USER, draw(st.sampled_from([-1, 0, 1, 10**6])),
-                               (name, *args))
-        return protocol.pack((name, *args))
+            return wire.encode(Kind.USER, draw(st.sampled_from([-1, 0, 1, 10**6])), msg)
+        return protocol.pack(msg)
 
     @st.composite
     def bad_arguments(draw):
-        args = draw(st.lists(garbage, max_size=8))
         if role in REQUESTS:
-            return protocol.pack((draw(st.sampled_from(REQUESTS[role])), *args))
+            cls = draw(st.sampled_from(REQUESTS[role]))
+            return protocol.pack(cls(*[draw(garbage) for _ in dataclasses.fields(cls)]))
         if role == "ici":
             items = draw(st.one_of(
                 garbage,
@@ -387,7 +396,7 @@ class Attacker:
     def probe(self) -> None:
         if not self.target.router:
             return
-        self.send(protocol.pack(("status", SENTINEL)))
+        self.send(protocol.pack(protocol.Status(SENTINEL)))
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -398,7 +407,8 @@ class Attacker:
                 replies = protocol.unbatch(protocol.unpack(frames))
             except Exception:
                 continue  # replies to garbage may be anything
-            if any(reply[:2] == ("status", SENTINEL) for reply in replies):
+            if any(isinstance(reply, protocol.Answer) and reply.req == SENTINEL
+                   for reply in replies):
                 return
         raise AssertionError(f"{self.target.name} stopped answering")
 
@@ -456,7 +466,8 @@ def regressions(role: str) -> list[list]:
     """Messages that broke a process once, sent to every socket of their kind."""
     huge = 10**5000  # str() refuses it: a request named by it escaped the coordinator's handler
     if role in ("coordinator", "host-data", "ici"):
-        return [protocol.pack((huge,)), protocol.pack((huge, huge))]
+        return [protocol.pack((huge,)), protocol.pack((huge, huge)),
+                protocol.pack(protocol.Status(huge)), protocol.pack(protocol.Batch([huge]))]
     return [
         # echoed by a host to the coordinator, whose driver then failed on the unhashable id
         wire.encode(Kind.COUNTERS, -1, [1, 2]),
@@ -519,7 +530,7 @@ def test_replayed_hello_and_welcome_are_dropped(cluster, hosts, targets, ctx):
         attacker.send(frames)
         attacker.close()
     time.sleep(0.5)
-    now = request(ctx, cluster.address, ("status", 0))[2]["hosts"]
+    now = request(ctx, cluster.address, protocol.Status(0)).value["hosts"]
     assert identities(now) == identities(hosts), "a replayed HELLO made a new host"
     time.sleep(3.5)  # past the heartbeat timeout: a host given a new id is lost by now
     assert_cluster_serves(cluster, hosts)

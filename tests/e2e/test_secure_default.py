@@ -73,7 +73,7 @@ def sockets(cluster) -> dict[str, int]:
     it: DEALER for the ROUTER ports (coordinator's clients, hosts' data), PUSH for the rest
     (Plaque's control and data channels, ICI), all PULL."""
     with pw.connect(cluster.address) as c:
-        hosts = c._request(c.address, ("status", None)).result(10)["hosts"]
+        hosts = c.cluster_status()["hosts"]
     routers = {cluster.address.split("?")[0], *(h["data"] for h in hosts.values())}
     ports = {p for proc in cluster.processes for p in listening_ports(proc.pid)}
     assert len(ports) == 3 + 4 * len(hosts), "a cluster process is not listening as expected"

@@ -55,7 +55,7 @@ def test_a_client_without_the_key_or_with_another_key_gets_nowhere(secured, tmp_
 
 def test_unauthenticated_messages_never_reach_any_server_socket(secured, keys):
     with pw.connect(secured.address, keys=keys) as c:
-        status = c._request(c.address, ("status", None)).result(10)
+        status = c.cluster_status()
         data = {h["data"] for h in status["hosts"].values()}
         ici = [h["ici"] for h in status["hosts"].values()]
     ctx = zmq.Context()
@@ -64,7 +64,7 @@ def test_unauthenticated_messages_never_reach_any_server_socket(secured, keys):
             s = ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
             s.connect(address)
-            s.send_multipart(protocol.pack(("status", 1)))  # a valid request, no key
+            s.send_multipart(protocol.pack(protocol.Status(1)))  # a valid request, no key
             assert s.poll(1500) == 0  # never answered: it was never delivered
             s.close(0)
         for address in ici:
@@ -147,7 +147,7 @@ def test_hosts_in_separate_network_namespaces_run_a_program_with_curve(namespace
             assert all(p.poll() is None for p in procs), "a process exited"
             assert time.monotonic() < deadline, "the hosts never joined"
             time.sleep(0.1)
-        info = c._request(c.address, ("status", None)).result(10)["hosts"]
+        info = c.cluster_status()["hosts"]
         assert sorted(h["data"].split(":")[1] for h in info.values()) == \
             ["//10.77.0.2", "//10.77.0.3"]  # each host on its own namespace's address
         assert psum_everywhere(c) == 5.0

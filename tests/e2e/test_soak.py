@@ -103,9 +103,8 @@ def test_soak_with_host_kills_and_restarts():
         with pw.connect(cluster.address) as probe:
             # membership followed the kills and restarts: exactly the live hosts are listed
             live = {p.pid for p in cluster.processes[1:] if p.poll() is None}
-            wait_until(lambda: {h["pid"] for h in probe._request(
-                probe.address, ("status", None)).result(10)["hosts"].values()} == live,
-                15, interval=0.1)
+            wait_until(lambda: {h["pid"] for h in probe.cluster_status()["hosts"].values()}
+                       == live, 15, interval=0.1)
             # the hosts left hold nothing once every client is gone
             wait_until(lambda: sum(sum(s["store"]["bytes"].values())
                                    for s in probe.host_status().values()) == 0,

@@ -11,7 +11,7 @@ import pytest
 from conftest import store_bytes, wait_for_store_bytes
 
 import pathways as pw
-from pathways import P
+from pathways import P, protocol
 
 
 def test_collectives_across_hosts_match_the_reference(client):
@@ -193,7 +193,7 @@ def device_busy(client) -> dict:
     addresses = sorted({d["data"] for d in client._device_info.values()})
     out = {}
     for a in addresses:
-        for d, info in client._request(a, ("status", None)).result(10)["devices"].items():
+        for d, info in client._request(a, protocol.Status(None)).result(10)["devices"].items():
             out[d] = info["busy_seconds"]
     return out
 
