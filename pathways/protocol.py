@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 from plaque import wire
 
@@ -312,31 +313,43 @@ class RunArg:
             return self.inputs[var_id]
         if var_id in self.outputs:
             return self.outputs[var_id]
-        return (self.client, "tmp", self.run_id, var_id)  # intermediate, freed after last use
+        return TempId(self.client, self.run_id, var_id)  # freed after its last use
+
+
+# ---- buffer keys ---------------------------------------------------------------------------------
+# A buffer is keyed by (array id, device). An array a client names is ``(client, n)``, made by
+# the client; the two kinds of ids hosts make for a run are typed, so that what a key belongs
+# to is read from its fields, not decoded from its shape.
+
+class TempId(NamedTuple):
+    """A run's intermediate value ``var``, freed after its last use."""
+    client: int
+    run: int
+    var: int
+
+
+class TransferId(NamedTuple):
+    """Where input ``port`` of equation ``eqn`` is assembled when it arrives by transfer."""
+    client: int
+    run: int
+    eqn: int
+    port: int
 
 
 def transfer_key(arg: RunArg, consumer: int, port: int, device: int):
     """Where a consumer shard assembles an input that arrives by transfer."""
-    return (("xfer", arg.client, arg.run_id, consumer, port), device)
+    return (TransferId(arg.client, arg.run_id, consumer, port), device)
 
-
-# Buffer keys are (array id, device). Array ids: (client, n) named by a client,
-# (client, "tmp", run, var) for a run's intermediates, ("xfer", client, run, eqn, port).
 
 def key_client(key):
     """The client a buffer key belongs to, or None for a key of no known form."""
     aid = key[0]
-    if isinstance(aid, tuple) and aid:
-        return aid[1] if aid[0] == "xfer" and len(aid) > 1 else aid[0]
-    return None
+    if isinstance(aid, (TempId, TransferId)):
+        return aid.client
+    return aid[0] if isinstance(aid, tuple) and aid else None
 
 
 def key_run(key):
     """``(client, run)`` of a run's own buffer (an intermediate or a transfer), else None."""
     aid = key[0]
-    if isinstance(aid, tuple) and len(aid) >= 3:
-        if aid[0] == "xfer":
-            return (aid[1], aid[2])
-        if aid[1] == "tmp":
-            return (aid[0], aid[2])
-    return None
+    return (aid.client, aid.run) if isinstance(aid, (TempId, TransferId)) else None

@@ -17,7 +17,10 @@ def children() -> list[int]:
     """Child processes of this process (every thread's)."""
     out = []
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        text = (task / "children").read_text().split()
+        try:
+            text = (task / "children").read_text().split()
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
         out.extend(int(pid) for pid in text)
     return out
 

@@ -17,6 +17,7 @@ from pathways.errors import DeviceOutOfMemory
 from pathways.host.executor import standalone_device
 from pathways.host.object_store import BufferState, ObjectStore
 from pathways.program.cost import DeviceSpec
+from pathways.protocol import TempId, TransferId
 
 WAIT = 5.0
 HBM = 1024
@@ -315,7 +316,7 @@ def test_retiring_a_client_frees_it_fails_its_awaited_reads_and_drops_later_puts
 
     def read():
         try:
-            store.get(((7, "tmp", 1, 3), 0), timeout=30)
+            store.get((TempId(7, 1, 3), 0), timeout=30)
         except Exception as exc:
             errors.append(exc)
 
@@ -324,9 +325,21 @@ def test_retiring_a_client_frees_it_fails_its_awaited_reads_and_drops_later_puts
     assert store.retire_client(7, ClientGone("client 7 closed")) == 1
     wait_until(lambda: len(errors) == 1)
     assert isinstance(errors[0], ClientGone)
-    store.put(((7, "tmp", 2, 0), 0), array(64), (7, 2))  # a late output of its last run
+    store.put((TempId(7, 2, 0), 0), array(64), (7, 2))  # a late output of its last run
     with pytest.raises(KeyError, match="gone"):
-        store.get((("xfer", 7, 2, 0, 0), 0), timeout=30)
+        store.get((TransferId(7, 2, 0, 0), 0), timeout=30)
     assert store.used_bytes(0) == 128  # only client 8's buffer
     assert store.get(((8, 0), 0), 0).sum() == 128
     store.delete(((8, 0), 0))
+
+
+def test_buffer_keys_say_whose_and_which_run_they_are():
+    from pathways.protocol import RunArg, key_client, key_run, transfer_key
+
+    arg = RunArg(client=3, run_id=9, mode="parallel", inputs={0: (3, 17)}, outputs={}, seqs={})
+    named, temp = (arg.array_id(0), 1), (arg.array_id(5), 1)
+    moved = transfer_key(arg, consumer=2, port=1, device=4)
+    assert temp[0] == TempId(3, 9, 5) and moved[0] == TransferId(3, 9, 2, 1)
+    assert [key_client(k) for k in (named, temp, moved)] == [3, 3, 3]
+    assert [key_run(k) for k in (named, temp, moved)] == [None, (3, 9), (3, 9)]
+    assert key_client((None, 0)) is None and key_run((None, 0)) is None  # no known form
