@@ -37,7 +37,7 @@ def message(cls):
     return cls
 
 
-class _ActsForClient(Message):
+class ActsForClient(Message):
     """A request acting for one client: only that client's own connection may send it."""
 
     __slots__ = ()
@@ -47,7 +47,7 @@ class _ActsForClient(Message):
         return self.client
 
 
-class _ActsForProgram(_ActsForClient):
+class ActsForProgram(ActsForClient):
     __slots__ = ()
 
     @property
@@ -83,7 +83,7 @@ class ListDevices(Message):
 
 
 @message
-class AllocateMesh(_ActsForClient):
+class AllocateMesh(ActsForClient):
     """A virtual slice of ``shape`` devices (on ``island``, or where the manager chooses)."""
     req: object
     client: int
@@ -92,7 +92,7 @@ class AllocateMesh(_ActsForClient):
 
 
 @message
-class Remap(_ActsForClient):
+class Remap(ActsForClient):
     """Slice ``slice_id`` with its lost devices replaced."""
     req: object
     client: int
@@ -106,7 +106,7 @@ class Status(Message):
 
 
 @message
-class InstallProgram(_ActsForProgram):
+class InstallProgram(ActsForProgram):
     """Install program ``pid``: a graph skeleton, its code (``blob``), each equation's gang
     of devices and island."""
     pid: tuple
@@ -118,7 +118,7 @@ class InstallProgram(_ActsForProgram):
 
 
 @message
-class RunProgram(_ActsForProgram):
+class RunProgram(ActsForProgram):
     """Run installed program ``pid`` as run ``run_id`` with ``arg`` (a ``RunArg``)."""
     pid: tuple
     run_id: int
@@ -126,7 +126,7 @@ class RunProgram(_ActsForProgram):
 
 
 @message
-class Bye(_ActsForClient):
+class Bye(ActsForClient):
     """Client ``client`` leaves: free everything it holds."""
     client: int
 

@@ -12,6 +12,7 @@ twin is for tests, notebooks and examples, not for measuring speed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 
@@ -24,7 +25,8 @@ from .program.cost import DeviceSpec
 
 log = logging.getLogger("pathways.twin")
 
-JOIN_TIMEOUT = 10.0  # seconds a host thread gets to finish once its coordinator stopped
+JOIN_TIMEOUT = 10.0  # seconds a host thread gets to finish once told to stop
+STOP_GRACE = 2.0  # seconds a host gets to stop by itself once its coordinator closed
 
 
 class ThreadHost:
@@ -33,6 +35,8 @@ class ThreadHost:
     def __init__(self, coordinator: str, island: int, devices: int, hbm_gib: float,
                  kernel_limit: float | None):
         self.reason: str | None = None  # why it stopped, once it has
+        self._loop = uvloop.new_event_loop()
+        self._task = None
         spec = DeviceSpec(hbm_bytes=int(hbm_gib * 2**30))
         self.thread = threading.Thread(
             target=self._serve, args=(coordinator, island, devices, spec, kernel_limit),
@@ -40,16 +44,32 @@ class ThreadHost:
         self.thread.start()
 
     def _serve(self, coordinator, island, devices, spec, kernel_limit) -> None:
+        loop = self._loop
+        asyncio.set_event_loop(loop)
         try:
-            self.reason = uvloop.run(serve_host(coordinator, island, devices,
-                                                "inproc://", spec=spec,
-                                                kernel_limit=kernel_limit or None))
+            self._task = loop.create_task(serve_host(coordinator, island, devices, "inproc://",
+                                                     spec=spec,
+                                                     kernel_limit=kernel_limit or None))
+            self.reason = loop.run_until_complete(self._task)
+        except asyncio.CancelledError:
+            self.reason = "stopped by its cluster"
         except BaseException as exc:  # a thread's exception would vanish: keep and log it
             self.reason = f"failed: {exc!r}"
             log.exception("an in-process host failed")
+        finally:
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
 
     def alive(self) -> bool:
         return self.thread.is_alive()
+
+    def stop(self) -> None:
+        """Stop the host from outside (one its coordinator lost is not told to stop)."""
+        if self.thread.is_alive() and self._task is not None:
+            try:
+                self._loop.call_soon_threadsafe(self._task.cancel)
+            except RuntimeError:
+                pass  # its loop closed meanwhile: it has stopped
 
     def join(self, timeout: float = JOIN_TIMEOUT) -> None:
         self.thread.join(timeout)
@@ -80,6 +100,9 @@ class Twin:
     def close(self) -> None:
         """Stop the coordinator, which tells every host to stop, then wait for the hosts."""
         self.coordinator.close()
+        for host in self.hosts:
+            host.thread.join(STOP_GRACE)
+            host.stop()  # still running: its coordinator had lost it, so never told it
         stuck = []
         for host in self.hosts:
             try:

@@ -57,7 +57,10 @@ class HeartbeatThread:
                     continue  # the loop beats by itself, or it is stuck, not busy
                 beat = wire.encode(Kind.HEARTBEAT, core.id, self.clock())
                 if sock is None:
-                    self.transport.send(COORDINATOR, CONTROL, beat)
+                    try:
+                        self.transport.send(COORDINATOR, CONTROL, beat)
+                    except KeyError:
+                        pass  # the coordinator was disconnected: the worker is leaving
                     continue
                 try:
                     sock.send_multipart(beat, zmq.NOBLOCK)

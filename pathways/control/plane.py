@@ -208,7 +208,7 @@ class ControlPlane:
         if handler is None:
             dropped(log, "a client message of unknown kind", _short(msg))
             return
-        if isinstance(msg, m._ActsForClient) and msg.owner != cid:
+        if isinstance(msg, m.ActsForClient) and msg.owner != cid:
             gone = ClientGone("this client was disconnected (closed, or silent too long)"
                               if cid is None else "a request for another client")
             if isinstance(msg, m.RunProgram):

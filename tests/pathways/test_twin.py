@@ -96,3 +96,24 @@ def test_a_failing_kernel_fails_its_run_and_the_twin_goes_on(pw_cluster):
         assert isinstance(info.value, pw.RemoteError) and info.value.device in mesh.ids
         ok = pw.shard_map(lambda b: b + 1.0, mesh, P("d"), P("d"))(x)
         np.testing.assert_array_equal(ok.result(timeout=60), np.full(4, 2.0))
+
+
+def test_a_host_busy_in_a_long_kernel_is_not_lost():
+    """A body holds its host's loop for longer than the heartbeat timeout: the host's
+    heartbeat thread keeps it alive through the in-process transport."""
+    import time
+
+    with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=2,
+                          heartbeat_timeout=1.0, processes=False) as cluster:
+        with pw.connect(cluster.address) as client:
+            mesh = client.mesh((2,), ("d",))
+
+            def slow(b):
+                if b.any():  # on the host, not while the client finds shapes
+                    time.sleep(2.5)
+                return b + 1.0
+
+            x = client.put(np.ones(4), mesh, P("d"))
+            y = pw.shard_map(slow, mesh, P("d"), P("d"))(x)
+            np.testing.assert_array_equal(y.result(timeout=60), np.full(4, 2.0))
+            assert len(client.devices()) == 2  # the host is still a member
