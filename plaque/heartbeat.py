@@ -14,16 +14,15 @@ import time
 
 import zmq
 
-from . import security, wire
-from .wire import CONTROL, COORDINATOR, Kind
+from . import wire
+from .wire import Kind
 
 HEARTBEAT_INTERVAL = 0.5
 
 
 class HeartbeatThread:
-    """``transport``: the worker's; a ZeroMQ one lends its context for the thread's own
-    socket, an in-process one (no socket to share) is sent through directly, which is safe
-    from any thread."""
+    """Beats go out through ``transport.thread_sender`` (the worker's transport: its own
+    socket for this thread, or the in-process delivery, which any thread may use)."""
 
     def __init__(self, core, transport, interval: float = HEARTBEAT_INTERVAL,
                  stale_after: float = 60.0, clock=time.monotonic):
@@ -40,34 +39,21 @@ class HeartbeatThread:
         self._thread.join(2)
 
     def _run(self) -> None:
-        sock = None
-        ctx = getattr(self.transport, "ctx", None)
+        send = close = None
         try:
             while not self._stop.wait(self.interval):
                 core = self.core
                 last = core.last_tick
                 if core.id is None or last is None or not core.coordinator_control:
                     continue
-                if sock is None and ctx is not None:  # connect early: the first beat must
-                    sock = ctx.socket(zmq.PUSH)       # not wait for TCP
-                    sock.setsockopt(zmq.LINGER, 0)
-                    security.connect(sock, core.coordinator_control)
+                if send is None:  # connect early: the first beat must not wait for TCP
+                    send, close = self.transport.thread_sender(core.coordinator_control)
                 silent = self.clock() - last
                 if silent < 1.5 * self.interval or silent > self.stale_after:
                     continue  # the loop beats by itself, or it is stuck, not busy
-                beat = wire.encode(Kind.HEARTBEAT, core.id, self.clock())
-                if sock is None:
-                    try:
-                        self.transport.send(COORDINATOR, CONTROL, beat)
-                    except KeyError:
-                        pass  # the coordinator was disconnected: the worker is leaving
-                    continue
-                try:
-                    sock.send_multipart(beat, zmq.NOBLOCK)
-                except zmq.Again:
-                    pass
+                send(wire.encode(Kind.HEARTBEAT, core.id, self.clock()))
         except zmq.ContextTerminated:
             pass  # the worker is shutting down: its transport ended the context
         finally:
-            if sock is not None:
-                sock.close(0)
+            if close is not None:
+                close()

@@ -49,6 +49,12 @@ class Transport(ABC):
     def close(self) -> None:
         """Stop receiving and release resources; idempotent."""
 
+    @abstractmethod
+    def thread_sender(self, address: str):
+        """``(send, close)`` for a thread other than the loop's (the heartbeat thread) to send
+        frames to the CONTROL endpoint at ``address`` (a peer's address, or its first part);
+        ``send`` never blocks and drops what cannot leave at once or has nowhere to go."""
+
     def heard_until(self, now: float) -> float:
         """The latest time (``time.monotonic``) at which no received message waited here
         unhandled: ``now`` if none waits now. A peer's silence is only counted up to then
@@ -90,7 +96,16 @@ class InprocTransport(Transport):
         self._peers.pop(peer, None)
 
     def send(self, peer, channel, frames):
-        target = _registry.get(self._peers[peer])
+        self._post(self._peers[peer], channel, frames)
+
+    def thread_sender(self, address):
+        name = address.split("|")[0]
+        return (lambda frames: self._post(name, CONTROL, frames)), (lambda: None)
+
+    @staticmethod
+    def _post(address, channel, frames):
+        """Deliver to the endpoint at ``address`` on its loop; any thread."""
+        target = _registry.get(address)
         if target is None:
             return  # like a socket to a dead peer: the message is lost
         copies = [bytes(f) for f in frames]

@@ -205,6 +205,19 @@ class ZmqTransport(Transport):
         if self._backlog:
             self._schedule_retry()
 
+    def thread_sender(self, address):
+        sock = self.ctx.socket(zmq.PUSH)  # its own: a ZeroMQ socket belongs to one thread
+        sock.setsockopt(zmq.LINGER, 0)
+        security.connect(sock, address.split("|")[0], self.keys)
+
+        def send(frames):
+            try:
+                sock.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+
+        return send, lambda: sock.close(0)
+
     def close(self):
         if self.closed:
             return

@@ -88,26 +88,24 @@ class Coordinator:
 
     # ---- outputs ------------------------------------------------------------------------------
     def _carry_out(self) -> None:
-        """Do what the plane decided (which may decide more), until nothing is left."""
-        core, sent = self.cluster.core, False
-        while True:
-            commands = self.plane.take()
-            if not commands:
-                break
+        """Do what the plane decided (which may decide more), until nothing is left; wake
+        the Plaque loop once for whatever went to hosts."""
+        to_hosts = False
+        while commands := self.plane.take():
             for c in commands:
-                if isinstance(c, Reply):
-                    self.service.reply(c.ident, c.msg)
-                elif isinstance(c, ToHost):
-                    core.send_user(c.worker, c.msg)
-                    sent = True
-                elif isinstance(c, InstallGraph):
-                    self._install(c)
-                elif isinstance(c, StartRun):
-                    self._start(c)
-                elif isinstance(c, RefuseHost):
-                    core.lose_worker(c.worker, c.reason)
-        if sent:
+                to_hosts |= isinstance(c, ToHost)
+                self._DO[type(c)](self, c)
+        if to_hosts:
             self.cluster.soon()
+
+    def _reply(self, c: Reply) -> None:
+        self.service.reply(c.ident, c.msg)
+
+    def _to_host(self, c: ToHost) -> None:
+        self.cluster.core.send_user(c.worker, c.msg)
+
+    def _refuse(self, c: RefuseHost) -> None:
+        self.cluster.core.lose_worker(c.worker, c.reason)
 
     def _install(self, c: InstallGraph) -> None:
         def installed(gid, error):
@@ -132,3 +130,6 @@ class Coordinator:
 
     def devices(self) -> list[dict]:
         return self.plane.devices()
+
+    _DO = {Reply: _reply, ToHost: _to_host, RefuseHost: _refuse, InstallGraph: _install,
+           StartRun: _start}

@@ -282,34 +282,30 @@ class DataService:
         for this device's part of the array on a worker thread and store the result."""
         import cloudpickle
 
-        req_id, device, slices, shape, dtype, owner = (msg.req, msg.device, msg.slices,
-                                                       msg.shape, msg.dtype, msg.owner)
-        key = (msg.array_id, device)
-        store = self.host.store
-        blob = msg.blob
+        key, store = (msg.array_id, msg.device), self.host.store
+        shape, dtype = tuple(msg.shape), np.dtype(msg.dtype)
 
         def make():
-            fn = cloudpickle.loads(blob)
-            value = np.asarray(fn(slices))
-            if value.shape != tuple(shape) or value.dtype != np.dtype(dtype):
+            value = np.asarray(cloudpickle.loads(msg.blob)(msg.slices))
+            if value.shape != shape or value.dtype != dtype:
                 raise ProgramError(f"the input function returned {value.dtype}{list(value.shape)}"
-                                   f" for the part {slices} of device {device}; expected"
-                                   f" {np.dtype(dtype)}{list(shape)}")
-            store.put(key, value, owner)
+                                   f" for the part {msg.slices} of device {msg.device}; expected"
+                                   f" {dtype}{list(shape)}")
+            store.put(key, value, msg.owner)
 
         def finish(fut):
             exc = fut.exception()
-            if exc is not None:
-                err = exc if isinstance(exc, ProgramError) else RemoteError(
-                    f"the input function failed on host {self.host.core.id} for device"
-                    f" {device}: {exc!r}")
-                try:
-                    store.fail(key, err, owner)
-                except Exception:
-                    pass
-                self._reply(ident, protocol.Refused(req_id, err))
-            else:
-                self._reply(ident, protocol.Answer(req_id, None))
+            if exc is None:
+                self._reply(ident, protocol.Answer(msg.req, None))
+                return
+            err = exc if isinstance(exc, ProgramError) else RemoteError(
+                f"the input function failed on host {self.host.core.id} for device"
+                f" {msg.device}: {exc!r}")
+            try:
+                store.fail(key, err, msg.owner)
+            except Exception:
+                pass
+            self._reply(ident, protocol.Refused(msg.req, err))
 
         fut = self.loop.run_in_executor(None, make)
         fut.add_done_callback(finish)

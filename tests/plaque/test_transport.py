@@ -118,6 +118,32 @@ def test_fifo_and_frames_intact(net):
     assert {ch for ch, _ in b.inbox} == {DATA}
 
 
+def test_a_thread_sends_on_control_through_its_own_sender(net):
+    """What the heartbeat thread uses while its loop is busy: another thread sends to a
+    peer's address (its CONTROL part), and the frames arrive on CONTROL, in order."""
+    import threading
+
+    a, b = pair(net)
+    send, close = a.thread_sender(b.address)
+    try:
+        sender = threading.Thread(target=lambda: [send(msg(b"beat", i)) for i in range(20)])
+        sender.start()
+        sender.join(DEADLINE)
+        net.run_until(lambda: len(b.inbox) == 20)
+        assert [ch for ch, _ in b.inbox] == [CONTROL] * 20
+        assert [f for _, f in b.inbox] == [msg(b"beat", i) for i in range(20)]
+    finally:
+        close()
+    dead = net.endpoint()
+    where = dead.address
+    dead.close()
+    send, close = a.thread_sender(where)
+    try:
+        send(msg(b"lost", 0))  # nobody there: dropped, never raises nor blocks
+    finally:
+        close()
+
+
 def test_fifo_per_channel_with_both_channels_interleaved(net):
     a, b = pair(net)
     rng = random.Random(7)
