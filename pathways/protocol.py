@@ -233,6 +233,17 @@ class GetShard(Message):
 
 
 @message
+class SaveShard(Message):
+    """Write the shard, once it is ready, as chunk ``chunk`` of the Zarr array at ``path``
+    (``pathways.checkpoint_format``); answered when it is on disk."""
+    req: object
+    array_id: object
+    device: int
+    path: str
+    chunk: tuple
+
+
+@message
 class DeleteShards(Message):
     keys: list
 

@@ -37,6 +37,7 @@ from ..program.ir import Eqn, Program
 from ..program.mesh import Device, Mesh, device_of
 from ..program.tracer import single_call_program
 from ..protocol import RunArg
+from . import checkpoint
 from .array import Array
 from .session import Session
 from .trace import Tracing, collect
@@ -344,6 +345,40 @@ class Client:
                 per_host.setdefault(self._data_address(d), []).append((array.id, d))
         for address, keys in per_host.items():
             self._send(address, protocol.DeleteShards(keys))
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def save(self, path, values, overwrite: bool = False) -> cf.Future:
+        """Write ``values`` (an array, or dicts, tuples and lists of them) to ``path`` as a
+        Zarr v3 checkpoint; returns a future at once, which gets ``path`` when it is committed.
+
+        Each host writes the shards its devices hold, in parallel, straight to ``path`` (a
+        shared file system, or the local disk of one machine); the client writes only
+        metadata. Arrays still being computed are written when ready, so a save overlaps
+        the steps after it. The save is atomic: until it commits nothing is at ``path`` (or
+        the old checkpoint, with ``overwrite=True``); a failed save leaves nothing behind.
+
+        >>> saved = client.save("ckpt/step_1", {"x": x, "opt": (y, y)})
+        >>> z = step(y)                                  # the save goes on meanwhile
+        >>> path = saved.result(timeout=60)              # the path, once committed
+        """
+        return checkpoint.save(self, path, values, overwrite)
+
+    def load(self, path, mesh: Mesh, specs=None):
+        """The checkpoint at ``path`` as arrays on ``mesh``, in the tree it was saved with,
+        split by ``specs`` (one spec, or a tree prefix of them; default: the spec each array
+        was saved with). Each host reads the chunks its devices need, so the mesh and specs
+        may differ from the saved ones. Returns at once; the arrays are futures.
+
+        >>> path = client.save("ckpt/step_2", {"x": x}).result(timeout=60)
+        >>> state = client.load("ckpt/step_2", mesh)                  # as saved
+        >>> np.array_equal(state["x"].result(), x0)
+        True
+        >>> line = client.mesh((4,), ("data",))
+        >>> state = client.load("ckpt/step_2", line, {"x": P(None, "data")})  # resharded
+        >>> state["x"].sharding.spec
+        P(None, 'data')
+        """
+        return checkpoint.load(self, path, mesh, specs)
 
     # ---- programs -------------------------------------------------------------------------
     def op_program(self, fn: CompiledFunction, avals):

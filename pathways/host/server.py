@@ -30,7 +30,7 @@ from plaque.transport import InprocTransport
 from plaque.worker import WorkerCore
 from plaque.zmq_transport import ZmqTransport, context_for
 
-from .. import protocol
+from .. import checkpoint_format, protocol
 from ..errors import ClientGone, DeviceOutOfMemory, ProgramError, RemoteError
 from ..program import jax_body
 from ..program.cost import DeviceSpec
@@ -310,7 +310,9 @@ class DataService:
         fut = self.loop.run_in_executor(None, make)
         fut.add_done_callback(finish)
 
-    def _get(self, ident, msg) -> None:
+    def _when_ready(self, ident, msg, use) -> None:
+        """Once the buffer ``msg`` names is resolved, on the loop: ``use(value)``; a failed
+        buffer, or ``use`` raising, answers the request with that error."""
         key = (msg.array_id, msg.device)
 
         def ready(_key):
@@ -318,14 +320,34 @@ class DataService:
 
         def answer():
             try:
-                value = self.host.store.get(key, 0)
-                self._reply(ident, protocol.Answer(msg.req, value))
+                use(self.host.store.get(key, 0))
             except Exception as exc:
                 self._reply(ident, protocol.Refused(msg.req, exc))
 
         self.host.store.add_done_callback(key, ready)
 
+    def _get(self, ident, msg) -> None:
+        self._when_ready(ident, msg, lambda value: self._reply(ident, protocol.Answer(
+            msg.req, value)))
+
+    def _save_shard(self, ident, msg) -> None:
+        """Write a shard as a checkpoint's chunk, on a worker thread (the loop goes on)."""
+        def write(value):
+            fut = self.loop.run_in_executor(None, checkpoint_format.write_chunk, msg.path,
+                                            msg.chunk, value)
+            fut.add_done_callback(lambda f: self._reply(ident, written(f)))
+
+        def written(fut):
+            if fut.exception() is None:
+                return protocol.Answer(msg.req, None)
+            return protocol.Refused(msg.req, RemoteError(
+                f"host {self.host.core.id} could not write the shard of device {msg.device}"
+                f" to {msg.path}: {fut.exception()!r}"))
+
+        self._when_ready(ident, msg, write)
+
     _REQUESTS = {protocol.PutShard: _put, protocol.GetShard: _get,
+                 protocol.SaveShard: _save_shard,
                  protocol.DeleteShards: _delete, protocol.DeleteOwner: _delete_owner,
                  protocol.Status: _status, protocol.Generate: _generate,
                  protocol.Timeline: _timeline}

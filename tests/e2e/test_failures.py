@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
 import pathways as pw
 from pathways import P
@@ -158,3 +159,29 @@ def test_remap_after_a_host_loss_and_a_late_host_adds_capacity():
             big = c.mesh((6,), ("d",))
             f = pw.shard_map(lambda v: pw.psum(v, "d"), big, P(), P())
             assert f(c.put(np.ones(()), big, P())).result(timeout=30) == 6.0
+
+
+def test_a_host_killed_mid_save_leaves_the_previous_checkpoint_loadable(tmp_path):
+    zarr = pytest.importorskip("zarr")
+    with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=2,
+                          heartbeat_timeout=HEARTBEAT) as cluster:
+        with pw.connect(cluster.address) as c:
+            mesh = c.mesh((4,), ("d",))  # both hosts
+            x = c.put(np.arange(8.0), mesh, P("d"))
+            path = tmp_path / "ckpt"
+            c.save(path, {"x": x}).result(timeout=30)
+            slow = pw.shard_map(lambda v: v + 1.0, mesh, P("d"), P("d"), cost=5.0)
+            saving = c.save(path, {"x": c.put(np.zeros(8), mesh, P("d")), "y": slow(x)},
+                            overwrite=True)
+            # x's new chunks are on disk, y's wait for its run: kill a host mid-save
+            wait_until(lambda: any(len(list(p.glob("x/c/*"))) == 4
+                                   for p in tmp_path.glob("ckpt.partial-*")), timeout=30)
+            os.kill(host_processes(cluster)[0].pid, signal.SIGKILL)
+            with pytest.raises(pw.HostLost):
+                saving.result(timeout=60)  # a bound on a hang, not a measure of speed
+            assert os.listdir(tmp_path) == ["ckpt"]  # the half-written save is gone
+            np.testing.assert_array_equal(zarr.open_group(str(path), mode="r")["x"][...],
+                                          np.arange(8.0))
+            survivor = c.mesh((2,), ("d",))  # the surviving host's devices
+            np.testing.assert_array_equal(c.load(path, survivor)["x"].result(timeout=30),
+                                          np.arange(8.0))
