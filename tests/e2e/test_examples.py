@@ -62,3 +62,18 @@ def test_keyed_aggregation_example_is_exact_and_prints_its_throughput():
                           "--rows", "50000", "--runs", "2"],
                          capture_output=True, text=True, timeout=120, check=True).stdout
     assert "rows/s" in out and "(exact)" in out
+
+
+def test_elastic_training_example_survives_a_killed_host_and_matches_an_uninterrupted_run():
+    import pytest
+
+    pytest.importorskip("zarr")
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "elastic_training.py"),
+                          "--steps", "30", "--every", "10", "--kill-host-at", "15", "--check"],
+                         capture_output=True, text=True, timeout=180, check=True).stdout
+    assert "killing host" in out and "HostLost" in out, out  # a real host process killed
+    # the last save that committed: step 10's, unless the kill cut it short too
+    assert "restoring step 10 from" in out or "restoring step 0 from" in out, out
+    final = float(out.split("final loss ", 1)[1].split()[0])
+    assert "uninterrupted run's final loss" in out and out.rstrip().endswith("equal"), out
+    assert final < 0.1, out  # it did learn
