@@ -23,6 +23,7 @@ from .errors import (
     RemoteError,
     ResourceError,
     ShardingError,
+    SliceSuspended,
 )
 from .lib import moe
 from .lib.pipeline import Pipeline, Stage
@@ -51,7 +52,7 @@ __all__ = [
     "CoordinatorLost", "Device",
     "DeviceOutOfMemory", "DeviceSpec", "HostLost", "Mesh", "NamedSharding", "P", "PathwaysError",
     "Pipeline", "ProgramError", "RemoteError", "ResourceError", "RoutedFunction",
-    "ShardingError", "Stage", "all_gather", "all_to_all", "axis_index", "connect",
+    "ShardingError", "SliceSuspended", "Stage", "all_gather", "all_to_all", "axis_index", "connect",
     "expert_map", "local_cluster", "moe", "pmax", "pmean", "pmin", "ppermute", "program", "psum",
     "psum_scatter", "reference",
     "shard_map",

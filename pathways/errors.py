@@ -75,6 +75,11 @@ class HostLost(PathwaysError):
     """A host stopped answering; its devices are gone."""
 
 
+class SliceSuspended(PathwaysError):
+    """The slice was suspended (by ``client.suspend`` or by the coordinator for a client of
+    higher priority); ``client.resume(mesh)`` maps it and its arrays onto devices again."""
+
+
 class ClientClosed(PathwaysError):
     """The client was closed while a call was using it."""
 

@@ -89,11 +89,28 @@ class AllocateMesh(ActsForClient):
     client: int
     shape: tuple
     island: object
+    preempt: bool = False  # suspend lower-priority clients' slices on the devices it takes
 
 
 @message
 class Remap(ActsForClient):
     """Slice ``slice_id`` with its lost devices replaced."""
+    req: object
+    client: int
+    slice_id: int
+
+
+@message
+class Suspend(ActsForClient):
+    """Slice ``slice_id`` no longer holds arrays: free its devices, keep its id for resume."""
+    req: object
+    client: int
+    slice_id: int
+
+
+@message
+class Resume(ActsForClient):
+    """Map suspended slice ``slice_id`` onto devices again (its version goes up)."""
     req: object
     client: int
     slice_id: int
@@ -171,6 +188,13 @@ class HostLostNotice(Message):
     data: str
     devices: list
     error: object
+
+
+@message
+class SuspendNotice(Message):
+    """The coordinator asks this client to suspend slice ``slice_id`` (``reason``: for whom)."""
+    slice_id: int
+    reason: str
 
 
 # ---- coordinator -> hosts, and host -> host (Plaque user messages) -----------------------------

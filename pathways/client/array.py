@@ -52,6 +52,7 @@ class Array(RemoteValue):
         self._value = value
         self._deleted = False
         self._holds = 0  # runs in flight that read this array (the client's lock guards it)
+        client._live.add(self)
 
     shape = property(lambda self: self.aval.shape)
     dtype = property(lambda self: self.aval.dtype)

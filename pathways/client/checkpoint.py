@@ -23,7 +23,7 @@ from ..program import sharding, tree
 from ..program.mesh import Mesh
 from .array import Array
 
-__all__ = ["load", "save"]
+__all__ = ["load", "reader", "save", "when_all"]
 
 
 def save(client, path, values, overwrite: bool = False) -> cf.Future:
@@ -63,7 +63,7 @@ def save(client, path, values, overwrite: bool = False) -> cf.Future:
         else:
             done.set_result(path)
 
-    _when_all(writes, lambda error: client._executor.submit(finish, error))
+    when_all(writes, lambda error: client._executor.submit(finish, error))
     return done
 
 
@@ -82,12 +82,17 @@ def load(client, path, mesh: Mesh, specs=None):
     for name, spec in zip(leaves, chosen):
         meta = metas[name]
         try:
-            out.append(client.generate(fmt.ChunkReader(os.path.join(path, name)),
+            out.append(client.generate(reader(path, name),
                                        meta["shape"], meta["data_type"], mesh,
                                        sharding.P(*spec) if spec is not None else None))
         except ShardingError as exc:
             raise ShardingError(f"load {name}: {exc}") from None
     return tree.unflatten(treedef, out)
+
+
+def reader(path: str, name: str) -> fmt.ChunkReader:
+    """What a host runs to read its devices' parts of array ``name`` of a checkpoint."""
+    return fmt.ChunkReader(os.path.join(path, name))
 
 
 def _metadata(name, a: Array) -> tuple:
@@ -114,7 +119,7 @@ def _writers(a: Array):
     return out
 
 
-def _when_all(futures, then) -> None:
+def when_all(futures, then) -> None:
     """``then(error)`` once every future has settled: the first failure's error, or None.
     Waiting for all (not the first failure) keeps a late write out of a removed directory."""
     left, errors = [len(futures)], []

@@ -15,7 +15,9 @@ import logging
 import math
 import os
 import pickle
+import shutil
 import threading
+import weakref
 
 import numpy as np
 
@@ -37,7 +39,7 @@ from ..program.ir import Eqn, Program
 from ..program.mesh import Device, Mesh, device_of
 from ..program.tracer import single_call_program
 from ..protocol import RunArg
-from . import checkpoint
+from . import checkpoint, suspension
 from .array import Array
 from .session import Session
 from .trace import Tracing, collect
@@ -57,7 +59,8 @@ class Client:
 
     def __init__(self, address: str, dispatch: str = "parallel", timeout: float = 30.0,
                  weight: float = 1.0, priority: int = 0, coordinator_timeout: float = 5.0,
-                 keys: str | None = None, connect_timeout: float | None = None):
+                 keys: str | None = None, connect_timeout: float | None = None,
+                 suspend_dir: str | None = None):
         if dispatch not in ("parallel", "sequential"):
             raise ValueError(f"dispatch must be 'parallel' or 'sequential', got {dispatch!r}")
         if not weight > 0:
@@ -79,6 +82,10 @@ class Client:
         self._retargeted: dict[tuple, tuple] = {}
         self._op_programs: dict[tuple, object] = {}
         self._executor = cf.ThreadPoolExecutor(2, thread_name_prefix="pathways-await")
+        self._live: weakref.WeakSet = weakref.WeakSet()  # every Array not yet collected
+        self._suspended: dict[int, suspension.Suspended] = {}  # slice id -> where its arrays are
+        self._suspend_lock = threading.Lock()  # marking a slice suspended vs runs starting
+        self.suspend_dir = suspend_dir
         self.closed = False
         self._session = Session(self.address, self.keys, coordinator_timeout,
                                 self._on_run_reply, self._fail_runs)
@@ -103,7 +110,9 @@ class Client:
         return self._session.lost
 
     def _on_run_reply(self, msg):
-        if isinstance(msg, (protocol.RunDone, protocol.RunFailed)):
+        if isinstance(msg, protocol.SuspendNotice):
+            suspension.suspend_for_coordinator(self, msg.slice_id, msg.reason, self.timeout)
+        elif isinstance(msg, (protocol.RunDone, protocol.RunFailed)):
             entry = self._inflight.pop(msg.run_id, None)
             if entry is not None:
                 self._unhold(entry[1])
@@ -194,10 +203,13 @@ class Client:
         """
         return Tracing(self, path)
 
-    def mesh(self, shape, axis_names, island=None) -> Mesh:
+    def mesh(self, shape, axis_names, island=None, preempt: bool = False) -> Mesh:
         """A virtual slice of ``shape`` devices from the resource manager, as a mesh.
 
         ``island`` asks for devices of that island; by default the resource manager chooses.
+        ``preempt=True`` makes room: clients of lower priority (``pw.connect(priority=...)``)
+        with slices on the devices this one gets are suspended first (their runtime moves
+        their arrays to disk once their running gangs finish; see ``suspend``).
 
         >>> mesh = client.mesh((2, 4), ("data", "model"))     # 8 devices
         >>> other = client.mesh((4,), ("data",), island=1)    # 4 devices of island 1
@@ -206,8 +218,8 @@ class Client:
         if len(shape) != len(tuple(axis_names)):
             raise sharding.ShardingError(f"mesh shape {shape} and axis names {axis_names}"
                                          " differ in length")
-        sl = self._request(self.address, protocol.AllocateMesh(None, self.id, shape, island)
-                           ).result(self.timeout)
+        sl = self._request(self.address, protocol.AllocateMesh(
+            None, self.id, shape, island, bool(preempt))).result(self.timeout)
         self._refresh_devices()
         return Mesh(shape, tuple(axis_names), sl.devices, sl.slice_id, sl.island, sl.version,
                     client=self)
@@ -219,6 +231,7 @@ class Client:
         >>> x = client.put(np.arange(32.0).reshape(8, 4), mesh, P("data"))
         >>> w = client.put(np.eye(4), mesh)        # no spec: a full copy on every device
         """
+        suspension.check(self, [mesh])
         value = np.asarray(value)  # no copy yet: a huge view must fail before it is copied
         spec = sharding.normalize_spec(spec, value.ndim, mesh.axis_names)
         block = sharding.shard_shape(value.shape, mesh.axis_sizes, mesh.axis_names, spec)
@@ -246,12 +259,22 @@ class Client:
         """
         if not callable(fn):
             raise ProgramError(f"generate needs a function of the slices, got {fn!r}")
+        suspension.check(self, [mesh])
         shape, dtype = tuple(int(n) for n in shape), np.dtype(dtype)
         spec = sharding.normalize_spec(spec, len(shape), mesh.axis_names)
+        array_id = self._new_array_id()
+        status = self._generate_into(array_id, fn, shape, dtype, mesh, spec)
+        return Array(self, array_id, Aval(shape, dtype), mesh, spec, status)
+
+    def _new_array_id(self):
+        return (self.id, next(self._array_ids))
+
+    def _generate_into(self, array_id, fn, shape, dtype, mesh, spec) -> cf.Future:
+        """Have the hosts of ``mesh`` make the shards of ``array_id`` with ``fn``; the future
+        resolves when all have, or fails with the first error."""
         block = sharding.shard_shape(shape, mesh.axis_sizes, mesh.axis_names, spec)
         self._check_fits(int(np.prod(block)) * dtype.itemsize, mesh, "generate")
         blob = ship(fn, [fn])
-        array_id = (self.id, next(self._array_ids))
         futures = []
         for i, d in enumerate(mesh.ids):
             slices = sharding.device_slices(shape, mesh.axis_sizes, mesh.axis_names, spec, i)
@@ -272,7 +295,7 @@ class Client:
 
         for f in futures:
             f.add_done_callback(one_done)
-        return Array(self, array_id, Aval(shape, dtype), mesh, spec, status)
+        return status
 
     def _check_fits(self, nbytes, mesh, what):
         """A shard larger than a device's whole HBM can never be stored: say so at once."""
@@ -289,6 +312,7 @@ class Client:
             raise PathwaysError(f"device {device} is not on a live host") from None
 
     def _fetch(self, array: Array, timeout) -> np.ndarray:
+        suspension.check(self, [array.mesh])
         m = array.mesh
         by_slice: dict[tuple, list[int]] = {}
         for i in range(m.size):
@@ -423,9 +447,13 @@ class Client:
             outputs.append(Array(self, out_ids[v.id], v.aval, mesh, spec, status))
         arg = RunArg(self.id, run_id, self.dispatch,
                      {v.id: a.id for v, a in zip(program.inputs, arrays)}, out_ids, {})
-        self._hold(arrays)
-        self._inflight[run_id] = (status, tuple(arrays), tuple(outputs), pid)
-        self._send(self.address, protocol.RunProgram(pid, run_id, arg))
+        with self._suspend_lock:  # a slice is suspended either before this run or after it
+            if self._suspended:
+                suspension.check(self, [a.mesh for a in arrays] +
+                                 [getattr(e.fn, "mesh", None) for e in program.eqns])
+            self._hold(arrays)
+            self._inflight[run_id] = (status, tuple(arrays), tuple(outputs), pid)
+            self._send(self.address, protocol.RunProgram(pid, run_id, arg))
         return outputs[0] if program.single_output else tuple(outputs)
 
     # ---- after a host loss: the same virtual slices on healthy devices ---------------------
@@ -448,6 +476,30 @@ class Client:
                    client=self)
         self._meshes[mesh.slice_id] = new
         return new
+
+    # ---- suspend and resume: a slice's arrays to disk, its devices to others -------------------
+    def suspend(self, mesh: Mesh, timeout: float = 120.0) -> None:
+        """Move every array this client holds on ``mesh``'s slice to disk and free the
+        slice's devices for others. Runs already given to the devices finish first; calls on
+        the slice meanwhile and after raise ``SliceSuspended``. The hosts write the arrays
+        (a checkpoint under ``suspend_dir``, default the system's temporary directory: give a
+        shared one when hosts are on several machines).
+
+        >>> client.suspend(mesh)           # x, y: on disk; the devices: free
+        >>> mesh = client.resume(mesh)     # back, possibly on other devices
+        >>> np.array_equal(x.result(), x0)
+        True
+        """
+        if mesh.slice_id is None:
+            raise ProgramError("suspend needs a mesh from client.mesh(...)")
+        suspension.suspend(self, mesh.slice_id, "by this client", timeout)
+
+    def resume(self, mesh: Mesh, timeout: float = 120.0) -> Mesh:
+        """Map a suspended slice onto devices again (by the allocation rule: possibly other
+        devices) and bring its arrays back from disk, under the same ``Array`` objects.
+        Programs and arrays built on the old mesh keep working, as after a remap. Returns
+        the new mesh; the arrays are futures again until they are read back."""
+        return suspension.resume(self, mesh, timeout)
 
     def _remapped(self, mesh: Mesh) -> Mesh:
         cur = self._meshes.get(mesh.slice_id) if mesh.slice_id is not None else None
@@ -519,6 +571,9 @@ class Client:
             pass
         self.closed = True
         self._session.close(ClientClosed("the client closed before this run finished"))
+        for state in list(self._suspended.values()):
+            if state.directory is not None:
+                shutil.rmtree(state.directory, ignore_errors=True)
         self._executor.shutdown(wait=False)
 
     def __enter__(self):
@@ -541,7 +596,7 @@ def _check_picklable(value: np.ndarray) -> None:
 
 def connect(address: str | None = None, dispatch: str = "parallel", timeout: float = 30.0,
             weight: float = 1.0, priority: int = 0, coordinator_timeout: float = 5.0,
-            keys: str | None = None) -> Client:
+            keys: str | None = None, suspend_dir: str | None = None) -> Client:
     """Connect to a Pathways coordinator at ``address`` (printed by ``pathways up``, or a
     ``pw.local_cluster``'s ``cluster.address``); default: ``$PATHWAYS_ADDRESS``, which
     ``pathways slurm`` sets for the command it runs.
@@ -552,8 +607,9 @@ def connect(address: str | None = None, dispatch: str = "parallel", timeout: flo
     ``CoordinatorLost`` and so do later calls. ``keys`` is the directory of the cluster's
     CURVE keys (``pathways keys DIR``) when the cluster requires them; default: the directory
     the address names (``tcp://HOST:PORT?keys=DIR``, what local clusters report), else
-    ``$PLAQUE_KEYS``. A malformed address raises ``ValueError``; a directory without a key
-    pair, ``FileNotFoundError``.
+    ``$PLAQUE_KEYS``. ``suspend_dir``: where the hosts write a suspended slice's arrays
+    (default: the system's temporary directory). A malformed address raises ``ValueError``;
+    a directory without a key pair, ``FileNotFoundError``.
 
     >>> with pw.connect(cluster.address, weight=2.0) as client:   # or "tcp://HOST:PORT?keys=DIR"
     ...     print(len(client.devices()))
@@ -564,4 +620,5 @@ def connect(address: str | None = None, dispatch: str = "parallel", timeout: flo
             raise ValueError("pw.connect() needs an address: give one, or set"
                              " $PATHWAYS_ADDRESS (pathways slurm does)")
     return Client(address, dispatch=dispatch, timeout=timeout, weight=weight,
-                  priority=priority, coordinator_timeout=coordinator_timeout, keys=keys)
+                  priority=priority, coordinator_timeout=coordinator_timeout, keys=keys,
+                  suspend_dir=suspend_dir)

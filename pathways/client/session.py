@@ -31,12 +31,15 @@ from ..errors import ClientClosed, CoordinatorLost, received
 log = logging.getLogger("pathways.client.session")
 
 PING_INTERVAL = 1.0  # seconds between the client's "alive" messages to the coordinator
-RUN_REPLIES = (protocol.RunDone, protocol.RunFailed, protocol.InstallFailed)  # the client's
+# what the client itself handles: runs ending, installs failing, the coordinator's notices
+RUN_REPLIES = (protocol.RunDone, protocol.RunFailed, protocol.InstallFailed,
+               protocol.SuspendNotice)
 
 
 class Session:
     """``address``: the coordinator's; ``keys``: the CURVE key directory (None: plain).
-    ``on_run_reply(msg)`` gets, on the loop thread, every reply about a run or an install;
+    ``on_run_reply(msg)`` gets, on the loop thread, every reply about a run or an install
+    and every ``SuspendNotice``;
     ``on_lost(err)`` is told, on the loop thread, that everything in flight fails with
     ``err`` (the coordinator went silent, or the client closed)."""
 

@@ -99,6 +99,15 @@ class _Run:
     started: bool = False
 
 
+@dataclass
+class _Preemption:
+    """An allocation waiting for lower-priority clients to suspend the slices in its way."""
+    ident: bytes
+    msg: m.AllocateMesh
+    victims: set  # slice ids not yet suspended
+    deadline: float
+
+
 def _short(value) -> str:
     """A loggable glimpse of a value a stranger sent (repr may fail or be huge)."""
     try:
@@ -110,7 +119,7 @@ def _short(value) -> str:
 
 class ControlPlane:
     def __init__(self, policy: str = "fifo", window: int = 8, client_timeout: float = 5.0,
-                 check_every: float = 1.0):
+                 check_every: float = 1.0, preempt_timeout: float = 60.0):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
         self.policy, self.window = policy, window
@@ -130,6 +139,8 @@ class ControlPlane:
         self.addresses: dict = {}  # what "info" answers (the Plaque and client addresses)
         self._out: list = []
         self._now = 0.0  # the time of the request being handled
+        self.preempt_timeout = preempt_timeout
+        self._preempting: list[_Preemption] = []
 
     def take(self) -> list:
         """The commands decided since the last call, in order."""
@@ -197,6 +208,12 @@ class ControlPlane:
                 log.warning("client %s lost: silent for %.1f s", client, listened - seen)
                 self._forget_client(client, f"client {client} stopped answering for"
                                             f" {listened - seen:.1f} s")
+        for p in [p for p in self._preempting if now > p.deadline]:
+            self._preempting.remove(p)
+            owners = sorted({self.rm.client_of(sid) for sid in p.victims} - {None})
+            self._reply(p.ident, m.Refused(p.msg.req, ResourceError(
+                f"clients {owners} did not suspend slices {sorted(p.victims)} within"
+                f" {self.preempt_timeout:g} s: no room was made")))
 
     def request(self, ident: bytes, msg, now: float) -> None:
         """A request from the client connection ``ident``."""
@@ -213,7 +230,7 @@ class ControlPlane:
                               if cid is None else "a request for another client")
             if isinstance(msg, m.RunProgram):
                 self._reply(ident, m.RunFailed(msg.run_id, gone))
-            elif isinstance(msg, (m.AllocateMesh, m.Remap)):
+            elif hasattr(msg, "req"):
                 self._reply(ident, m.Refused(msg.req, gone))
             log.warning("refused a %s for a client this connection is not",
                         type(msg).__name__)
@@ -244,14 +261,58 @@ class ControlPlane:
         self._reply(ident, m.Answer(msg.req, self.devices()))
 
     def _mesh(self, ident, msg):
+        if msg.preempt:
+            _, devices = self.rm.plan(tuple(msg.shape), msg.island)
+            mine = self._priority(msg.client)
+            victims = [s for s in self.rm.slices_on(devices)
+                       if s.client != msg.client and self._priority(s.client) < mine]
+            if victims:
+                self._preempting.append(_Preemption(ident, msg, {s.slice_id for s in victims},
+                                                    self._now + self.preempt_timeout))
+                for s in victims:
+                    self._reply(self.clients[s.client], m.SuspendNotice(
+                        s.slice_id, f"client {msg.client} of priority {mine} needs its devices"))
+                return
         sl = self.rm.allocate(msg.client, tuple(msg.shape), island=msg.island)
         self._reply(ident, m.Answer(msg.req, sl))
 
-    def _remap(self, ident, msg):
-        sl = self.rm.slice(msg.slice_id)
-        if sl.client != msg.client:
+    def _priority(self, client) -> int:
+        return self.client_info.get(client, {}).get("priority", 0)
+
+    def _own_slice(self, msg):
+        owner = self.rm.client_of(msg.slice_id)
+        if owner is None:
+            raise ResourceError(f"unknown slice {msg.slice_id}")
+        if owner != msg.client:
             raise ResourceError(f"slice {msg.slice_id} belongs to another client")
+
+    def _remap(self, ident, msg):
+        self._own_slice(msg)
         self._reply(ident, m.Answer(msg.req, self.rm.remap(msg.slice_id)))
+
+    def _suspend(self, ident, msg):
+        self._own_slice(msg)
+        self.rm.suspend(msg.slice_id)
+        self._reply(ident, m.Answer(msg.req, None))
+        self._make_room()
+
+    def _resume(self, ident, msg):
+        self._own_slice(msg)
+        self._reply(ident, m.Answer(msg.req, self.rm.resume(msg.slice_id)))
+
+    def _make_room(self) -> None:
+        """Allocations waiting for suspensions: answer those whose victims are all gone."""
+        for p in list(self._preempting):
+            p.victims = {sid for sid in p.victims if self.rm.is_live(sid)}
+            if p.victims:
+                continue
+            self._preempting.remove(p)
+            try:
+                sl = self.rm.allocate(p.msg.client, tuple(p.msg.shape), island=p.msg.island)
+            except ResourceError as exc:
+                self._reply(p.ident, m.Refused(p.msg.req, exc))
+            else:
+                self._reply(p.ident, m.Answer(p.msg.req, sl))
 
     def _status(self, ident, msg):
         self._reply(ident, m.Answer(msg.req, self.status()))
@@ -425,6 +486,8 @@ class ControlPlane:
         self._client_of.pop(ident, None)
         self.rm.release_client(client)
         self._to_hosts(m.ClientLeft(client, reason))
+        self._preempting = [p for p in self._preempting if p.msg.client != client]
+        self._make_room()
         self._abort([run for run in self.runs.values()
                      if run.prog.client == client and run.started], reason)
         gone = set()
@@ -439,6 +502,7 @@ class ControlPlane:
         self.client_info.pop(client, None)
 
     _HANDLERS = {m.Ping: _ping, m.Info: _info, m.Hello: _hello, m.ListDevices: _devices,
-                 m.AllocateMesh: _mesh, m.Remap: _remap, m.Status: _status,
+                 m.AllocateMesh: _mesh, m.Remap: _remap, m.Suspend: _suspend,
+                 m.Resume: _resume, m.Status: _status,
                  m.InstallProgram: _install, m.RunProgram: _run, m.Bye: _bye}
 

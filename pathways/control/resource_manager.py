@@ -21,6 +21,9 @@ physical devices of a single island, by this rule:
    hosts this is the TPU layout: shape (2, 4) on hosts A and B of 4 devices each gets row 0 =
    A's devices 0..3 and row 1 = B's devices 0..3.
 
+A slice can be suspended (its devices freed, its shape and island kept) and resumed later onto
+devices chosen by the same rule, possibly others; its ``version`` goes up as after a remap.
+
 Losing a host breaks the slices that use its devices (``broken_slices``); they keep their load on
 the lost devices until remapped or released. ``remap`` keeps a broken slice's healthy devices in
 place and fills each lost position by the same rule (least loaded, spread, same island and kind,
@@ -75,6 +78,7 @@ class ResourceManager:
         self._known_hosts: set[int] = set()
         self._islands: set[int] = set()  # every island that ever had a host
         self._slices: dict[int, Slice] = {}
+        self._suspended: dict[int, Slice] = {}  # suspended slices: no devices until resumed
         self._load: Counter[int] = Counter()
         self._next_device = 0
         self._next_slice = 0
@@ -153,6 +157,17 @@ class ResourceManager:
     ) -> Slice:
         """Map a virtual slice of mesh ``shape`` onto alive devices of one island (module rule)."""
         shape = _check_shape(shape)
+        island, devices = self.plan(shape, island, kind)
+        new = Slice(self._next_slice, client, shape, island, devices, 0, kind)
+        self._next_slice += 1
+        self._slices[new.slice_id] = new
+        self._load.update(new.devices)
+        return new
+
+    def plan(self, shape, island: int | None = None,
+             kind: str | None = None) -> tuple[int, tuple[int, ...]]:
+        """The island and devices ``allocate`` would give a slice of ``shape`` now."""
+        shape = _check_shape(shape)
         n = math.prod(shape)
         of_kind = "" if kind is None else f" of kind {kind!r}"
         what = f"slice of shape {shape} ({n} devices{of_kind})"  # names the request in errors
@@ -160,10 +175,37 @@ class ResourceManager:
             island = self._choose_island(what, n, kind)
         pool = self._island_pool(what, n, island, kind)
         chosen = sorted(_choose(pool, n, self._load, Counter()), key=_layout_key)
-        new = Slice(self._next_slice, client, shape, island, tuple(d.id for d in chosen), 0,
-                    kind)
-        self._next_slice += 1
-        self._slices[new.slice_id] = new
+        return island, tuple(d.id for d in chosen)
+
+    def client_of(self, slice_id: int):
+        """The client of a live or suspended slice; None if there is no such slice."""
+        s = self._slices.get(slice_id) or self._suspended.get(slice_id)
+        return None if s is None else s.client
+
+    def is_live(self, slice_id: int) -> bool:
+        """Whether the slice is mapped to devices (allocated, not released or suspended)."""
+        return slice_id in self._slices
+
+    def slices_on(self, devices) -> list[Slice]:
+        """The live slices that use any of ``devices``."""
+        devices = set(devices)
+        return [s for s in self._slices.values() if devices.intersection(s.devices)]
+
+    def suspend(self, slice_id: int) -> None:
+        """Free a slice's devices but keep the slice (shape, island, kind) to ``resume``."""
+        self._suspended[slice_id] = self.slice(slice_id)
+        self.release(slice_id)
+
+    def resume(self, slice_id: int) -> Slice:
+        """Map a suspended slice onto devices of its island again (by the allocation rule,
+        so possibly other devices than before); bumps its version."""
+        old = self._suspended.get(slice_id)
+        if old is None:
+            raise ResourceError(f"slice {slice_id} is not suspended")
+        _, devices = self.plan(old.shape, old.island, old.kind)
+        new = replace(old, devices=devices, version=old.version + 1)
+        del self._suspended[slice_id]
+        self._slices[slice_id] = new
         self._load.update(new.devices)
         return new
 
@@ -189,6 +231,8 @@ class ResourceManager:
         ids = [s.slice_id for s in self._slices.values() if s.client == client]
         for slice_id in ids:
             self.release(slice_id)
+        for slice_id in [i for i, s in self._suspended.items() if s.client == client]:
+            del self._suspended[slice_id]
         return len(ids)
 
     def broken_slices(self) -> list[int]:
@@ -234,6 +278,8 @@ class ResourceManager:
             },
             "devices": {d.id: self._device_status(d) for d in self._devices.values()},
             "slices": {s.slice_id: self._slice_status(s) for s in self._slices.values()},
+            "suspended": {s.slice_id: {"client": s.client, "shape": s.shape,
+                                       "island": s.island} for s in self._suspended.values()},
         }
 
     # -- private ------------------------------------------------------------------------

@@ -121,3 +121,64 @@ def test_a_lost_host_is_announced_to_every_client(plane):
     assert isinstance(notice.msg, m.HostLostNotice) and notice.msg.host == 11
     assert notice.msg.devices == [2, 3] and notice.msg.data == "tcp://b:1"
     assert sent(out, 10) == [m.Topology({0: 10, 1: 10}, {10: "tcp://a:2"})]
+
+
+def test_a_suspended_slice_frees_its_devices_and_resumes_with_a_new_version(plane):
+    plane.request(b"c", m.AllocateMesh(2, 0, (4,), None), now=0.1)
+    first = plane.take()[0].msg.value
+    plane.request(b"c", m.Suspend(3, 0, first.slice_id), now=0.2)
+    assert plane.take() == [Reply(b"c", m.Answer(3, None))]
+    resources = plane.status()["resources"]
+    assert resources["slices"] == {} and first.slice_id in resources["suspended"]
+    assert all(d["load"] == 0 for d in resources["devices"].values())
+    plane.request(b"c", m.Resume(4, 0, first.slice_id), now=0.3)
+    again = plane.take()[0].msg.value
+    assert (again.slice_id, again.version, again.shape) == (first.slice_id, 1, (4,))
+    plane.request(b"c", m.Resume(5, 0, first.slice_id), now=0.4)  # not suspended now
+    (refused,) = plane.take()
+    assert isinstance(refused.msg, m.Refused) and "not suspended" in str(refused.msg.error)
+
+
+def _client(plane, ident, priority, now):
+    plane.request(ident, m.Hello(1, {"priority": priority}), now=now)
+    return plane.take()[0].msg.value
+
+
+def test_a_preempting_allocation_waits_for_lower_priority_slices_to_be_suspended(plane):
+    plane.request(b"c", m.AllocateMesh(2, 0, (4,), None), now=0.1)  # client 0, priority 0
+    low = plane.take()[0].msg.value
+    equal = _client(plane, b"e", 5, 0.1)  # as high as the preempting client: kept
+    plane.request(b"e", m.AllocateMesh(2, equal, (2,), None), now=0.1)
+    plane.take()
+    high = _client(plane, b"h", 5, 0.2)
+    plane.request(b"h", m.AllocateMesh(3, high, (4,), None, True), now=0.3)
+    out = plane.take()
+    # only the lower-priority client is asked; the allocation waits for it
+    assert out == [Reply(b"c", m.SuspendNotice(low.slice_id, f"client {high} of priority 5"
+                                                            " needs its devices"))]
+    plane.request(b"c", m.Suspend(4, 0, low.slice_id), now=0.5)
+    out = plane.take()
+    assert out[0] == Reply(b"c", m.Answer(4, None))
+    assert out[1].ident == b"h" and out[1].msg.req == 3
+    assert sorted(out[1].msg.value.devices) == [0, 1, 2, 3]
+
+
+def test_a_preemption_nobody_answers_is_refused_in_bounded_time_and_a_lost_victim_frees():
+    plane = ControlPlane(client_timeout=5.0, check_every=1.0, preempt_timeout=2.0)
+    plane.hosts_live({10: host(name="a"), 11: host(name="b")})
+    plane.take()
+    low = _client(plane, b"c", 0, 0.0)
+    plane.request(b"c", m.AllocateMesh(2, low, (4,), None), now=0.1)
+    plane.take()
+    high = _client(plane, b"h", 5, 0.2)
+    plane.request(b"h", m.AllocateMesh(3, high, (2,), None, True), now=0.3)
+    plane.take()
+    plane.tick(2.5, 2.5)  # the victim never suspends (clients are silent for less than 5 s)
+    (refused,) = [c for c in plane.take() if isinstance(c, Reply) and c.ident == b"h"]
+    assert isinstance(refused.msg, m.Refused) and "did not suspend" in str(refused.msg.error)
+    # again; this time the victim closes: its slices go and the allocation is answered
+    plane.request(b"h", m.AllocateMesh(4, high, (2,), None, True), now=2.6)
+    plane.take()
+    plane.request(b"c", m.Bye(low), now=2.7)
+    answered = [c for c in plane.take() if isinstance(c, Reply) and c.ident == b"h"]
+    assert answered and answered[0].msg.req == 4 and len(answered[0].msg.value.devices) == 2

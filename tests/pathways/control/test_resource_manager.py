@@ -321,3 +321,23 @@ def test_any_run_keeps_slices_one_to_one_and_loads_exact(sizes0, sizes1, data):
         do_op(rm, data, op, next_host)
         next_host += 1
         check_invariants(rm)
+
+
+def test_suspend_frees_a_slice_s_devices_and_resume_maps_it_again():
+    rm = ResourceManager()
+    rm.add_host(0, island=0, num_devices=2)
+    rm.add_host(1, island=0, num_devices=2)
+    s = rm.allocate("a", (2,))
+    rm.suspend(s.slice_id)
+    assert not rm.is_live(s.slice_id) and rm.client_of(s.slice_id) == "a"
+    assert all(rm.load(d) == 0 for d in range(4))
+    other = rm.allocate("b", (4,))  # every device free for others
+    back = rm.resume(s.slice_id)
+    assert back.slice_id == s.slice_id and back.version == s.version + 1
+    assert back.shape == (2,) and rm.is_live(s.slice_id)
+    assert sum(rm.load(d) for d in range(4)) == len(other.devices) + 2
+    with pytest.raises(ResourceError, match="not suspended"):
+        rm.resume(s.slice_id)
+    rm.suspend(s.slice_id)
+    rm.release_client("a")
+    assert rm.client_of(s.slice_id) is None  # a client that leaves takes its suspended slices
