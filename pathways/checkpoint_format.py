@@ -165,7 +165,10 @@ class ChunkReader:
             if data.size != math.prod(chunk):
                 raise ProgramError(f"chunk {path} holds {data.size} values, not"
                                    f" {math.prod(chunk)}: the checkpoint is damaged")
-            out[tuple(dst)] = data.reshape(chunk)[tuple(src)]
+            data = data.reshape(chunk)
+            if out.shape == chunk and all(s.start == 0 for s in src):
+                return data.astype(dtype, copy=False)  # the region is this chunk: no copy
+            out[tuple(dst)] = data[tuple(src)]
         return out
 
 

@@ -7,7 +7,7 @@ import pytest
 from conftest import ROOT
 
 BENCHES = ["plaque_bench", "dispatch", "pipeline", "islands", "gpipe", "moe", "multitenancy",
-           "scale", "jax_bodies"]
+           "scale", "jax_bodies", "checkpoint"]
 
 
 PLOTS = {"dispatch", "multitenancy"}  # sweeps that can draw themselves
