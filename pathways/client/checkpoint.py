@@ -63,7 +63,13 @@ def save(client, path, values, overwrite: bool = False) -> cf.Future:
         else:
             done.set_result(path)
 
-    when_all(writes, lambda error: client._executor.submit(finish, error))
+    def settled(error):
+        try:  # the commit renames and may remove a replaced checkpoint: not on the loop thread
+            client._executor.submit(finish, error)
+        except RuntimeError:  # the client closed meanwhile: finish here
+            finish(error)
+
+    when_all(writes, settled)
     return done
 
 

@@ -57,8 +57,9 @@ def suspend(client, slice_id: int, reason: str, timeout: float) -> None:
     try:
         for status in running:  # the gangs already given to devices finish
             status.exception(timeout)
+        # arrays still being made (a generate) are waited for; failed ones have nothing to keep
         arrays = [a for a in _live(client) if a.mesh.slice_id == slice_id and not a._deleted
-                  and a.exception(0) is None]
+                  and a.exception(timeout) is None]
         state.directory = tempfile.mkdtemp(prefix=f"pathways-suspended-{slice_id}-",
                                            dir=client.suspend_dir)
         names = {str(i): a for i, a in enumerate(arrays)}
