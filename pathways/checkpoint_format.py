@@ -27,8 +27,8 @@ import numpy as np
 
 from .errors import ProgramError
 
-__all__ = ["ChunkReader", "create", "decode_spec", "encode_spec", "read_group",
-           "require_zarr", "write_chunk", "ZARR_DTYPES"]
+__all__ = ["ZARR_DTYPES", "ChunkReader", "check_dtype", "chunk_file", "create", "decode_spec",
+           "encode_spec", "read_group", "require_zarr", "write_chunk"]
 
 # numpy kinds with a Zarr v3 core data type of the same name
 ZARR_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",

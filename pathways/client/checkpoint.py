@@ -40,13 +40,16 @@ def save(client, path, values, overwrite: bool = False) -> cf.Future:
         fmt.check_dtype(a.dtype, f"save: {name}")
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(f"save: {path} exists (pass overwrite=True to replace it)")
+    # every writer's host is known (a lost one raises here) before anything is on disk
+    writers = [(client._data_address(d), a, name, d, chunk)
+               for name, a in named for d, chunk in _writers(a)]
     os.makedirs(os.path.dirname(path), exist_ok=True)
     partial = f"{path}.partial-{uuid.uuid4().hex[:12]}"
     fmt.create(partial, structure, [_metadata(name, a) for name, a in named])
     arrays = [a for _, a in named]
-    writes = [client._request(client._data_address(d), protocol.SaveShard(
+    writes = [client._request(address, protocol.SaveShard(
         None, a.id, d, os.path.join(partial, name), chunk))
-        for name, a in named for d, chunk in _writers(a)]
+        for address, a, name, d, chunk in writers]
     client._hold(arrays)
     done: cf.Future = cf.Future()
 

@@ -33,7 +33,7 @@ from ..errors import (
     received,
 )
 from ..lowering.lower import Placement, lower
-from ..program import sharding
+from ..program import sharding, tree
 from ..program.compiled import Aval, CompiledFunction
 from ..program.ir import Eqn, Program
 from ..program.mesh import Device, Mesh, device_of
@@ -385,6 +385,8 @@ class Client:
         >>> z = step(y)                                  # the save goes on meanwhile
         >>> path = saved.result(timeout=60)              # the path, once committed
         """
+        suspension.check(self, [a.mesh for a in tree.flatten(values)[0]
+                                if isinstance(a, Array)])
         return checkpoint.save(self, path, values, overwrite)
 
     def load(self, path, mesh: Mesh, specs=None):

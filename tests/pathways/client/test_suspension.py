@@ -47,6 +47,8 @@ def test_suspend_frees_the_devices_for_another_client_and_resume_brings_every_ar
             a.put(np.zeros(8), mesh, P("d"))
         with pytest.raises(pw.SliceSuspended):
             g.result(timeout=10)
+        with pytest.raises(pw.SliceSuspended):
+            a.save(tmp_path / "mine", {"x": x})
         with pytest.raises(pw.PathwaysError, match="already suspended"):
             a.suspend(mesh)
         # another client gets the same devices and runs on them meanwhile
