@@ -116,3 +116,58 @@ def test_runs_spanning_two_islands_under_a_small_window_all_finish():
                 outs += [across(x) for _ in range(15)]
             for o in outs:
                 np.testing.assert_array_equal(o.result(timeout=60), np.full(4, 4.0))
+
+
+VICTIM = """
+import sys
+import numpy as np
+import pathways as pw
+from pathways import P
+
+with pw.connect(sys.argv[1], priority=0) as client:
+    mesh = client.mesh((4,), ("d",))
+    step = pw.shard_map(lambda v: v + 1.0, mesh, P("d"), P("d"), cost=0.05)
+    x, n = client.put(np.zeros(8), mesh, P("d")), 0
+    print("training", flush=True)
+    while True:  # nothing here knows about priorities or preemption
+        try:
+            x = step(x)
+            x.block_until_ready(timeout=60)
+            n += 1
+        except pw.SliceSuspended as err:
+            print("suspended:", err, flush=True)
+            break
+    sys.stdin.readline()  # until the other client is done
+    client.resume(mesh)
+    x = step(x)
+    assert np.array_equal(x.result(timeout=60), np.full(8, n + 1.0)), (x.result(), n)
+    print("resumed and correct after", n + 1, "steps", flush=True)
+"""
+
+
+def test_a_higher_priority_client_makes_room_while_the_other_process_is_training(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "victim.py"
+    script.write_text(VICTIM)
+    with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=2) as cluster:
+        victim = subprocess.Popen([sys.executable, str(script), cluster.address],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert victim.stdout.readline().strip() == "training"
+            with pw.connect(cluster.address, priority=9) as high:
+                mesh = high.mesh((4,), ("d",), preempt=True)  # every device of the island
+                status = high.cluster_status()["resources"]
+                assert len(status["suspended"]) == 1 and len(status["slices"]) == 1
+                f = pw.shard_map(lambda v: pw.psum(v, "d"), mesh, P(), P())
+                assert f(high.put(np.ones(()), mesh, P())).result(timeout=30) == 4.0
+            assert victim.stdout.readline().startswith("suspended: slice")
+            victim.stdin.write("go\n")
+            victim.stdin.flush()
+            assert victim.stdout.readline().startswith("resumed and correct"), \
+                victim.communicate(timeout=30)
+            assert victim.wait(timeout=30) == 0
+        finally:
+            victim.kill()
+            victim.wait(timeout=30)
