@@ -21,9 +21,10 @@ from .. import protocol
 from ..errors import ProgramError, ShardingError
 from ..program import sharding, tree
 from ..program.mesh import Mesh
+from . import fanout
 from .array import Array
 
-__all__ = ["load", "reader", "save", "when_all"]
+__all__ = ["load", "reader", "save"]
 
 
 def save(client, path, values, overwrite: bool = False) -> cf.Future:
@@ -72,7 +73,7 @@ def save(client, path, values, overwrite: bool = False) -> cf.Future:
         except RuntimeError:  # the client closed meanwhile: finish here
             finish(error)
 
-    when_all(writes, settled)
+    fanout.when_all(writes, settled)
     return done
 
 
@@ -126,24 +127,6 @@ def _writers(a: Array):
             seen.add(chunk)
             out.append((d, chunk))
     return out
-
-
-def when_all(futures, then) -> None:
-    """``then(error)`` once every future has settled: the first failure's error, or None.
-    Waiting for all (not the first failure) keeps a late write out of a removed directory."""
-    left, errors = [len(futures)], []
-
-    def one(f):
-        if f.exception() is not None:
-            errors.append(f.exception())
-        left[0] -= 1
-        if not left[0]:
-            then(errors[0] if errors else None)
-
-    if not futures:
-        then(None)
-    for f in futures:
-        f.add_done_callback(one)
 
 
 def _commit(partial: str, path: str) -> None:

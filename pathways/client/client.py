@@ -39,7 +39,7 @@ from ..program.ir import Eqn, Program
 from ..program.mesh import Device, Mesh, device_of
 from ..program.tracer import single_call_program
 from ..protocol import RunArg
-from . import checkpoint, suspension
+from . import checkpoint, fanout, suspension
 from .array import Array
 from .session import Session
 from .trace import Tracing, collect
@@ -88,7 +88,7 @@ class Client:
         self.suspend_dir = suspend_dir
         self.closed = False
         self._session = Session(self.address, self.keys, coordinator_timeout,
-                                self._on_run_reply, self._fail_runs)
+                                set(self._MESSAGES), self._on_message, self._fail_runs)
         self.weight, self.priority = float(weight), int(priority)
         wait = timeout if connect_timeout is None else connect_timeout
         try:
@@ -103,30 +103,39 @@ class Client:
         self._session.start_pings(self.id)
         self._refresh_devices()
 
-    # ---- the session's loop thread: runs ending -------------------------------------------
+    # ---- the session's loop thread: runs ending, notices --------------------------------
     @property
     def lost(self):
         """The ``CoordinatorLost`` error once the coordinator went silent, else None."""
         return self._session.lost
 
-    def _on_run_reply(self, msg):
-        if isinstance(msg, protocol.SuspendNotice):
-            suspension.suspend_for_coordinator(self, msg.slice_id, msg.reason, self.timeout)
-        elif isinstance(msg, (protocol.RunDone, protocol.RunFailed)):
-            entry = self._inflight.pop(msg.run_id, None)
-            if entry is not None:
+    def _on_message(self, msg):
+        """A message about this client's runs or slices, by its class (``_MESSAGES``)."""
+        self._MESSAGES[type(msg)](self, msg)
+
+    def _run_ended(self, msg):
+        entry = self._inflight.pop(msg.run_id, None)
+        if entry is None:
+            return
+        self._unhold(entry[1])
+        if isinstance(msg, protocol.RunDone):
+            entry[0].set_result(None)
+        else:
+            entry[0].set_exception(received(msg.error, of_run=True))
+
+    def _install_failed(self, msg):
+        """Every run of that program fails."""
+        for run_id, entry in list(self._inflight.items()):
+            if entry[3] == msg.pid:
+                del self._inflight[run_id]
                 self._unhold(entry[1])
-                status = entry[0]
-                if isinstance(msg, protocol.RunDone):
-                    status.set_result(None)
-                else:
-                    status.set_exception(received(msg.error, of_run=True))
-        else:  # InstallFailed: every run of that program fails
-            for run_id, entry in list(self._inflight.items()):
-                if entry[3] == msg.pid:
-                    del self._inflight[run_id]
-                    self._unhold(entry[1])
-                    entry[0].set_exception(received(msg.error, of_run=True))
+                entry[0].set_exception(received(msg.error, of_run=True))
+
+    def _suspend_notice(self, msg):
+        suspension.suspend_for_coordinator(self, msg.slice_id, msg.reason, self.timeout)
+
+    _MESSAGES = {protocol.RunDone: _run_ended, protocol.RunFailed: _run_ended,
+                 protocol.InstallFailed: _install_failed, protocol.SuspendNotice: _suspend_notice}
 
     def _fail_runs(self, err: Exception) -> None:
         """Every run still in flight fails with ``err``."""
@@ -280,22 +289,7 @@ class Client:
             slices = sharding.device_slices(shape, mesh.axis_sizes, mesh.axis_names, spec, i)
             futures.append(self._request(self._data_address(d), protocol.Generate(
                 None, array_id, d, blob, slices, block, dtype.str, (self.id, None))))
-        status: cf.Future = cf.Future()
-        left = [len(futures)]
-
-        def one_done(f):
-            if status.done():
-                return
-            if f.exception() is not None:
-                status.set_exception(f.exception())
-                return
-            left[0] -= 1
-            if not left[0]:
-                status.set_result(None)
-
-        for f in futures:
-            f.add_done_callback(one_done)
-        return status
+        return fanout.all_done(futures)
 
     def _check_fits(self, nbytes, mesh, what):
         """A shard larger than a device's whole HBM can never be stored: say so at once."""

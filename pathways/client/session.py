@@ -31,23 +31,21 @@ from ..errors import ClientClosed, CoordinatorLost, received
 log = logging.getLogger("pathways.client.session")
 
 PING_INTERVAL = 1.0  # seconds between the client's "alive" messages to the coordinator
-# what the client itself handles: runs ending, installs failing, the coordinator's notices
-RUN_REPLIES = (protocol.RunDone, protocol.RunFailed, protocol.InstallFailed,
-               protocol.SuspendNotice)
 
 
 class Session:
     """``address``: the coordinator's; ``keys``: the CURVE key directory (None: plain).
-    ``on_run_reply(msg)`` gets, on the loop thread, every reply about a run or an install
-    and every ``SuspendNotice``;
+    ``on_message(msg)`` gets, on the loop thread, every message of a class in ``for_client``
+    (runs ending, installs failing, the coordinator's notices);
     ``on_lost(err)`` is told, on the loop thread, that everything in flight fails with
     ``err`` (the coordinator went silent, or the client closed)."""
 
     def __init__(self, address: str, keys: str | None, coordinator_timeout: float,
-                 on_run_reply, on_lost):
+                 for_client, on_message, on_lost):
         self.address, self.keys = address, keys
         self.coordinator_timeout = coordinator_timeout
-        self._on_run_reply, self._on_lost = on_run_reply, on_lost
+        self._for_client, self._on_message = tuple(for_client), on_message
+        self._on_lost = on_lost
         self.ctx, self._own_ctx = context_for(address)
         self.loop = uvloop.new_event_loop()
         self._socks: dict[str, zmq.Socket] = {}
@@ -149,8 +147,8 @@ class Session:
                 log.exception("bad reply")
 
     def _on_reply(self, msg):
-        if isinstance(msg, RUN_REPLIES):
-            self._on_run_reply(msg)
+        if isinstance(msg, self._for_client):
+            self._on_message(msg)
         elif isinstance(msg, protocol.HostLostNotice):
             self._lost_hosts[msg.data] = msg.error
             for req, (fut, address) in list(self._pending.items()):

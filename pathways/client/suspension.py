@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from .. import protocol
 from ..errors import PathwaysError, ProgramError, SliceSuspended
 from ..program.mesh import Mesh
-from . import checkpoint
+from . import checkpoint, fanout
 
 __all__ = ["Suspended", "resume", "suspend", "suspend_for_coordinator"]
 
@@ -122,8 +122,8 @@ def resume(client, mesh: Mesh, timeout: float) -> Mesh:
         statuses.append(a._status)
     with client._suspend_lock:
         del client._suspended[slice_id]
-    checkpoint.when_all(statuses, lambda _error: shutil.rmtree(state.directory,
-                                                               ignore_errors=True))
+    fanout.when_all(statuses,  # read back (or failed): the files are no longer needed
+                    lambda _error: shutil.rmtree(state.directory, ignore_errors=True))
     return new
 
 
