@@ -12,6 +12,7 @@ from .client.array import Array, NamedSharding
 from .client.client import Client, connect
 from .cluster import local_cluster
 from .errors import (
+    CheckpointError,
     ClientClosed,
     ClientGone,
     CollectiveTimeout,
@@ -48,7 +49,7 @@ from .program.sharding import P
 from .program.tracer import program, reference
 
 __all__ = [
-    "Array", "Client", "ClientClosed", "ClientGone", "CollectiveTimeout", "CompiledFunction",
+    "Array", "CheckpointError", "Client", "ClientClosed", "ClientGone", "CollectiveTimeout", "CompiledFunction",
     "CoordinatorLost", "Device",
     "DeviceOutOfMemory", "DeviceSpec", "HostLost", "Mesh", "NamedSharding", "P", "PathwaysError",
     "Pipeline", "ProgramError", "RemoteError", "ResourceError", "RoutedFunction",

@@ -80,6 +80,12 @@ class SliceSuspended(PathwaysError):
     higher priority); ``client.resume(mesh)`` maps it and its arrays onto devices again."""
 
 
+class CheckpointError(PathwaysError):
+    """A checkpoint on disk is missing, damaged or not what its metadata says (a chunk file
+    absent, of the wrong size or failing its checksum; metadata that does not parse; an array
+    name that leaves the checkpoint's directory); the message names the file."""
+
+
 class ClientClosed(PathwaysError):
     """The client was closed while a call was using it."""
 
