@@ -109,11 +109,23 @@ class Suspend(ActsForClient):
 
 
 @message
-class Resume(ActsForClient):
-    """Map suspended slice ``slice_id`` onto devices again (its version goes up)."""
+class CancelSuspend(ActsForClient):
+    """Undo the ``Suspend`` of ``slice_id`` whose answer the client did not get in time (sent
+    after it, so handled after it). Answer: the slice, live on the devices it had; or None
+    when the suspension stands (its devices went to a preempting client, or were lost)."""
     req: object
     client: int
     slice_id: int
+
+
+@message
+class Resume(ActsForClient):
+    """Map suspended slice ``slice_id`` onto devices again (its version goes up). While a
+    slice that preempted it holds the devices, the answer waits up to ``wait`` seconds."""
+    req: object
+    client: int
+    slice_id: int
+    wait: float = 0.0
 
 
 @message
@@ -280,7 +292,8 @@ class DeleteOwner(Message):
 @message
 class Generate(Message):
     """Compute a shard on the host with a shipped function of its slices (input
-    processing on the hosts)."""
+    processing on the hosts); it waits at most ``timeout`` seconds for room in the device's
+    HBM (None: without bound)."""
     req: object
     array_id: object
     device: int
@@ -289,6 +302,7 @@ class Generate(Message):
     shape: tuple
     dtype: str
     owner: object
+    timeout: float | None = None
 
 
 @message

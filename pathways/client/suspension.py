@@ -1,20 +1,36 @@
 """Suspending and resuming a client's slice: its arrays go to disk and its devices to others.
 
-``suspend`` stops new calls on the slice (they raise ``SliceSuspended``), lets the runs already
-given to the devices finish, has the hosts write every live array of the slice as a checkpoint
-(``pathways.client.checkpoint``: the bytes never pass through the client), frees their device
-memory and tells the coordinator, which frees the slice's devices but keeps the slice. ``resume``
-asks the coordinator to map the slice again (by the allocation rule: possibly other devices)
-and has the new devices' hosts read the arrays back, under the same ``Array`` objects; programs
-and compiled functions built on the old mesh are re-lowered at their next call, as after a remap.
+``suspend`` is a transaction that frees last. It stops new calls on the slice (they raise
+``SliceSuspended``), lets the runs already given to the devices finish, has the hosts write
+every live array of the slice as a checkpoint (``pathways.client.checkpoint``: the bytes never
+pass through the client), asks the coordinator to free the slice's devices (it keeps the slice)
+and only once it has confirmed frees the arrays' device memory. A failure before that changes
+nothing: the files go, the arrays and the slice stay, and a ``PathwaysError`` says so. If the
+coordinator does not answer in time, the client asks it to undo the suspension
+(``CancelSuspend``, which it handles after the ``Suspend``: one client's messages keep their
+order) and waits as long again: the slice is then live on its devices as before, or, if its
+devices went meanwhile to a client that preempted it, the suspension stands and the client
+completes it (the arrays are safe on disk). Until the coordinator answers the slice is in
+doubt: its arrays stay on the devices and on disk, calls raise ``SliceSuspended``, and
+``resume`` waits for the answer.
+
+``resume`` asks the coordinator to map the slice again (by the allocation rule: possibly other
+devices) and has the new devices' hosts read the arrays back, under the same ``Array`` objects;
+programs and compiled functions built on the old mesh are re-lowered at their next call, as
+after a remap. The files go once every array is back (kept, and logged, if a read fails).
 
 The coordinator can ask for a suspension (``SuspendNotice``) to make room for a client of higher
-priority; the client's runtime then suspends the slice by itself, on a thread of its own, and the
-user's next call on it raises ``SliceSuspended`` naming why.
+priority that asked for the slice's devices with ``client.mesh(..., preempt=True)``; the
+client's runtime then suspends the slice by itself, by the same transaction, on a thread of its
+own, and the user's next call on it raises ``SliceSuspended`` naming why. While the preempting
+slice holds those devices, this slice's ``resume`` goes onto other devices of the island if
+there are enough, else waits for them (up to its timeout), else raises a ``ResourceError``
+naming the preempting client (``pathways.control.preemption``).
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
 import os
 import shutil
@@ -24,7 +40,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from .. import protocol
-from ..errors import PathwaysError, ProgramError, SliceSuspended
+from ..errors import ClientClosed, CoordinatorLost, PathwaysError, ProgramError, SliceSuspended
 from ..program.mesh import Mesh
 from . import checkpoint, fanout
 
@@ -32,52 +48,70 @@ __all__ = ["Suspended", "resume", "suspend", "suspend_for_coordinator"]
 
 log = logging.getLogger("pathways.client.suspension")
 
+ANSWER_GRACE = 10.0  # seconds past a resume's own wait for the coordinator's answer to arrive
+
 
 @dataclass
 class Suspended:
     """A slice being suspended or suspended: where its arrays went."""
     reason: str
-    done: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)  # settled, either way
     directory: str | None = None
-    failed: bool = False
+    failed: bool = False  # settled as not suspended: the slice is live with its arrays
     arrays: list = field(default_factory=list)  # (weak reference to the Array, its name)
+    saving: cf.Future | None = None  # the checkpoint being written
+    doubt: str | None = None  # why the coordinator's answer is still awaited
 
     def error(self, slice_id) -> SliceSuspended:
+        if self.doubt is not None:
+            return SliceSuspended(
+                f"the suspension of slice {slice_id} is in doubt ({self.doubt}): its arrays"
+                " stay on its devices until the coordinator answers; client.resume(mesh)"
+                " waits for that and gives back the live slice either way")
         return SliceSuspended(f"slice {slice_id} is suspended ({self.reason}): call"
                               " client.resume(mesh) to map it and its arrays onto devices again")
 
 
 def suspend(client, slice_id: int, reason: str, timeout: float) -> None:
-    """Suspend ``slice_id`` (module doc); blocks until its devices are free."""
+    """Suspend ``slice_id`` (module doc); blocks until its devices are free. A
+    ``PathwaysError`` says what went wrong and in what state the slice was left."""
     with client._suspend_lock:
         if slice_id in client._suspended:
             raise PathwaysError(f"slice {slice_id} is already suspended")
         state = client._suspended[slice_id] = Suspended(reason)
         running = [entry[0] for entry in client._inflight.values()]
     try:
-        for status in running:  # the gangs already given to devices finish
-            status.exception(timeout)
-        # arrays still being made (a generate) are waited for; failed ones have nothing to keep
-        arrays = [a for a in _live(client) if a.mesh.slice_id == slice_id and not a._deleted
-                  and a.exception(timeout) is None]
-        state.directory = tempfile.mkdtemp(prefix=f"pathways-suspended-{slice_id}-",
-                                           dir=client.suspend_dir)
-        names = {str(i): a for i, a in enumerate(arrays)}
-        checkpoint.save(client, os.path.join(state.directory, "arrays"), names).result(timeout)
-        for a in arrays:
-            client._release(a)
+        arrays = _save(client, slice_id, state, running, timeout)
+    except Exception as exc:
+        _abandon(client, slice_id, state)
+        raise PathwaysError(f"could not suspend slice {slice_id}: {_said(exc, timeout)};"
+                            " nothing changed: the slice is live with its arrays") from exc
+    except BaseException:
+        _abandon(client, slice_id, state)
+        raise
+    try:
         client._request(client.address, protocol.Suspend(None, client.id, slice_id)).result(
             timeout)
-    except BaseException:
-        with client._suspend_lock:
-            del client._suspended[slice_id]
-        state.failed = True
-        state.done.set()
-        if state.directory is not None:
-            shutil.rmtree(state.directory, ignore_errors=True)
+    except cf.TimeoutError:
+        _roll_back(client, slice_id, state, arrays, timeout)
+        return
+    except ClientClosed:  # closing frees every array of the client: nothing to keep
+        _abandon(client, slice_id, state)
         raise
-    state.arrays = [(weakref.ref(a), name) for name, a in names.items()]
-    state.done.set()
+    except CoordinatorLost as exc:  # no answer will ever come
+        _abandon(client, slice_id, state, keep_files=True)
+        raise PathwaysError(
+            f"the suspension of slice {slice_id} got no answer ({exc}): its arrays were not"
+            f" freed, and a copy is on disk at {state.directory}") from exc
+    except Exception as exc:  # the coordinator refused: the slice is as it was
+        _abandon(client, slice_id, state)
+        raise PathwaysError(f"the coordinator refused to suspend slice {slice_id} ({exc}):"
+                            " nothing changed: the slice is live with its arrays") from exc
+    except BaseException:  # interrupted while waiting: the coordinator's answer settles it
+        state.doubt = "its Suspend was interrupted before the coordinator answered"
+        _cancel(client, slice_id, state, arrays)
+        raise
+    _complete(client, state, arrays)
 
 
 def suspend_for_coordinator(client, slice_id: int, reason: str, timeout: float) -> None:
@@ -87,9 +121,117 @@ def suspend_for_coordinator(client, slice_id: int, reason: str, timeout: float) 
         try:
             suspend(client, slice_id, f"by the coordinator: {reason}", timeout)
         except Exception as exc:
-            log.warning("could not suspend slice %s for the coordinator: %r", slice_id, exc)
+            log.warning("could not suspend slice %s for the coordinator: %s", slice_id, exc)
 
     threading.Thread(target=run, name=f"pathways-suspend-{slice_id}", daemon=True).start()
+
+
+def _save(client, slice_id, state: Suspended, running, timeout) -> dict:
+    """Let the runs in flight finish, then write the slice's arrays to a new directory;
+    returns them by name. Frees nothing."""
+    for status in running:  # the gangs already given to devices finish
+        status.exception(timeout)
+    # held while they are chosen and written: an array another thread deletes meanwhile is
+    # freed once the save is done, never under the hosts writing it
+    candidates = [a for a in _live(client) if a.mesh.slice_id == slice_id]
+    client._hold(candidates)
+    try:
+        # arrays still being made (a generate) are waited for; failed ones have nothing to
+        # keep
+        arrays = [a for a in candidates if not a._deleted and a.exception(timeout) is None]
+        state.directory = tempfile.mkdtemp(prefix=f"pathways-suspended-{slice_id}-",
+                                           dir=client.suspend_dir)
+        names = {str(i): a for i, a in enumerate(arrays)}
+        state.saving = checkpoint.save(client, os.path.join(state.directory, "arrays"),
+                                       names)
+        state.saving.result(timeout)
+    finally:
+        client._unhold(candidates)
+    return names
+
+
+def _roll_back(client, slice_id, state: Suspended, arrays: dict, timeout) -> None:
+    """The coordinator did not confirm the suspension in time: ask it to undo it and settle
+    by its answer (``_settle``). Returns if the suspension stands and was completed; raises
+    ``PathwaysError`` if it was undone or the answer is still awaited after ``timeout``."""
+    state.doubt = f"the coordinator did not answer its Suspend within {timeout:g} s"
+    _cancel(client, slice_id, state, arrays)
+    if not state.done.wait(timeout):
+        raise PathwaysError(
+            f"the coordinator did not answer the suspension of slice {slice_id} within"
+            f" {timeout:g} s, nor its cancellation within {timeout:g} s more: the slice is in"
+            " doubt until it answers; its arrays stay on its devices (and on disk), calls on"
+            " it raise SliceSuspended, and client.resume(mesh) waits for the answer")
+    if state.failed:
+        raise PathwaysError(
+            f"the coordinator did not confirm the suspension of slice {slice_id} within"
+            f" {timeout:g} s, so it was undone: the slice is live on its devices with its"
+            " arrays, as before")
+    log.warning("slice %s: the coordinator confirmed its suspension late, and kept it",
+                slice_id)
+
+
+def _cancel(client, slice_id, state: Suspended, arrays: dict) -> None:
+    """Ask the coordinator to undo the suspension (after the ``Suspend``: one client's
+    messages keep their order); its answer settles the slice (``_settle``)."""
+    try:
+        cancel = client._request(client.address,
+                                 protocol.CancelSuspend(None, client.id, slice_id))
+    except PathwaysError as exc:  # closed or lost meanwhile
+        cancel = cf.Future()
+        cancel.set_exception(exc)
+    cancel.add_done_callback(lambda f: _settle(client, slice_id, state, arrays, f))
+
+
+def _settle(client, slice_id, state: Suspended, arrays: dict, answer: cf.Future) -> None:
+    """The coordinator's answer to ``CancelSuspend``: the slice back on its devices (the
+    arrays are still there: remove the files), or the suspension stands (complete it)."""
+    error = answer.exception()
+    if error is None and answer.result() is None:
+        _complete(client, state, arrays)
+        return
+    if error is not None:
+        log.warning("slice %s: no answer to the cancellation of its suspension (%s): its"
+                    " arrays stay on its devices, and a copy at %s", slice_id, error,
+                    state.directory)
+    _abandon(client, slice_id, state,
+             keep_files=error is not None and not isinstance(error, ClientClosed))
+
+
+def _complete(client, state: Suspended, arrays: dict) -> None:
+    """The coordinator confirmed the suspension: only now free the arrays' device memory."""
+    for a in arrays.values():
+        if not a._deleted:
+            try:
+                client._release(a)
+            except PathwaysError:
+                pass  # closed or coordinator lost: the hosts free what the client owned
+    state.arrays = [(weakref.ref(a), name) for name, a in arrays.items()]
+    state.doubt = None
+    state.done.set()
+
+
+def _abandon(client, slice_id, state: Suspended, keep_files: bool = False) -> None:
+    """The slice was not suspended: it is live again with its arrays; the files go first
+    (once a save still writing has settled), unless they may be the only copy left."""
+    if state.directory is not None and not keep_files:
+        def remove(_f=None):
+            shutil.rmtree(state.directory, ignore_errors=True)
+
+        if state.saving is not None and not state.saving.done():
+            state.saving.add_done_callback(remove)
+        else:
+            remove()
+    with client._suspend_lock:
+        client._suspended.pop(slice_id, None)
+    state.failed, state.doubt = True, None
+    state.done.set()
+
+
+def _said(exc: Exception, timeout) -> str:
+    if isinstance(exc, cf.TimeoutError):
+        return f"its runs, or the writing of its arrays, did not finish within {timeout:g} s"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def resume(client, mesh: Mesh, timeout: float) -> Mesh:
@@ -101,15 +243,29 @@ def resume(client, mesh: Mesh, timeout: float) -> Mesh:
     if state is None:
         raise PathwaysError(f"slice {slice_id} is not suspended")
     if not state.done.wait(timeout):
-        raise PathwaysError(f"slice {slice_id} is still being suspended after {timeout:g} s")
-    if state.failed:
-        raise PathwaysError(f"the suspension of slice {slice_id} failed: its arrays stayed")
-    sl = client._request(client.address, protocol.Resume(None, client.id, slice_id)).result(
-        timeout)
+        raise PathwaysError(f"slice {slice_id} is still being suspended after {timeout:g} s"
+                            + (f" ({state.doubt})" if state.doubt else ""))
+    if state.failed:  # its suspension failed or was undone: it is live with its arrays
+        return client._remapped(mesh)
+    try:
+        sl = client._request(client.address, protocol.Resume(
+            None, client.id, slice_id, float(timeout))).result(timeout + ANSWER_GRACE)
+    except cf.TimeoutError:
+        raise PathwaysError(f"the coordinator did not answer the resume of slice {slice_id}"
+                            f" within {timeout + ANSWER_GRACE:g} s: it stays suspended"
+                            ) from None
     client._refresh_devices()
     new = Mesh(mesh.axis_sizes, mesh.axis_names, sl.devices, sl.slice_id, sl.island,
                sl.version, client=client)
     client._meshes[slice_id] = new
+    _read_back(client, state, new)
+    with client._suspend_lock:
+        del client._suspended[slice_id]
+    return new
+
+
+def _read_back(client, state: Suspended, new: Mesh) -> None:
+    """Have the hosts of ``new`` read the arrays back; the files go once all are back."""
     path = os.path.join(state.directory, "arrays")
     statuses = []
     for ref, name in state.arrays:
@@ -120,11 +276,15 @@ def resume(client, mesh: Mesh, timeout: float) -> Mesh:
         a._status = client._generate_into(a.id, checkpoint.reader(path, name), a.shape,
                                           a.dtype, new, a.spec)
         statuses.append(a._status)
-    with client._suspend_lock:
-        del client._suspended[slice_id]
-    fanout.when_all(statuses,  # read back (or failed): the files are no longer needed
-                    lambda _error: shutil.rmtree(state.directory, ignore_errors=True))
-    return new
+
+    def cleanup(error):
+        if error is None:
+            shutil.rmtree(state.directory, ignore_errors=True)
+        else:  # free last: a failed read leaves the only copy where it is
+            log.warning("reading the arrays of slice %s back failed (%s): they stay on disk"
+                        " at %s (client.load reads them)", new.slice_id, error, path)
+
+    fanout.when_all(statuses, cleanup)
 
 
 def check(client, meshes) -> None:

@@ -7,8 +7,9 @@ time (``tick``, with ``now`` given). Outputs are commands collected for the call
 to start. ``pathways.control.coordinator`` is the thin adapter that feeds it from its sockets
 and its Plaque cluster, on one event loop; tests drive it directly.
 
-It holds the resource manager (virtual slices), one gang scheduler per island, the programs
-installed and the runs waiting or running, and each client's liveness.
+It holds the resource manager (virtual slices), the preemptions (``pathways.control.preemption``),
+one gang scheduler per island, the programs installed and the runs waiting or running, and each
+client's liveness.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from plaque.logutil import dropped
 
 from .. import protocol as m
 from ..errors import ClientGone, HostLost, RemoteError, ResourceError
+from .preemption import Preemptions
 from .resource_manager import ResourceManager
 from .scheduler import FifoPolicy, Gang, IslandScheduler, PriorityPolicy, ProportionalSharePolicy
 
@@ -99,15 +101,6 @@ class _Run:
     started: bool = False
 
 
-@dataclass
-class _Preemption:
-    """An allocation waiting for lower-priority clients to suspend the slices in its way."""
-    ident: bytes
-    msg: m.AllocateMesh
-    victims: set  # slice ids not yet suspended
-    deadline: float
-
-
 def _short(value) -> str:
     """A loggable glimpse of a value a stranger sent (repr may fail or be huge)."""
     try:
@@ -139,8 +132,7 @@ class ControlPlane:
         self.addresses: dict = {}  # what "info" answers (the Plaque and client addresses)
         self._out: list = []
         self._now = 0.0  # the time of the request being handled
-        self.preempt_timeout = preempt_timeout
-        self._preempting: list[_Preemption] = []
+        self.preemptions = Preemptions(self.rm, preempt_timeout)
 
     def take(self) -> list:
         """The commands decided since the last call, in order."""
@@ -149,6 +141,10 @@ class ControlPlane:
 
     def _reply(self, ident, msg) -> None:
         self._out.append(Reply(ident, msg))
+
+    def _replies(self, replies) -> None:
+        for ident, msg in replies:
+            self._reply(ident, msg)
 
     def _to_hosts(self, msg) -> None:
         for w in self.hosts:
@@ -208,12 +204,7 @@ class ControlPlane:
                 log.warning("client %s lost: silent for %.1f s", client, listened - seen)
                 self._forget_client(client, f"client {client} stopped answering for"
                                             f" {listened - seen:.1f} s")
-        for p in [p for p in self._preempting if now > p.deadline]:
-            self._preempting.remove(p)
-            owners = sorted({self.rm.client_of(sid) for sid in p.victims} - {None})
-            self._reply(p.ident, m.Refused(p.msg.req, ResourceError(
-                f"clients {owners} did not suspend slices {sorted(p.victims)} within"
-                f" {self.preempt_timeout:g} s: no room was made")))
+        self._replies(self.preemptions.expire(now))
 
     def request(self, ident: bytes, msg, now: float) -> None:
         """A request from the client connection ``ident``."""
@@ -261,17 +252,13 @@ class ControlPlane:
         self._reply(ident, m.Answer(msg.req, self.devices()))
 
     def _mesh(self, ident, msg):
-        if msg.preempt:
-            _, devices = self.rm.plan(tuple(msg.shape), msg.island)
-            mine = self._priority(msg.client)
-            victims = [s for s in self.rm.slices_on(devices)
-                       if s.client != msg.client and self._priority(s.client) < mine]
+        if msg.preempt:  # pathways.control.preemption
+            victims = self.preemptions.ask(ident, msg, self._now, self._priority)
+            for s in victims:
+                self._reply(self.clients[s.client], m.SuspendNotice(
+                    s.slice_id, f"client {msg.client} of priority"
+                                f" {self._priority(msg.client)} needs its devices"))
             if victims:
-                self._preempting.append(_Preemption(ident, msg, {s.slice_id for s in victims},
-                                                    self._now + self.preempt_timeout))
-                for s in victims:
-                    self._reply(self.clients[s.client], m.SuspendNotice(
-                        s.slice_id, f"client {msg.client} of priority {mine} needs its devices"))
                 return
         sl = self.rm.allocate(msg.client, tuple(msg.shape), island=msg.island)
         self._reply(ident, m.Answer(msg.req, sl))
@@ -294,25 +281,29 @@ class ControlPlane:
         self._own_slice(msg)
         self.rm.suspend(msg.slice_id)
         self._reply(ident, m.Answer(msg.req, None))
-        self._make_room()
+        self._replies(self.preemptions.slices_freed())
+
+    def _cancel_suspend(self, ident, msg):
+        """The client did not hear that its ``Suspend`` was done in time and still holds the
+        slice's arrays on its devices: put the slice back there, unless its suspension made
+        room for a preemption or a device was lost (then it stands, answer None, and the
+        client completes it: its arrays are safe on disk)."""
+        self._own_slice(msg)
+        sid = msg.slice_id
+        if self.rm.is_live(sid):  # its Suspend was refused: nothing to undo
+            self._reply(ident, m.Answer(msg.req, self.rm.slice(sid)))
+            return
+        restored = None
+        if not self.preemptions.stands(sid):
+            try:
+                restored = self.rm.restore(sid)
+            except ResourceError as exc:
+                log.info("the suspension of slice %s stands: %s", sid, exc)
+        self._reply(ident, m.Answer(msg.req, restored))
 
     def _resume(self, ident, msg):
         self._own_slice(msg)
-        self._reply(ident, m.Answer(msg.req, self.rm.resume(msg.slice_id)))
-
-    def _make_room(self) -> None:
-        """Allocations waiting for suspensions: answer those whose victims are all gone."""
-        for p in list(self._preempting):
-            p.victims = {sid for sid in p.victims if self.rm.is_live(sid)}
-            if p.victims:
-                continue
-            self._preempting.remove(p)
-            try:
-                sl = self.rm.allocate(p.msg.client, tuple(p.msg.shape), island=p.msg.island)
-            except ResourceError as exc:
-                self._reply(p.ident, m.Refused(p.msg.req, exc))
-            else:
-                self._reply(p.ident, m.Answer(p.msg.req, sl))
+        self._replies(self.preemptions.resume(ident, msg, self._now))
 
     def _status(self, ident, msg):
         self._reply(ident, m.Answer(msg.req, self.status()))
@@ -486,8 +477,7 @@ class ControlPlane:
         self._client_of.pop(ident, None)
         self.rm.release_client(client)
         self._to_hosts(m.ClientLeft(client, reason))
-        self._preempting = [p for p in self._preempting if p.msg.client != client]
-        self._make_room()
+        self._replies(self.preemptions.forget(client))
         self._abort([run for run in self.runs.values()
                      if run.prog.client == client and run.started], reason)
         gone = set()
@@ -503,6 +493,6 @@ class ControlPlane:
 
     _HANDLERS = {m.Ping: _ping, m.Info: _info, m.Hello: _hello, m.ListDevices: _devices,
                  m.AllocateMesh: _mesh, m.Remap: _remap, m.Suspend: _suspend,
-                 m.Resume: _resume, m.Status: _status,
+                 m.CancelSuspend: _cancel_suspend, m.Resume: _resume, m.Status: _status,
                  m.InstallProgram: _install, m.RunProgram: _run, m.Bye: _bye}
 

@@ -22,7 +22,10 @@ physical devices of a single island, by this rule:
    A's devices 0..3 and row 1 = B's devices 0..3.
 
 A slice can be suspended (its devices freed, its shape and island kept) and resumed later onto
-devices chosen by the same rule, possibly others; its ``version`` goes up as after a remap.
+devices chosen by the same rule, possibly others, and never onto the devices it is told to
+``avoid`` (those a preempting slice holds); its ``version`` goes up as after a remap. A
+suspension can also be undone (``restore``): the slice goes back onto the very devices it
+left, version unchanged, as if it had never been suspended.
 
 Losing a host breaks the slices that use its devices (``broken_slices``); they keep their load on
 the lost devices until remapped or released. ``remap`` keeps a broken slice's healthy devices in
@@ -164,16 +167,17 @@ class ResourceManager:
         self._load.update(new.devices)
         return new
 
-    def plan(self, shape, island: int | None = None,
-             kind: str | None = None) -> tuple[int, tuple[int, ...]]:
-        """The island and devices ``allocate`` would give a slice of ``shape`` now."""
+    def plan(self, shape, island: int | None = None, kind: str | None = None,
+             avoid=frozenset()) -> tuple[int, tuple[int, ...]]:
+        """The island and devices ``allocate`` would give a slice of ``shape`` now; none of
+        ``avoid`` (the island must have enough others)."""
         shape = _check_shape(shape)
         n = math.prod(shape)
         of_kind = "" if kind is None else f" of kind {kind!r}"
         what = f"slice of shape {shape} ({n} devices{of_kind})"  # names the request in errors
         if island is None:
             island = self._choose_island(what, n, kind)
-        pool = self._island_pool(what, n, island, kind)
+        pool = self._island_pool(what, n, island, kind, frozenset(avoid))
         chosen = sorted(_choose(pool, n, self._load, Counter()), key=_layout_key)
         return island, tuple(d.id for d in chosen)
 
@@ -186,6 +190,10 @@ class ResourceManager:
         """Whether the slice is mapped to devices (allocated, not released or suspended)."""
         return slice_id in self._slices
 
+    def is_suspended(self, slice_id: int) -> bool:
+        """Whether the slice is suspended (kept without devices until ``resume``)."""
+        return slice_id in self._suspended
+
     def slices_on(self, devices) -> list[Slice]:
         """The live slices that use any of ``devices``."""
         devices = set(devices)
@@ -196,16 +204,33 @@ class ResourceManager:
         self._suspended[slice_id] = self.slice(slice_id)
         self.release(slice_id)
 
-    def resume(self, slice_id: int) -> Slice:
+    def resume(self, slice_id: int, avoid=frozenset()) -> Slice:
         """Map a suspended slice onto devices of its island again (by the allocation rule,
-        so possibly other devices than before); bumps its version."""
+        so possibly other devices than before, but none of ``avoid``); bumps its version.
+        ResourceError if the island has too few devices: the slice stays suspended."""
+        old = self._suspended_slice(slice_id)
+        _, devices = self.plan(old.shape, old.island, old.kind, avoid)
+        return self._unsuspend(replace(old, devices=devices, version=old.version + 1))
+
+    def restore(self, slice_id: int) -> Slice:
+        """Undo a suspension: the slice back on the devices it left, its version unchanged
+        (what was on them is still valid). ResourceError if one of them was lost."""
+        old = self._suspended_slice(slice_id)
+        lost = [d for d in old.devices if d not in self._alive]
+        if lost:
+            raise ResourceError(f"slice {slice_id} cannot go back onto its devices: {lost}"
+                                " were lost")
+        return self._unsuspend(old)
+
+    def _suspended_slice(self, slice_id: int) -> Slice:
         old = self._suspended.get(slice_id)
         if old is None:
             raise ResourceError(f"slice {slice_id} is not suspended")
-        _, devices = self.plan(old.shape, old.island, old.kind)
-        new = replace(old, devices=devices, version=old.version + 1)
-        del self._suspended[slice_id]
-        self._slices[slice_id] = new
+        return old
+
+    def _unsuspend(self, new: Slice) -> Slice:
+        del self._suspended[new.slice_id]
+        self._slices[new.slice_id] = new
         self._load.update(new.devices)
         return new
 
@@ -312,8 +337,10 @@ class ResourceManager:
         """Alive devices of an island that a request for ``kind`` may use."""
         return [d for d in self.devices(island) if kind is None or d.kind == kind]
 
-    def _island_pool(self, what: str, n: int, island: int, kind: str | None) -> list[DeviceInfo]:
-        """The devices a request may use on ``island``; ResourceError if they cannot fit it."""
+    def _island_pool(self, what: str, n: int, island: int, kind: str | None,
+                     avoid: frozenset = frozenset()) -> list[DeviceInfo]:
+        """The devices a request may use on ``island`` (none of ``avoid``); ResourceError if
+        they cannot fit it."""
         if island not in self._islands:
             raise ResourceError(
                 f"{what}: unknown island {island}; islands: {sorted(self._islands)}"
@@ -325,8 +352,11 @@ class ResourceManager:
                 f"{what}: island {island} has no alive device of that kind; "
                 f"alive kinds there: {kinds}"
             )
+        pool = [d for d in pool if d.id not in avoid]
         if len(pool) < n:
-            raise ResourceError(f"{what}: island {island} has only {len(pool)} alive devices")
+            besides = f" besides {sorted(avoid)}" if avoid else ""
+            raise ResourceError(
+                f"{what}: island {island} has only {len(pool)} alive devices{besides}")
         return pool
 
     def _choose_island(self, what: str, n: int, kind: str | None) -> int:

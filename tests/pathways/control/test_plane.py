@@ -2,6 +2,8 @@
 membership, install and run ends and time go in; replies, host messages and the installs and
 runs to start come out (``pathways.control.plane``)."""
 
+import dataclasses
+
 import pytest
 
 import plaque
@@ -182,3 +184,114 @@ def test_a_preemption_nobody_answers_is_refused_in_bounded_time_and_a_lost_victi
     plane.request(b"c", m.Bye(low), now=2.7)
     answered = [c for c in plane.take() if isinstance(c, Reply) and c.ident == b"h"]
     assert answered and answered[0].msg.req == 4 and len(answered[0].msg.value.devices) == 2
+
+
+def _replies(plane, ident):
+    return [c.msg for c in plane.take() if isinstance(c, Reply) and c.ident == ident]
+
+
+def test_a_cancelled_suspend_puts_the_slice_back_on_its_devices(plane):
+    """A client whose Suspend went unanswered sends CancelSuspend; the coordinator handles it
+    after the Suspend (one client's messages keep their order) and undoes it."""
+    plane.request(b"c", m.AllocateMesh(2, 0, (2,), None), now=0.1)
+    first = plane.take()[0].msg.value
+    other = _client(plane, b"o", 0, 0.1)  # takes devices meanwhile: ordinary sharing
+    plane.request(b"c", m.Suspend(3, 0, first.slice_id), now=0.2)
+    plane.request(b"o", m.AllocateMesh(4, other, (4,), None), now=0.3)
+    plane.request(b"c", m.CancelSuspend(5, 0, first.slice_id), now=0.4)
+    out = _replies(plane, b"c")
+    assert out == [m.Answer(3, None), m.Answer(5, first)]  # same devices, same version
+    resources = plane.status()["resources"]
+    assert first.slice_id in resources["slices"] and resources["suspended"] == {}
+    assert sum(d["load"] for d in resources["devices"].values()) == 2 + 4
+    plane.request(b"c", m.CancelSuspend(6, 0, first.slice_id), now=0.5)  # nothing to undo
+    assert _replies(plane, b"c") == [m.Answer(6, first)]
+
+
+def test_a_suspension_that_made_room_for_a_preemption_stands(plane):
+    plane.request(b"c", m.AllocateMesh(2, 0, (4,), None), now=0.1)
+    low = plane.take()[0].msg.value
+    high = _client(plane, b"h", 9, 0.2)
+    plane.request(b"h", m.AllocateMesh(3, high, (4,), None, True), now=0.3)
+    plane.take()  # the SuspendNotice
+    plane.request(b"c", m.Suspend(4, 0, low.slice_id), now=0.5)
+    assert _replies(plane, b"h")[0].req == 3  # granted
+    plane.request(b"c", m.CancelSuspend(5, 0, low.slice_id), now=0.6)
+    assert _replies(plane, b"c") == [m.Answer(5, None)]  # it stands: the client completes it
+    assert plane.status()["resources"]["suspended"].keys() == {low.slice_id}
+
+
+def test_a_suspension_a_pending_preemption_waits_for_stands_too(plane):
+    plane.request(b"c", m.AllocateMesh(2, 0, (2,), None), now=0.1)
+    plane.request(b"c", m.AllocateMesh(3, 0, (2,), None), now=0.1)
+    a, b = (r.msg.value for r in plane.take())
+    high = _client(plane, b"h", 9, 0.2)
+    plane.request(b"h", m.AllocateMesh(4, high, (4,), None, True), now=0.3)
+    plane.take()
+    plane.request(b"c", m.Suspend(5, 0, a.slice_id), now=0.4)
+    plane.request(b"c", m.CancelSuspend(6, 0, a.slice_id), now=0.5)
+    assert _replies(plane, b"c") == [m.Answer(5, None), m.Answer(6, None)]
+    plane.request(b"c", m.Suspend(7, 0, b.slice_id), now=0.6)
+    out = plane.take()
+    assert [c.msg.req for c in out if c.ident == b"h"] == [4]  # granted: no victim came back
+
+
+def _preempted(plane):
+    """Client 0's slice of all 4 devices, preempted by a priority-9 client's slice of 2."""
+    plane.request(b"c", m.AllocateMesh(2, 0, (4,), None), now=0.1)
+    low = plane.take()[0].msg.value
+    high = _client(plane, b"h", 9, 0.2)
+    plane.request(b"h", m.AllocateMesh(3, high, (2,), None, True), now=0.3)
+    plane.take()
+    plane.request(b"c", m.Suspend(4, 0, low.slice_id), now=0.4)
+    room = _replies(plane, b"h")[0].value
+    plane.take()
+    return low, high, room
+
+
+def test_a_preempted_slice_does_not_resume_onto_the_devices_its_preemptor_holds(plane):
+    low, high, room = _preempted(plane)
+    plane.request(b"c", m.Resume(5, 0, low.slice_id), now=0.5)  # no wait: refused at once
+    (refused,) = _replies(plane, b"c")
+    assert isinstance(refused, m.Refused) and f"preempted by client {high}" in str(
+        refused.error) and str(sorted(room.devices)) in str(refused.error)
+    plane.request(b"c", m.Resume(6, 0, low.slice_id, 2.0), now=0.6)  # waits up to 2 s
+    assert _replies(plane, b"c") == []
+    plane.tick(1.5, 1.5)
+    assert _replies(plane, b"c") == []
+    plane.tick(2.7, 2.7)
+    (refused,) = _replies(plane, b"c")
+    assert refused.req == 6 and "preempted by client" in str(refused.error)
+    assert "waited 2 s" in str(refused.error)
+    resources = plane.status()["resources"]
+    assert list(resources["slices"]) == [room.slice_id]  # the devices are not shared
+    # ordinary sharing still works: a new slice of the same client, without preempt
+    plane.request(b"c", m.AllocateMesh(7, 0, (4,), None), now=2.8)
+    assert len(_replies(plane, b"c")[0].value.devices) == 4
+
+
+def test_a_waiting_resume_is_answered_once_the_preempting_slice_is_gone(plane):
+    low, high, room = _preempted(plane)
+    plane.request(b"c", m.Resume(5, 0, low.slice_id, 30.0), now=0.5)
+    assert _replies(plane, b"c") == []
+    plane.request(b"h", m.Suspend(6, high, room.slice_id), now=0.6)  # or it leaves
+    assert _replies(plane, b"c")[0] == m.Answer(5, dataclasses.replace(
+        low, version=low.version + 1))
+    plane.request(b"h", m.Resume(7, high, room.slice_id), now=0.7)  # no preemptor: shares
+    assert _replies(plane, b"h")[0].req == 7
+
+
+def test_a_preempted_slice_resumes_at_once_onto_other_free_devices(plane):
+    plane.request(b"c", m.AllocateMesh(2, 0, (2,), None), now=0.1)
+    plane.request(b"c", m.AllocateMesh(3, 0, (2,), None), now=0.1)
+    a, b = (r.msg.value for r in plane.take())
+    high = _client(plane, b"h", 9, 0.2)
+    plane.request(b"h", m.AllocateMesh(4, high, (2,), None, True), now=0.3)
+    (notice,) = _replies(plane, b"c")
+    victim = a if notice.slice_id == a.slice_id else b
+    plane.request(b"c", m.Suspend(5, 0, victim.slice_id), now=0.4)
+    room = _replies(plane, b"h")[0].value
+    assert room.devices == victim.devices
+    plane.request(b"c", m.Resume(6, 0, victim.slice_id), now=0.5)
+    (back,) = _replies(plane, b"c")
+    assert not set(back.value.devices) & set(room.devices)

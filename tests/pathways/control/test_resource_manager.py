@@ -341,3 +341,37 @@ def test_suspend_frees_a_slice_s_devices_and_resume_maps_it_again():
     rm.suspend(s.slice_id)
     rm.release_client("a")
     assert rm.client_of(s.slice_id) is None  # a client that leaves takes its suspended slices
+
+
+def test_restore_undoes_a_suspension_on_the_same_devices_unless_one_was_lost():
+    rm = ResourceManager()
+    rm.add_host(0, island=0, num_devices=2)
+    rm.add_host(1, island=0, num_devices=2)
+    s = rm.allocate("a", (2,))
+    rm.suspend(s.slice_id)
+    rm.allocate("b", (4,))  # others took the devices meanwhile: ordinary sharing
+    assert rm.restore(s.slice_id) == s  # same devices, same version: its buffers are valid
+    assert all(rm.load(d) == 1 + (d in s.devices) for d in range(4))
+    with pytest.raises(ResourceError, match="not suspended"):
+        rm.restore(s.slice_id)
+    rm.suspend(s.slice_id)
+    assert s.devices == (0, 2)
+    rm.remove_host(1)  # device 2 is lost
+    with pytest.raises(ResourceError, match="were lost"):
+        rm.restore(s.slice_id)
+    assert rm.is_suspended(s.slice_id)  # left as it was: resume still possible
+    assert rm.resume(s.slice_id).version == s.version + 1
+
+
+def test_resume_avoids_the_devices_it_is_told_to_or_fails_and_stays_suspended():
+    rm = ResourceManager()
+    rm.add_host(0, island=0, num_devices=2)
+    rm.add_host(1, island=0, num_devices=2)
+    s = rm.allocate("a", (2,))
+    rm.suspend(s.slice_id)
+    back = rm.resume(s.slice_id, avoid=set(s.devices))
+    assert not set(back.devices) & set(s.devices)
+    rm.suspend(s.slice_id)
+    with pytest.raises(ResourceError, match=r"only 1 alive devices besides \[0, 1, 2\]"):
+        rm.resume(s.slice_id, avoid={0, 1, 2})
+    assert rm.is_suspended(s.slice_id) and all(rm.load(d) == 0 for d in range(4))
