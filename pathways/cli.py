@@ -36,11 +36,25 @@ def _coordinator(args) -> int:
     return 0
 
 
+def _same_hash_seed(argv: list[str]) -> None:
+    """Run this ``pathways host`` with the cluster's ``PYTHONHASHSEED`` (the caller's, else the
+    one every Pathways cluster gives its hosts): Python fixes its string hash at start, and a
+    host that hashes text otherwise runs a kernel body using ``hash()`` of a str (or the order
+    of a set of them) differently from its peers. Re-executes this command if unset."""
+    if os.environ.get("PYTHONHASHSEED") is None:
+        from .cluster import HASH_SEED
+
+        os.environ["PYTHONHASHSEED"] = HASH_SEED
+        os.execv(sys.executable, [sys.executable, "-m", "pathways", *argv])
+
+
 def _host(args) -> int:
     from plaque.security import adopt
 
+    from .client.session import refuse_stopped
     from .host.server import serve_host
 
+    refuse_stopped(args.coordinator)
     coordinator = adopt(args.coordinator)
     if os.environ.get("PLAQUE_DIE_WITH_PARENT"):
         from plaque.cli import _die_with_parent
@@ -92,9 +106,12 @@ def _print_keys(cluster) -> None:
 
 
 def _client(address: str):
-    """A client of ``address``; a key directory that is not there is a one-line error."""
+    """A client of ``address``; a key directory that is not there is a one-line error (a
+    stopped cluster's address says the cluster stopped)."""
     from .client.client import Client
+    from .client.session import refuse_stopped
 
+    refuse_stopped(address)
     try:
         return Client(address, connect_timeout=CONNECT_TIMEOUT)
     except FileNotFoundError as exc:
@@ -128,9 +145,9 @@ def _show_status(c, before, clear=False):
                      f" runs running {info['running']}, gangs queued {info['queued']}")
     statuses = c.host_status()
     for (island, host), devs in sorted(by_host.items()):
-        hs = statuses[host]
-        lines.append(f"island {island} host {host}"
-                     f" ({st['hosts'][host].get('hostname', '?')}):")
+        hs, hello = statuses[host], st["hosts"][host]
+        lines.append(f"island {island} host {host} ({hello.get('hostname', '?')}, pid"
+                     f" {hello.get('pid', '?')}):")
         for d in devs:
             info = hs["devices"].get(d["id"], {})
             used, cap = info.get("hbm_used", 0), info.get("hbm_capacity", 1)
@@ -264,7 +281,7 @@ def parser() -> argparse.ArgumentParser:
                     help="a kernel body running longer is stopped and its call fails with"
                          " KernelTimeout (0: no limit; shard_map(limit=) sets one function's)")
     add_worker_options(ho)
-    st = command("status", "show islands, hosts, devices and clients")
+    st = command("status", "show islands, hosts (machine and pid), devices and clients")
     st.add_argument("address", type=address_arg, help="tcp://HOST:PORT[?keys=DIR]")
     st.add_argument("--watch", type=float, nargs="?", const=1.0, default=None,
                     metavar="SECONDS", help="refresh every SECONDS (1 if given alone) until"
@@ -326,6 +343,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
+    if args.command == "host":
+        _same_hash_seed(sys.argv[1:] if argv is None else list(argv))
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     role = f"host island={args.island}" if args.command == "host" else args.command
     logging.basicConfig(level=level, format=f"%(asctime)s pathways-{role}"

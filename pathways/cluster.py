@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -13,6 +14,10 @@ from plaque.cluster import worker_env
 from .client.client import Client
 from .errors import PathwaysError
 from .twin import Twin
+
+# PYTHONHASHSEED of every host, unless the caller set one: a fixed value, so a host started by
+# hand (``pathways host`` re-execs itself with it) hashes text as the cluster's hosts do
+HASH_SEED = "0"
 
 
 class LocalCluster:
@@ -44,7 +49,7 @@ class LocalCluster:
         self._own_keys = None  # the throw-away key directory this cluster made, if any
         if processes and keys is None and not insecure and security.keys_dir() is None:
             keys = self._own_keys = self._new_keys()
-        env = worker_env(keys)
+        env = {**worker_env(keys), "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", HASH_SEED)}
         self.keys = keys
         self._env, self._v, self.hbm_gib = env, ["-v"] * verbose, hbm_gib
         self.kernel_limit, self.bind, self.port = kernel_limit, bind, port

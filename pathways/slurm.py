@@ -1,17 +1,18 @@
 """``pathways slurm``: a Pathways cluster inside a Slurm allocation, torn down with the job.
 
 Run once per job, in its batch script (or under ``salloc``), so on the allocation's first
-node::
+node; name it by its path, as a job's shell has no virtual environment activated::
 
-    sbatch --nodes=2 --wrap "pathways slurm -- python train.py"
+    sbatch --nodes=2 --wrap ".venv/bin/pathways slurm -- python train.py"
 
 It makes a CURVE key pair for the job (in a private directory every node must see, by default
 under ``$HOME``; removed at the end), starts the coordinator on this node and, in one job step
 (``srun``), ``--hosts-per-node`` hosts on every node of the allocation. Host ranks are split
 into ``--islands`` contiguous groups, so islands are groups of nodes. Once every host has joined
 it prints the address and runs the command with ``$PATHWAYS_ADDRESS`` set (``pw.connect()``
-reads it), then stops hosts and coordinator and exits with the command's status; without a
-command it serves until the job ends (Slurm's SIGTERM) or Ctrl-C.
+reads it) and this Python's environment activated (``python`` there is this Python, the one
+with Pathways), then stops hosts and coordinator and exits with the command's status; without
+a command it serves until the job ends (Slurm's SIGTERM) or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,7 +156,7 @@ def run(args, environ=os.environ) -> int:
         if not command:
             signal.pause()  # until Slurm's SIGTERM at the job's end, or Ctrl-C
             return 0
-        return _run_command(command, {**environ, ADDRESS_ENV: cluster.address})
+        return _run_command(command, command_env(environ, cluster.address))
     except KeyboardInterrupt:
         return 130
     except Terminated:
@@ -164,6 +166,19 @@ def run(args, environ=os.environ) -> int:
             cluster.close()
         if address_file is not None:
             address_file.unlink(missing_ok=True)
+
+
+def command_env(environ, address: str) -> dict:
+    """The command's environment: ``$PATHWAYS_ADDRESS`` set, and the directory of the Python
+    running this first on ``PATH``, as activating its virtual environment would put it
+    (``$VIRTUAL_ENV`` too, when it is one): a batch job's shell activated nothing, yet
+    ``python train.py`` must run with the Python that has Pathways."""
+    here = os.path.dirname(sys.executable)
+    rest = [d for d in environ.get("PATH", os.defpath).split(os.pathsep) if d and d != here]
+    env = {**environ, ADDRESS_ENV: address, "PATH": os.pathsep.join([here, *rest])}
+    if sys.prefix != sys.base_prefix:
+        env["VIRTUAL_ENV"] = sys.prefix
+    return env
 
 
 def _run_command(command: list[str], env: dict) -> int:

@@ -209,10 +209,13 @@ class CoordinatorCore:
             self._hash_probe = probe
         elif probe != self._hash_probe and not self._hash_warned:
             self._hash_warned = True
-            log.warning("worker %d hashes strings differently from the first worker (another"
-                        " PYTHONHASHSEED): routing by hash() of text would split keys across"
-                        " shards; route with emit(key=...) (plaque.stable_shard), or start every"
-                        " worker with one PYTHONHASHSEED", wid)
+            log.warning("worker %d hashes strings differently from the first worker (it was"
+                        " started with another PYTHONHASHSEED): hash() of a str, and the order"
+                        " of a set of them, differ there, so an operator routing by hash()"
+                        " would split keys across shards (route with emit(key=...)) and a"
+                        " Pathways kernel body using them would compute otherwise on that host;"
+                        " start every worker or host with one PYTHONHASHSEED (Pathways hosts"
+                        " use 0 unless it is set)", wid)
 
     def _broadcast_peers(self):
         peers = {w: self.workers[w].address for w in self.live_workers()}

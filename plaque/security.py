@@ -137,10 +137,13 @@ def _keys(directory) -> tuple[bytes, bytes]:
     with _lock:
         if directory not in _loaded:
             path = Path(directory) / f"{NAME}.key_secret"
+            if not Path(directory).exists():  # a stopped local cluster's, most likely
+                raise FileNotFoundError(f"no key directory {directory}: a local cluster's"
+                                        " keys go when it stops (is it running?); keys of"
+                                        " your own are made with 'pathways keys DIR'")
             if not path.exists():
                 raise FileNotFoundError(f"no CURVE key pair in {directory} (no {path.name}):"
-                                        " create keys with 'pathways keys DIR'; a local"
-                                        " cluster's keys go when it stops")
+                                        " create keys with 'pathways keys DIR'")
             public, secret = zmq.auth.load_certificate(str(path))
             if secret is None:
                 raise ValueError(f"{path} holds no secret key")

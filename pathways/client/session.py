@@ -6,6 +6,11 @@ returns a future for its reply. The loop reads replies, answers requests, hands 
 ends of runs, failed installs) to the client, and tells the coordinator every second that the
 client lives; a coordinator silent for ``coordinator_timeout`` fails everything in flight.
 What the messages mean is the client's business (``pathways.client.client``).
+
+Until the coordinator first answers, a monitor on its socket says how far the connection got
+(``Contact``): a handshake the coordinator refuses (keys missing, or given to a cluster without
+any) fails the first request at once, and a silence is explained by what the connection saw,
+so the error says whether nothing listens there or the keys are what is missing.
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ import concurrent.futures as cf
 import dataclasses
 import itertools
 import logging
+import os
 import threading
 import time
 from collections import deque
 
 import uvloop
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from plaque import security
 from plaque.zmq_transport import context_for
@@ -31,6 +38,77 @@ from ..errors import ClientClosed, CoordinatorLost, received
 log = logging.getLogger("pathways.client.session")
 
 PING_INTERVAL = 1.0  # seconds between the client's "alive" messages to the coordinator
+
+# what a monitor tells of the way to the coordinator: a refused handshake is final (the two
+# ends do not agree on keys); a dropped one (NO_DETAIL) is what wrong keys look like, or a
+# coordinator going down mid-handshake, so it only explains a silence
+_REFUSED = (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_CONTACT_EVENTS = (zmq.EVENT_CONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                   | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                   | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+class Contact:
+    """How far the connection to the coordinator got before its first answer, from the
+    socket's monitor events; ``no_answer`` says what that means to a user. ``keys``: the key
+    directory this client connects with (None: none); ``monitored``: False where no monitor
+    reports (an in-process address), so nothing is known."""
+
+    def __init__(self, keys: str | None, monitored: bool = True):
+        self.keys, self.monitored = keys, monitored
+        self.connected = False  # a connection was accepted at the address
+        self.handshake: str | None = None  # "succeeded", "dropped" or "refused"
+
+    def on_event(self, event: int) -> bool:
+        """Record a monitor event; True when the handshake was refused (nothing will get
+        through: fail now rather than at the timeout)."""
+        if event == zmq.EVENT_CONNECTED:
+            self.connected = True
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.handshake = "succeeded"
+        elif event in _REFUSED:
+            self.handshake = "refused"
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and self.handshake != "succeeded":
+            self.handshake = "dropped"
+        return self.handshake == "refused"
+
+    def no_answer(self, address: str, wait: float | None = None) -> str:
+        """Why no coordinator answered at ``address`` (within ``wait`` seconds, if given):
+        the cluster gone or unreachable first; keys only when they are what is wrong."""
+        within = "" if wait is None else f" within {wait:g} s"
+        return f"no coordinator answered at {address}{within}: {self._why()}"
+
+    def _why(self) -> str:
+        if not self.monitored:
+            return "is the address right, and is the cluster running?"
+        if self.handshake in ("refused", "dropped"):
+            if self.keys is None:
+                return ("it requires the cluster's CURVE keys and none were given: connect"
+                        " with the address the cluster printed (tcp://HOST:PORT?keys=DIR),"
+                        f" keys=DIR or ${security.ENV}")
+            if self.handshake == "refused":
+                return (f"it refused the keys in {self.keys}: it runs without keys"
+                        " (--insecure), or its keys are not these")
+            return f"it refused the keys in {self.keys}: they are not this cluster's"
+        if not self.connected:
+            return ("nothing accepts connections there: the cluster has stopped, or the"
+                    " address is wrong or unreachable from here")
+        if self.handshake == "succeeded":
+            return ("something accepted the connection but sent nothing back: is this the"
+                    " address the cluster printed (its coordinator's, not a host's)?")
+        return "a connection was made but its handshake never finished"
+
+
+def refuse_stopped(address: str, keys: str | None = None) -> None:
+    """Raise ``CoordinatorLost`` if ``address`` names a key directory (``?keys=DIR``) that is
+    gone and no other ``keys`` are given: the cluster that printed the address has stopped,
+    since a local cluster removes its keys when it stops. That is the news, not missing keys."""
+    endpoint, named = security.split_address(address)
+    if keys is None and named is not None and not os.path.exists(named):
+        raise CoordinatorLost(
+            f"the cluster at {endpoint} has stopped: the key directory its address names"
+            f" ({named}) is gone, as a local cluster's is once it stops (or this machine"
+            " does not see it); start the cluster again and use the address it prints")
 
 
 class Session:
@@ -57,6 +135,8 @@ class Session:
         self.closed = False
         self.lost: CoordinatorLost | None = None  # set when the coordinator went silent
         self._heard = time.monotonic()
+        self.contact = Contact(keys, monitored=not security.in_process(address))
+        self._monitor: zmq.Socket | None = None  # on the coordinator's socket until it answers
         self._client_id = None
         self._thread = threading.Thread(target=self._serve, name="pathways-client",
                                         daemon=True)
@@ -97,6 +177,15 @@ class Session:
         self.send(address, dataclasses.replace(msg, req=req))
         return fut
 
+    def first_answer(self, msg: protocol.Message, wait: float):
+        """Send the coordinator the request ``msg`` and return its answer; ``CoordinatorLost``
+        saying what the connection saw if none comes within ``wait`` seconds, or at once if
+        the coordinator refuses the handshake."""
+        try:
+            return self.request(self.address, msg).result(wait)
+        except cf.TimeoutError:
+            raise CoordinatorLost(self.contact.no_answer(self.address, wait)) from None
+
     def start_pings(self, client_id: int) -> None:
         """Begin telling the coordinator that client ``client_id`` lives."""
         self._client_id = client_id
@@ -119,6 +208,7 @@ class Session:
     def _serve(self):
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
+        self._unmonitor()
         for s in self._socks.values():
             s.close(linger=1000)  # let queued deletes reach the hosts
         self.loop.close()
@@ -128,9 +218,41 @@ class Session:
         if s is None:
             s = self._socks[address] = self.ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.LINGER, 0)
+            if address == self.address and self.contact.monitored:
+                self._monitor = s.get_monitor_socket(_CONTACT_EVENTS)
+                self.loop.add_reader(self._monitor.getsockopt(zmq.FD), self._on_contact)
+                self._on_contact()  # its FD signals only once a read found nothing
             security.connect(s, address, self.keys)
             self.loop.add_reader(s.getsockopt(zmq.FD), self._drain, s)
         return s
+
+    def _on_contact(self):
+        """The coordinator socket's monitor: a refused handshake fails what waits for the
+        coordinator now (it would only time out)."""
+        while self._monitor is not None:
+            try:
+                event = recv_monitor_message(self._monitor, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                return
+            if self.contact.on_event(event):
+                self._fail_coordinator_requests(
+                    CoordinatorLost(self.contact.no_answer(self.address)))
+
+    def _fail_coordinator_requests(self, err: Exception) -> None:
+        for req, (fut, address) in list(self._pending.items()):
+            if address == self.address:
+                del self._pending[req]
+                if not fut.done():
+                    fut.set_exception(err)
+
+    def _unmonitor(self):
+        """The coordinator answered (or the session ends): no more need to watch the way."""
+        if self._monitor is None:
+            return
+        monitor, self._monitor = self._monitor, None
+        self.loop.remove_reader(monitor.getsockopt(zmq.FD))
+        self._socks[self.address].disable_monitor()
+        monitor.close(linger=0)
 
     def _drain(self, s):
         while True:
@@ -140,6 +262,7 @@ class Session:
                 return
             if s is self._socks.get(self.address):
                 self._heard = time.monotonic()
+                self._unmonitor()
             try:
                 for reply in protocol.unbatch(protocol.unpack(frames)):
                     self._on_reply(reply)

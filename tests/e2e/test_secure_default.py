@@ -139,9 +139,44 @@ def test_a_malformed_address_is_a_clear_one_line_error(address):
         "pathways status: error: argument address: malformed address")
 
 
-def test_an_address_naming_missing_keys_fails_at_once(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no CURVE key pair"):
-        pw.connect(f"tcp://127.0.0.1:1?keys={tmp_path / 'gone'}")
+def test_an_address_naming_missing_keys_says_the_cluster_stopped(tmp_path):
+    """A ``?keys=`` address whose directory is gone is a stopped cluster's: that is what
+    connect, ``pathways status`` and ``pathways host`` say, not how to make keys."""
+    address = f"tcp://127.0.0.1:1?keys={tmp_path / 'gone'}"
+    with pytest.raises(pw.CoordinatorLost) as err:
+        pw.connect(address)
+    assert str(err.value).startswith("the cluster at tcp://127.0.0.1:1 has stopped: the key"
+                                     f" directory its address names ({tmp_path / 'gone'})")
+    assert "pathways keys" not in str(err.value)
+    for command in (["status", address], ["host", "--coordinator", address]):
+        out = subprocess.run([sys.executable, "-m", "pathways", *command],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and out.stderr.splitlines() == [f"pathways: {err.value}"]
+
+
+def test_keys_of_ones_own_that_are_missing_say_how_to_make_them(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no CURVE key pair in .*'pathways keys DIR'"):
+        pw.connect("tcp://127.0.0.1:1", keys=tmp_path)  # there, but empty
+    with pytest.raises(FileNotFoundError, match=r"no key directory .*'pathways keys DIR'"):
+        pw.connect(f"tcp://127.0.0.1:1?keys={tmp_path}", keys=tmp_path / "typo")
+
+
+def test_connecting_where_nothing_listens_says_so_without_keys():
+    with pytest.raises(pw.CoordinatorLost) as err:
+        pw.connect("tcp://127.0.0.1:1")
+    assert str(err.value).startswith("no coordinator answered at tcp://127.0.0.1:1 within 5 s:"
+                                     " nothing accepts connections there: the cluster has"
+                                     " stopped, or the address is wrong")
+    assert "keys" not in str(err.value)
+
+
+def test_connecting_to_something_that_never_answers_says_so(ctx):
+    silent = ctx.socket(zmq.ROUTER)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    with pytest.raises(pw.CoordinatorLost, match=f"no coordinator answered at tcp://127.0.0.1:"
+                                                 f"{port} within 1 s: something accepted the"
+                                                 " connection but sent nothing back"):
+        pw.connect(f"tcp://127.0.0.1:{port}", coordinator_timeout=1.0)
 
 
 # ---- pw.local_cluster -----------------------------------------------------------------------
@@ -165,10 +200,36 @@ def test_no_socket_of_the_default_cluster_lets_a_stranger_in(cluster, ctx, tmp_p
                         poisoned(marker, zmq.DEALER), keys=other) == "failed"
     finally:
         security.discard(other)
-    with pytest.raises(pw.PathwaysError, match="no coordinator answered"):
-        pw.connect(cluster.address.split("?")[0], timeout=2.0)  # the plain address
     assert not marker.exists()
     assert all(p.poll() is None for p in cluster.processes)
+
+
+def test_a_keyed_cluster_refuses_a_client_without_its_keys_at_once(cluster):
+    """The plain address of a keyed cluster: the coordinator refuses the handshake, and
+    connect says that its keys are what is missing (without waiting for a timeout)."""
+    endpoint = cluster.address.split("?")[0]
+    with pytest.raises(pw.CoordinatorLost) as err:
+        pw.connect(endpoint, coordinator_timeout=60.0)  # refused: fails long before 60 s
+    assert str(err.value) == (
+        f"no coordinator answered at {endpoint}: it requires the cluster's CURVE keys and none"
+        " were given: connect with the address the cluster printed (tcp://HOST:PORT?keys=DIR),"
+        " keys=DIR or $PLAQUE_KEYS")
+    other = security.ephemeral()
+    try:  # keys, but another cluster's: dropped, said at the timeout
+        with pytest.raises(pw.CoordinatorLost, match=rf"no coordinator answered at {endpoint}"
+                                                     rf" within 1 s: it refused the keys in"
+                                                     rf" {other}: they are not this cluster's"):
+            pw.connect(endpoint, keys=other, coordinator_timeout=1.0)
+    finally:
+        security.discard(other)
+
+
+def test_a_stopped_clusters_address_says_it_stopped():
+    with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=1) as c:
+        address = c.address
+    with pytest.raises(pw.CoordinatorLost, match=r"^the cluster at tcp://127\.0\.0\.1:\d+ has"
+                                                 " stopped"):
+        pw.connect(address)
 
 
 def test_the_keys_go_when_the_cluster_stops_even_on_error():
@@ -191,6 +252,14 @@ def test_insecure_gives_a_plain_cluster_a_stranger_runs_code_in(ctx, tmp_path):
         assert c.keys is None and "?" not in c.address
         assert stranger(ctx, c.address, poisoned(marker, zmq.DEALER)) == "succeeded"
         wait_until(marker.exists, timeout=30, interval=0.05)  # what the default prevents
+        keys = security.ephemeral()
+        try:
+            with pytest.raises(pw.CoordinatorLost, match=f"no coordinator answered at"
+                                                         f" {c.address}: it refused the keys"
+                                                         r" in .*: it runs without keys"):
+                pw.connect(c.address, keys=keys, coordinator_timeout=60.0)
+        finally:
+            security.discard(keys)
 
 
 # ---- pathways up ----------------------------------------------------------------------------
@@ -216,8 +285,8 @@ def test_pathways_up_prints_a_keyed_address_clients_and_hosts_use(procs):
             assert time.monotonic() < deadline, "the host given the keyed address never joined"
             time.sleep(0.1)
         assert psum_everywhere(client) == 5.0
-    with pytest.raises(pw.PathwaysError, match="no coordinator answered"):
-        pw.connect(endpoint, timeout=2.0)
+    with pytest.raises(pw.CoordinatorLost, match="requires the cluster's CURVE keys"):
+        pw.connect(endpoint)
     up.send_signal(signal.SIGINT)
     assert up.wait(30) == 0
     assert not os.path.exists(keys)

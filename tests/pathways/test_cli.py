@@ -1,12 +1,18 @@
 """The command line as a user drives it: pathways up, host, status; plaque worker."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 
+import numpy as np
+import pytest
 from conftest import ROOT, read_until
+
+import pathways as pw
+from pathways import P
 
 
 def start(*args, **kw):
@@ -38,6 +44,71 @@ def test_up_host_status_and_clean_shutdown(procs):
     up.send_signal(signal.SIGINT)
     assert up.wait(30) == 0
     assert extra.wait(30) == 0  # the host notices its coordinator is gone and exits
+
+
+def test_replace_a_host_as_the_readme_says(procs):
+    """The README's recipe: ``pathways status`` names each host's pid; kill one, start
+    ``pathways host`` against the coordinator, ``client.remap(mesh)``: the same step and
+    array run again on the new host's devices."""
+    up = start("pathways", "up", "--hosts-per-island", "2", "--devices-per-host", "2",
+               env=dict(os.environ))
+    procs.append(up)
+    address = read_until(up, "pathways cluster up at")[-1].split()[4]
+    hosts = re.findall(r"island (\d+) host (\d+) \(([^,]+), pid (\d+)\):", status(address))
+    with pw.connect(address) as client:
+        info = client.cluster_status()["hosts"]
+        assert sorted(int(h) for _, h, _, _ in hosts) == sorted(info)
+        for _, host, hostname, pid in hosts:  # the pid status shows is the host's own
+            assert (hostname, int(pid)) == (info[int(host)]["hostname"], info[int(host)]["pid"])
+        mesh = client.mesh((4,), ("d",))
+        step = pw.shard_map(lambda v: pw.psum(v, "d") + 1.0, mesh, P("d"), P("d"))
+        x = client.put(np.arange(4.0), mesh, P("d"))
+        np.testing.assert_allclose(step(x).result(timeout=30), np.full(4, 7.0))
+        island, victim, _, pid = hosts[0]
+        os.kill(int(pid), signal.SIGKILL)  # "kill PID"
+        with pytest.raises(pw.HostLost):
+            for _ in range(200):  # until the coordinator has noticed
+                step(x).result(timeout=30)
+                time.sleep(0.05)
+        procs.append(start("pathways", "host", "--coordinator", address, "--island", island,
+                           "--devices", "2"))
+        deadline = time.monotonic() + 60
+        while len(client.devices()) < 4:
+            assert time.monotonic() < deadline, "the new host never joined"
+            time.sleep(0.1)
+        mesh = client.remap(mesh)
+        assert int(victim) not in {d.host for d in mesh.devices.flat}
+        np.testing.assert_allclose(step(x).result(timeout=30), np.full(4, 7.0))
+    shown = status(address)
+    assert f"pid {pid})" not in shown and shown.count("device ") == 4
+    up.send_signal(signal.SIGINT)
+    assert up.wait(30) == 0
+
+
+def test_a_host_added_by_hand_hashes_text_as_the_clusters_hosts(procs):
+    """A kernel body's ``hash()`` of a str is the same on a host started by hand as on the
+    hosts ``pathways up`` started (none of them given a PYTHONHASHSEED), and the coordinator
+    has nothing to warn about."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    up = start("pathways", "up", "--hosts-per-island", "1", "--devices-per-host", "2", env=env)
+    procs.append(up)
+    address = read_until(up, "pathways cluster up at")[-1].split()[4]
+    procs.append(start("pathways", "host", "--coordinator", address, "--devices", "2",
+                       env=env))
+    with pw.connect(address) as client:
+        deadline = time.monotonic() + 60
+        while len(client.devices()) < 4:
+            assert time.monotonic() < deadline, "the host started by hand never joined"
+            time.sleep(0.1)
+        mesh = client.mesh((4,), ("d",))
+        assert len({d.host for d in mesh.devices.flat}) == 2
+        probe = pw.shard_map(lambda v: v * 0 + hash("pathways") % 10**6, mesh, P("d"), P("d"))
+        hashes = probe(client.put(np.zeros(4), mesh, P("d"))).result(timeout=30)
+    assert len(set(hashes)) == 1, hashes  # one value on every device of both hosts
+    up.send_signal(signal.SIGINT)
+    assert up.wait(30) == 0
+    rest = up.stdout.read()
+    assert "PYTHONHASHSEED" not in rest and "WARNING" not in rest, rest
 
 
 def run_cli(*args, timeout):

@@ -1,5 +1,7 @@
-"""``pathways slurm``: the job layout (ranks, islands, binds) and its errors everywhere; then,
-where a Slurm cluster answers (CI installs one, ``.ci/slurm-up``), real jobs: the README's
+"""``pathways slurm``: the job layout (ranks, islands, binds) and its errors everywhere, and
+that the README's recipe resolves from a shell without the virtual environment on ``PATH``
+(as a batch job's shell is on a real cluster); then, where a Slurm cluster answers (CI
+installs one, ``.ci/slurm-up``), real jobs, submitted from such a shell: the README's
 ``sbatch`` recipe runs the quickstart against a 2-host cluster and exits cleanly, and a
 serving job is reached from outside through its address file and torn down by ``scancel``.
 Every job is cancelled if the test fails or times out, and no process of it may remain."""
@@ -21,7 +23,7 @@ from conftest import ROOT
 
 import pathways as pw
 from pathways.errors import PathwaysError
-from pathways.slurm import Allocation, Layout
+from pathways.slurm import ADDRESS_ENV, Allocation, Layout, command_env
 
 
 def test_allocation_needs_a_slurm_job():
@@ -89,6 +91,49 @@ def test_connect_without_an_address_reads_the_environment(monkeypatch):
         pw.connect()
 
 
+def _without_venv(environ) -> dict:
+    """``environ`` as a batch job's shell has it: no virtual environment activated (neither
+    this Python's directory nor ``$VIRTUAL_ENV`` on ``PATH``), no Slurm job."""
+    venv = {str(Path(sys.executable).parent), str(Path(sys.prefix) / "bin")}
+    path = [d for d in environ.get("PATH", os.defpath).split(os.pathsep) if d not in venv]
+    env = {k: v for k, v in environ.items()
+           if k != "VIRTUAL_ENV" and not k.startswith("SLURM_")}
+    return {**env, "PATH": os.pathsep.join(path)}
+
+
+def _readme_recipe() -> str:
+    text = (ROOT / "README.md").read_text()
+    block = text.split("<!-- slurm -->", 1)[1]
+    return next(line for line in block.splitlines() if line.startswith("sbatch "))
+
+
+def _readme_job_script() -> str:
+    """What the README's recipe has the job's shell run: its ``--wrap`` line."""
+    words = shlex.split(_readme_recipe())
+    return words[words.index("--wrap") + 1]
+
+
+def test_the_readme_recipe_resolves_without_the_venv_on_path():
+    """The job's line, run by a shell whose PATH lacks the venv (a real cluster's batch
+    shell), reaches ``pathways slurm`` (which, outside a job, says so) instead of ``pathways:
+    not found``; and the command it runs finds a ``python`` that has Pathways."""
+    env = _without_venv(os.environ)
+    out = subprocess.run(["sh", "-c", _readme_job_script()], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stderr.strip()) == (1, "pathways: pathways slurm runs inside a"
+                                                      " Slurm job (sbatch or salloc):"
+                                                      " SLURM_JOB_ID is not set"), out.stderr
+    command = shlex.split(_readme_job_script().split(" -- ", 1)[1])
+    job = command_env(env, "tcp://127.0.0.1:1")
+    assert job[ADDRESS_ENV] == "tcp://127.0.0.1:1"
+    python = shutil.which(command[0], path=job["PATH"])
+    assert python is not None, job["PATH"]
+    found = subprocess.run([python, "-c", "import pathways; print(pathways.__file__)"],
+                           env=job, capture_output=True, text=True, timeout=60)
+    assert found.returncode == 0 and found.stdout.startswith(str(ROOT)), found.stderr
+    assert (ROOT / command[1]).exists()
+
+
 # ---- real jobs --------------------------------------------------------------------------------
 
 def _slurm_missing() -> str | None:
@@ -117,18 +162,12 @@ def slurm():
 
 @pytest.fixture
 def job_env(slurm):
-    """The job's environment (sbatch exports it): this venv first on PATH, and a job name
-    to cancel by whatever happens."""
+    """The environment sbatch exports to the job: a shell's without the venv activated, as a
+    user who followed the README has it (and a real cluster's batch shell); and a job name to
+    cancel by whatever happens."""
     name = f"pathways-test-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    yield name, env
+    yield name, _without_venv(os.environ)
     subprocess.run(["scancel", "--name", name], timeout=30)
-
-
-def _readme_recipe() -> str:
-    text = (ROOT / "README.md").read_text()
-    block = text.split("<!-- slurm -->", 1)[1]
-    return next(line for line in block.splitlines() if line.startswith("sbatch "))
 
 
 def _no_process_of(job_id: str) -> None:
@@ -168,8 +207,8 @@ def test_a_serving_job_is_reached_from_outside_and_cancelled(job_env, tmp_path):
     job_id = subprocess.run(
         ["sbatch", "--parsable", f"--job-name={name}", "--time=5", "--ntasks=2",
          f"--output={output}", "--wrap",
-         f"pathways slurm --hosts-per-node 2 --devices-per-host 2 --islands 2"
-         f" --address-file {address_file}"],
+         f"{shlex.quote(sys.executable)} -m pathways slurm --hosts-per-node 2"
+         f" --devices-per-host 2 --islands 2 --address-file {address_file}"],
         cwd=ROOT, env=env, capture_output=True, text=True, check=True, timeout=30,
     ).stdout.strip().split(";")[0]
     deadline = time.monotonic() + 120
