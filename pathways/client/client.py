@@ -41,7 +41,7 @@ from ..program.tracer import single_call_program
 from ..protocol import RunArg
 from . import checkpoint, fanout, suspension
 from .array import Array
-from .session import Session
+from .session import Session, refuse_stopped
 from .trace import Tracing, collect
 
 log = logging.getLogger("pathways.client.client")
@@ -91,15 +91,12 @@ class Client:
                                 set(self._MESSAGES), self._on_message, self._fail_runs)
         self.weight, self.priority = float(weight), int(priority)
         wait = timeout if connect_timeout is None else connect_timeout
-        try:
-            self.id = self._request(self.address, protocol.Hello(None, {
-                "weight": self.weight, "priority": self.priority})).result(wait)
-        except cf.TimeoutError:
+        try:  # CoordinatorLost saying what the connection saw, if no answer
+            self.id = self._session.first_answer(protocol.Hello(None, {
+                "weight": self.weight, "priority": self.priority}), wait)
+        except BaseException:
             self.close()
-            raise PathwaysError(
-                f"no coordinator answered at {address} within {wait:g} s: is the address"
-                " right, and if the cluster uses keys, were they given (ADDRESS?keys=DIR,"
-                f" keys=DIR or ${security.ENV})?") from None
+            raise
         self._session.start_pings(self.id)
         self._refresh_devices()
 
@@ -218,7 +215,13 @@ class Client:
         ``island`` asks for devices of that island; by default the resource manager chooses.
         ``preempt=True`` makes room: clients of lower priority (``pw.connect(priority=...)``)
         with slices on the devices this one gets are suspended first (their runtime moves
-        their arrays to disk once their running gangs finish; see ``suspend``).
+        their arrays to disk once their running gangs finish; see ``suspend``), and the call
+        returns once they all have (``ResourceError`` if they have not within the
+        coordinator's preemption timeout). What preemption promises: while this slice holds
+        those devices, the slices it suspended do not come back onto them (their ``resume``
+        takes other devices of the island, or waits, or fails naming this client). It does
+        not reserve the devices against anyone else: other slices, old or new, share them
+        as usual, and the island's scheduling policy orders everyone's gangs.
 
         >>> mesh = client.mesh((2, 4), ("data", "model"))     # 8 devices
         >>> other = client.mesh((4,), ("data",), island=1)    # 4 devices of island 1
@@ -255,12 +258,21 @@ class Client:
         done.set_result(None)
         return Array(self, array_id, Aval.of(value), mesh, spec, done, value=value)
 
-    def generate(self, fn, shape, dtype, mesh: Mesh, spec=None) -> Array:
+    def generate(self, fn, shape, dtype, mesh: Mesh, spec=None,
+                 timeout: float | None = None) -> Array:
         """An array whose shards the hosts compute themselves with ``fn`` (input processing on
         the hosts: the data never passes through the client).
 
         ``fn(index)`` gets the tuple of slices of the global array a device holds and returns
-        that part, of ``dtype``; it runs on each device's host, on a CPU thread.
+        that part, of ``dtype``; it runs on each device's host, on a CPU thread. Whatever it
+        raises fails the array (``RemoteError``), not the host.
+
+        A shard larger than a device's whole HBM raises ``DeviceOutOfMemory`` at once. One
+        that does not fit beside the arrays living there now waits for them to be deleted,
+        at most ``timeout`` seconds (default: the client's ``timeout``, 30 s unless
+        ``pw.connect(timeout=...)`` says otherwise; ``math.inf``: without bound); then the
+        array fails with ``DeviceOutOfMemory`` saying how many bytes it needs and how many
+        are free. So delete what is no longer needed before, not after, waiting for it.
 
         >>> x = client.generate(lambda idx: np.random.default_rng(idx[0].start)
         ...                     .normal(size=(idx[0].stop - idx[0].start, 8)),
@@ -268,18 +280,30 @@ class Client:
         """
         if not callable(fn):
             raise ProgramError(f"generate needs a function of the slices, got {fn!r}")
+        timeout = self._hbm_wait(timeout)
         suspension.check(self, [mesh])
         shape, dtype = tuple(int(n) for n in shape), np.dtype(dtype)
         spec = sharding.normalize_spec(spec, len(shape), mesh.axis_names)
         array_id = self._new_array_id()
-        status = self._generate_into(array_id, fn, shape, dtype, mesh, spec)
+        status = self._generate_into(array_id, fn, shape, dtype, mesh, spec, timeout)
         return Array(self, array_id, Aval(shape, dtype), mesh, spec, status)
+
+    def _hbm_wait(self, timeout) -> float | None:
+        """Seconds a generated shard may wait for HBM room (None: without bound)."""
+        if timeout is None:
+            return self.timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+                not timeout > 0:
+            raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        return None if math.isinf(timeout) else float(timeout)
 
     def _new_array_id(self):
         return (self.id, next(self._array_ids))
 
-    def _generate_into(self, array_id, fn, shape, dtype, mesh, spec) -> cf.Future:
-        """Have the hosts of ``mesh`` make the shards of ``array_id`` with ``fn``; the future
+    def _generate_into(self, array_id, fn, shape, dtype, mesh, spec,
+                       timeout: float | None = None) -> cf.Future:
+        """Have the hosts of ``mesh`` make the shards of ``array_id`` with ``fn``, each
+        waiting at most ``timeout`` seconds for HBM room (None: without bound); the future
         resolves when all have, or fails with the first error."""
         block = sharding.shard_shape(shape, mesh.axis_sizes, mesh.axis_names, spec)
         self._check_fits(int(np.prod(block)) * dtype.itemsize, mesh, "generate")
@@ -288,7 +312,7 @@ class Client:
         for i, d in enumerate(mesh.ids):
             slices = sharding.device_slices(shape, mesh.axis_sizes, mesh.axis_names, spec, i)
             futures.append(self._request(self._data_address(d), protocol.Generate(
-                None, array_id, d, blob, slices, block, dtype.str, (self.id, None))))
+                None, array_id, d, blob, slices, block, dtype.str, (self.id, None), timeout)))
         return fanout.all_done(futures)
 
     def _check_fits(self, nbytes, mesh, what):
@@ -319,7 +343,13 @@ class Client:
                                                 protocol.GetShard(None, array.id, d))
         shards = [None] * m.size
         for members in by_slice.values():
-            value = futures[members[0]].result(timeout)
+            try:
+                value = futures[members[0]].result(timeout)
+            except PathwaysError:  # freed meanwhile: say by what, if the user did it
+                suspension.check(self, [array.mesh])
+                if array._deleted:
+                    raise PathwaysError("this array was deleted while it was fetched") from None
+                raise
             for i in members:
                 shards[i] = value
         return sharding.assemble(shards, m.axis_sizes, m.axis_names, array.spec)
@@ -383,11 +413,14 @@ class Client:
                                 if isinstance(a, Array)])
         return checkpoint.save(self, path, values, overwrite)
 
-    def load(self, path, mesh: Mesh, specs=None):
+    def load(self, path, mesh: Mesh, specs=None, timeout: float | None = None):
         """The checkpoint at ``path`` as arrays on ``mesh``, in the tree it was saved with,
         split by ``specs`` (one spec, or a tree prefix of them; default: the spec each array
         was saved with). Each host reads the chunks its devices need, so the mesh and specs
-        may differ from the saved ones. Returns at once; the arrays are futures.
+        may differ from the saved ones. Returns at once; the arrays are futures. Device
+        memory is as for ``generate``: an array larger than a device's HBM raises
+        ``DeviceOutOfMemory`` at once, and one that does not fit beside live arrays waits at
+        most ``timeout`` seconds (default: the client's ``timeout``) for them to be deleted.
 
         >>> path = client.save("ckpt/step_2", {"x": x}).result(timeout=60)
         >>> state = client.load("ckpt/step_2", mesh)                  # as saved
@@ -398,7 +431,8 @@ class Client:
         >>> state["x"].sharding.spec
         P(None, 'data')
         """
-        return checkpoint.load(self, path, mesh, specs)
+        self._hbm_wait(timeout)  # a bad timeout fails here, whatever the checkpoint holds
+        return checkpoint.load(self, path, mesh, specs, timeout)
 
     # ---- programs -------------------------------------------------------------------------
     def op_program(self, fn: CompiledFunction, avals):
@@ -479,7 +513,12 @@ class Client:
         slice's devices for others. Runs already given to the devices finish first; calls on
         the slice meanwhile and after raise ``SliceSuspended``. The hosts write the arrays
         (a checkpoint under ``suspend_dir``, default the system's temporary directory: give a
-        shared one when hosts are on several machines).
+        shared one when hosts are on several machines); their device memory is freed only
+        once the coordinator has confirmed the suspension. If anything fails first, or the
+        coordinator does not confirm within ``timeout`` (the suspension is then undone, which
+        may take ``timeout`` more), a ``PathwaysError`` says so and in what state it left
+        the slice: live with its arrays as before, or (rarely) in doubt until the
+        coordinator answers, which ``resume`` waits for.
 
         >>> client.suspend(mesh)           # x, y: on disk; the devices: free
         >>> mesh = client.resume(mesh)     # back, possibly on other devices
@@ -494,7 +533,14 @@ class Client:
         """Map a suspended slice onto devices again (by the allocation rule: possibly other
         devices) and bring its arrays back from disk, under the same ``Array`` objects.
         Programs and arrays built on the old mesh keep working, as after a remap. Returns
-        the new mesh; the arrays are futures again until they are read back."""
+        the new mesh; the arrays are futures again until they are read back.
+
+        A slice suspended to make room for a preempting client (``mesh(..., preempt=True)``)
+        does not come back onto the devices that client's slice holds: it takes other
+        devices of its island if there are enough, else waits up to ``timeout`` for them,
+        then raises ``ResourceError`` naming the preempting client. A slice whose suspension
+        is in doubt (see ``suspend``) is waited for: if it was undone, the live mesh is
+        returned as it is."""
         return suspension.resume(self, mesh, timeout)
 
     def _remapped(self, mesh: Mesh) -> Mesh:
@@ -600,10 +646,14 @@ def connect(address: str | None = None, dispatch: str = "parallel", timeout: flo
     ``weight`` is this client's share of device time when the coordinator runs the "share"
     policy; ``priority`` its rank under the "priority" policy (higher goes first). If the
     coordinator is silent for ``coordinator_timeout`` seconds, every pending future fails with
-    ``CoordinatorLost`` and so do later calls. ``keys`` is the directory of the cluster's
-    CURVE keys (``pathways keys DIR``) when the cluster requires them; default: the directory
-    the address names (``tcp://HOST:PORT?keys=DIR``, what local clusters report), else
-    ``$PLAQUE_KEYS``. ``suspend_dir``: where the hosts write a suspended slice's arrays
+    ``CoordinatorLost`` and so do later calls; so does connecting: no answer within it (or a
+    handshake the coordinator refuses, at once) raises ``CoordinatorLost`` saying "no
+    coordinator answered at ADDRESS" and why (nothing listens there; keys missing or not the
+    cluster's), and an address naming a key directory that is gone, that the cluster has
+    stopped. ``timeout`` bounds every later request. ``keys`` is the directory of the
+    cluster's CURVE keys (``pathways keys DIR``) when the cluster requires them; default: the
+    directory the address names (``tcp://HOST:PORT?keys=DIR``, what local clusters report),
+    else ``$PLAQUE_KEYS``. ``suspend_dir``: where the hosts write a suspended slice's arrays
     (default: the system's temporary directory). A malformed address raises ``ValueError``;
     a directory without a key pair, ``FileNotFoundError``.
 
@@ -615,6 +665,7 @@ def connect(address: str | None = None, dispatch: str = "parallel", timeout: flo
         if not address:
             raise ValueError("pw.connect() needs an address: give one, or set"
                              " $PATHWAYS_ADDRESS (pathways slurm does)")
+    refuse_stopped(address, keys)
     return Client(address, dispatch=dispatch, timeout=timeout, weight=weight,
                   priority=priority, coordinator_timeout=coordinator_timeout, keys=keys,
-                  suspend_dir=suspend_dir)
+                  suspend_dir=suspend_dir, connect_timeout=coordinator_timeout)

@@ -15,11 +15,14 @@ heap and one precise wait for the whole host, never a sleep per kernel. A late w
 executor delays publication but is not booked as device time, so utilization means what the
 paper means: the dispatch arrived before the device was free.
 
-Bodies run in greenlets. A collective parks the shard -- not a thread -- until its peers have
-delivered (``pathways.host.exchange``); the device stays occupied meanwhile, so an inconsistent
-gang order deadlocks as on TPUs and ends in ``CollectiveTimeout`` (a timer). HBM
-back-pressure is "not finished yet": a kernel whose outputs do not fit keeps its device until
-frees make room.
+Bodies run in greenlets. Whatever a body raises -- any ``BaseException``: ``SystemExit``,
+``KeyboardInterrupt``, ``GeneratorExit``, even ``GreenletExit`` -- fails its kernel (and so
+its gang) and nothing else: the device goes on with its next kernel. A collective parks the
+shard -- not a thread -- until its peers have delivered (``pathways.host.exchange``); the
+device stays occupied meanwhile, so an inconsistent gang order deadlocks as on TPUs and ends
+in ``CollectiveTimeout`` (a timer). HBM back-pressure is "not finished yet": a kernel whose
+outputs do not fit keeps its device until frees make room (without a bound: a client that
+waits for such a kernel before deleting what holds the room waits for ever).
 
 Kernels are objects with ``execute(device) -> modelled seconds`` and ``name``/``labels``;
 optional: ``input_keys()`` (object-store keys to wait for), ``not_before`` (a modelled arrival
@@ -447,12 +450,14 @@ class Executor:
             modelled = check_seconds(shard.kernel.execute(device),
                                      f"duration returned by {shard.kernel!r}")
             shard.nbytes = int(getattr(shard.kernel, "output_bytes", _zero)())
-        except greenlet.GreenletExit:
-            raise
+        except greenlet.GreenletExit as exc:
+            if self._closing:  # the executor stops the greenlet (_stop_running)
+                raise
+            shard.error, modelled = exc, 0.0  # raised by the body itself
         except KernelTimeout:
             shard.error, modelled = self._timed_out(shard), 0.0
-        except Exception as exc:
-            shard.error, modelled = exc, 0.0
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt...: the body's failure,
+            shard.error, modelled = exc, 0.0  # never the host's (it would hold the device)
         self._ended(shard, modelled)
 
     def _ended(self, shard: _Shard, modelled: float) -> None:

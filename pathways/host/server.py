@@ -31,7 +31,7 @@ from plaque.worker import WorkerCore
 from plaque.zmq_transport import ZmqTransport, context_for
 
 from .. import checkpoint_format, protocol
-from ..errors import ClientGone, DeviceOutOfMemory, ProgramError, RemoteError
+from ..errors import ClientGone, DeviceOutOfMemory, PathwaysError, ProgramError, RemoteError
 from ..program import jax_body
 from ..program.cost import DeviceSpec
 from ..service import RouterService
@@ -186,6 +186,52 @@ class Host:
             device.hbm.free(value.nbytes)  # not stored: give the memory back
             raise
 
+    def put_when_room(self, key, value, owner, timeout: float | None, done) -> None:
+        """Loop thread: store a buffer made on this host (a generated shard) as soon as its
+        device's HBM has room, without blocking the thread, waiting at most ``timeout``
+        seconds for frees (None: without bound); then ``done(None)``, or ``done(error)``
+        with nothing stored: ``DeviceOutOfMemory`` at once if it is larger than the whole
+        HBM, or when the wait times out (saying what it needs, what is free and held, and
+        that deleting arrays makes room)."""
+        device = self.devices.get(key[1])
+        if device is None:
+            done(KeyError(f"no device {key[1]} on this host (devices: {sorted(self.devices)})"))
+            return
+        hbm, nbytes = device.hbm, value.nbytes
+        pending = [value]  # emptied when over: a retry left queued must not keep the value
+        timer = None
+
+        def finish(error) -> None:
+            if pending:
+                pending.clear()
+                if timer is not None:
+                    timer.cancel()
+                done(error)
+
+        def attempt() -> None:
+            if not pending:
+                return
+            frees = hbm.frees
+            try:
+                if not hbm.try_allocate(nbytes):
+                    self.executor.wait_for_hbm(hbm, frees, attempt)
+                    return
+            except DeviceOutOfMemory as exc:  # larger than the whole HBM
+                finish(exc)
+                return
+            try:
+                self.store.put(key, pending[0], owner, allocated=True)
+            except BaseException as exc:
+                hbm.free(nbytes)  # not stored: give the memory back
+                finish(exc)
+                return
+            finish(None)
+
+        if timeout is not None and timeout != float("inf"):
+            timer = self.loop.call_later(timeout, lambda: finish(_no_room(
+                device, nbytes, timeout)))
+        attempt()
+
     def status(self) -> dict:
         return {
             "island": self.island,
@@ -234,6 +280,24 @@ class Host:
             self.ici.close()
 
 
+def _no_room(device, nbytes: int, timeout: float) -> DeviceOutOfMemory:
+    hbm = device.hbm
+    return DeviceOutOfMemory(
+        f"{device.name}: waited {timeout:g} s for {nbytes} bytes of HBM, but only"
+        f" {max(hbm.capacity - hbm.used, 0)} of its {hbm.capacity} bytes are free"
+        f" ({hbm.used} held by live arrays and running kernels); deleting arrays that are"
+        " no longer needed (array.delete()) frees room, or pass a longer timeout")
+
+
+def _refusal(exc: Exception) -> PathwaysError:
+    """What a refused data-service request says: a missing or deleted array by name."""
+    if isinstance(exc, PathwaysError):
+        return exc
+    if isinstance(exc, KeyError):
+        return PathwaysError(f"no such array on this host: {exc.args[0] if exc.args else exc}")
+    return PathwaysError(f"the host could not serve the request: {exc!r}")
+
+
 class DataService:
     """The host's client-facing socket: put, get (answered when ready), delete."""
 
@@ -253,7 +317,12 @@ class DataService:
         try:
             self._serve(ident, req)
         except Exception as exc:
-            dropped(log, "a data-service request", repr(exc))
+            # a request someone waits for is answered, whatever went wrong: a reader of an
+            # array deleted meanwhile gets that error, not a wait without end
+            if getattr(req, "req", None) is None:
+                dropped(log, "a data-service request", repr(exc))
+            else:
+                self._reply(ident, protocol.Refused(req.req, _refusal(exc)))
 
     def _serve(self, ident, msg) -> None:
         handler = self._REQUESTS.get(type(msg))
@@ -279,36 +348,37 @@ class DataService:
 
     def _generate(self, ident, msg) -> None:
         """Input processing on the host (the paper's Appendix C): run the client's function
-        for this device's part of the array on a worker thread and store the result."""
-        import cloudpickle
+        for this device's part of the array on a worker thread, then store the result once
+        the device's HBM has room (``Host.put_when_room``: at most ``msg.timeout`` seconds).
+        Whatever the function raises -- any ``BaseException``, ``SystemExit`` too -- fails
+        this array only."""
+        key = (msg.array_id, msg.device)
 
-        key, store = (msg.array_id, msg.device), self.host.store
-        shape, dtype = tuple(msg.shape), np.dtype(msg.dtype)
-
-        def make():
-            value = np.asarray(cloudpickle.loads(msg.blob)(msg.slices))
-            if value.shape != shape or value.dtype != dtype:
-                raise ProgramError(f"the input function returned {value.dtype}{list(value.shape)}"
-                                   f" for the part {msg.slices} of device {msg.device}; expected"
-                                   f" {dtype}{list(shape)}")
-            store.put(key, value, msg.owner)
-
-        def finish(fut):
-            exc = fut.exception()
-            if exc is None:
-                self._reply(ident, protocol.Answer(msg.req, None))
-                return
-            err = exc if isinstance(exc, ProgramError) else RemoteError(
+        def failed(exc: BaseException) -> None:
+            err = exc if isinstance(exc, (ProgramError, DeviceOutOfMemory)) else RemoteError(
                 f"the input function failed on host {self.host.core.id} for device"
-                f" {msg.device}: {exc!r}")
+                f" {msg.device}: {type(exc).__name__}: {exc}")
             try:
-                store.fail(key, err, msg.owner)
+                self.host.store.fail(key, err, msg.owner)
             except Exception:
-                pass
+                pass  # resolved already (e.g. failed for its waiting readers)
             self._reply(ident, protocol.Refused(msg.req, err))
 
-        fut = self.loop.run_in_executor(None, make)
-        fut.add_done_callback(finish)
+        def stored(error: BaseException | None) -> None:
+            if error is None:
+                self._reply(ident, protocol.Answer(msg.req, None))
+            else:
+                failed(error)
+
+        def made(fut) -> None:
+            error = fut.exception()  # any BaseException the function raised
+            if error is not None:
+                failed(error)
+                return
+            self.host.put_when_room(key, fut.result(), msg.owner, msg.timeout, stored)
+
+        fut = self.loop.run_in_executor(None, _make_shard, msg)
+        fut.add_done_callback(made)
 
     def _when_ready(self, ident, msg, use) -> None:
         """Once the buffer ``msg`` names is resolved, on the loop: ``use(value)``; a failed
@@ -351,6 +421,19 @@ class DataService:
                  protocol.DeleteShards: _delete, protocol.DeleteOwner: _delete_owner,
                  protocol.Status: _status, protocol.Generate: _generate,
                  protocol.Timeline: _timeline}
+
+
+def _make_shard(msg: protocol.Generate) -> np.ndarray:
+    """A worker thread: the part of a generated array ``msg`` asks for, checked."""
+    import cloudpickle
+
+    shape, dtype = tuple(msg.shape), np.dtype(msg.dtype)
+    value = np.asarray(cloudpickle.loads(msg.blob)(msg.slices))
+    if value.shape != shape or value.dtype != dtype:
+        raise ProgramError(f"the input function returned {value.dtype}{list(value.shape)}"
+                           f" for the part {msg.slices} of device {msg.device}; expected"
+                           f" {dtype}{list(shape)}")
+    return value
 
 
 def _coordinator_info(address: str, ctx: zmq.Context, timeout: float = 30.0) -> dict:

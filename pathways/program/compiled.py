@@ -13,6 +13,7 @@ returns futures; inside a program it records one equation.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -170,6 +171,12 @@ class CompiledFunction:
                 raise ProgramError(f"{self.name} fails on shards of shapes "
                                    f"{[str(Aval.of(z)) for z in zeros]} {ABSTRACT_PASS}: "
                                    f"{exc!r}") from exc
+            except KeyboardInterrupt:  # the user's Ctrl-C, as likely as the body's own
+                raise
+            except BaseException as exc:  # SystemExit...: the body's failure, not the caller's
+                raise ProgramError(f"{self.name} raised {type(exc).__name__}({exc}) on shards"
+                                   f" of shapes {[str(Aval.of(z)) for z in zeros]}"
+                                   f" {ABSTRACT_PASS}") from exc
         if jax_body.returns_jax(out):
             raise jax_body.NotNumpy
         return out
@@ -279,9 +286,13 @@ class CompiledFunction:
         return seconds
 
     def __call__(self, *args):
+        trace = current_trace()
+        if trace is not None:
+            trace.check_arguments(self.name, args)
+        else:
+            check_arguments(self.name, args, self.mesh.client)
         if self._nested or any(tree.is_node(a) for a in args):
             return self._call_tree(args)
-        trace = current_trace()
         if trace is not None:
             return trace.record(self, args)
         return run_op_by_op(self, args)
@@ -363,10 +374,68 @@ def shard_map(body, mesh: Mesh, in_specs, out_specs, cost=None, name=None,
 
 
 def run_op_by_op(fn: CompiledFunction, args):
-    """A compiled-function call outside a program: a one-equation program, run at once."""
-    if not args or not all(isinstance(a, RemoteValue) for a in args):
-        raise ProgramError(f"{fn.name}: call with pw.Array arguments (client.put(...));"
-                           " for numpy use pw.reference(f)")
+    """A compiled-function call outside a program: a one-equation program, run at once
+    (``args`` as ``check_arguments`` passed them)."""
     client = args[0].client
     program = client.op_program(fn, [Aval(a.shape, a.dtype) for a in args])
     return client.run_program(program, args)
+
+
+def check_arguments(name: str, args, client=None) -> None:
+    """A call's arguments outside a program, checked before anything is traced or sent:
+    every leaf (of tuples, lists, dicts and dataclasses too) a live ``pw.Array`` of one
+    client (``client``, the function's, when known). Else ``ProgramError`` naming the
+    argument and the leaf ("argument 0[3]"), and what to do instead."""
+    if not args:
+        raise ProgramError(f"{name}: call with pw.Array arguments (client.put(...)); for"
+                           " numpy use pw.reference(f)")
+    first = None
+    for i, arg in enumerate(args):
+        for path, leaf in leaf_paths(arg, f"argument {i}"):
+            if not isinstance(leaf, RemoteValue):
+                raise ProgramError(
+                    f"{name}: {path} is {describe(leaf)}, not a pw.Array. Put the value on"
+                    " the cluster first (x = client.put(value, mesh, spec)) and pass the"
+                    " array; a constant the body needs can be closed over by the body;"
+                    " for numpy in, numpy out use pw.reference(f)")
+            if getattr(leaf, "_deleted", False):  # pw.Array's flag
+                raise ProgramError(f"{name}: {path} was deleted (array.delete()); pass an"
+                                   " array that is still alive")
+            if first is None:
+                first = path
+                if client is None:
+                    client = leaf.client
+                elif leaf.client is not client:
+                    raise ProgramError(f"{name}: {path} belongs to another client than the"
+                                       " mesh of the function; put it with that client")
+            elif leaf.client is not client:
+                raise ProgramError(f"{name}: {path} belongs to another client than {first};"
+                                   " the arrays of one call must all belong to one client")
+    if first is None:
+        raise ProgramError(f"{name}: the arguments hold no pw.Array; call with arrays put on"
+                           " the cluster (client.put(...))")
+
+
+def leaf_paths(arg, path: str):
+    """``(path, leaf)`` for every leaf of ``arg`` (a pytree as ``tree`` reads it), the path
+    written as Python would reach it from ``path``: ``argument 0[3]``, ``argument 1['w'].b``."""
+    if not tree.is_node(arg):
+        yield path, arg
+    elif isinstance(arg, dict):
+        for key in sorted(arg):
+            yield from leaf_paths(arg[key], f"{path}[{key!r}]")
+    elif isinstance(arg, (tuple, list)):
+        for i, child in enumerate(arg):
+            yield from leaf_paths(child, f"{path}[{i}]")
+    else:  # a dataclass
+        for f in dataclasses.fields(arg):
+            yield from leaf_paths(getattr(arg, f.name), f"{path}.{f.name}")
+
+
+def describe(value) -> str:
+    """What a wrong argument is, briefly: ``a float (0.0)``, ``a numpy.ndarray float64[8]``."""
+    if isinstance(value, np.ndarray):
+        return f"a numpy.ndarray {Aval.of(value)}"
+    text, kind = repr(value), type(value).__name__
+    kind = f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}"
+    return f"{kind} ({text})" if len(text) <= 40 else kind

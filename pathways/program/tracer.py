@@ -14,8 +14,8 @@ import numpy as np
 
 from ..errors import ProgramError
 from . import tree
-from .compiled import CompiledFunction
-from .ir import Aval, Eqn, Program, RemoteValue, Var, current_trace, evaluate, tracing
+from .compiled import CompiledFunction, check_arguments, describe, leaf_paths
+from .ir import Aval, Eqn, Program, Var, current_trace, evaluate, tracing
 
 
 class Tracer:
@@ -52,14 +52,20 @@ class Trace:
     def new_var(self, aval: Aval) -> Var:
         return Var(next(self.ids), aval)
 
+    def check_arguments(self, name: str, args) -> None:
+        """Every leaf of a call's ``args`` is a value of this program; else ProgramError
+        naming the argument and the leaf."""
+        for i, arg in enumerate(args):
+            for path, leaf in leaf_paths(arg, f"argument {i}"):
+                if not isinstance(leaf, Tracer) or leaf._trace is not self:
+                    raise ProgramError(
+                        f"{name}: {path} is {describe(leaf)}, not a value of this"
+                        " program; pass arrays in as program arguments (a constant the body"
+                        " needs can be closed over by the body)")
+
     def record(self, fn: CompiledFunction, args):
-        vars_ = []
-        for i, a in enumerate(args):
-            if not isinstance(a, Tracer) or a._trace is not self:
-                raise ProgramError(
-                    f"{fn.name}: argument {i} is a {type(a).__name__}, not a value of this"
-                    " program; pass arrays in as program arguments")
-            vars_.append(a.var)
+        """One equation calling ``fn`` on ``args`` (which ``check_arguments`` passed)."""
+        vars_ = [a.var for a in args]
         out_avals = fn.abstract_eval([v.aval for v in vars_])
         outs = tuple(self.new_var(a) for a in out_avals)
         self.eqns.append(Eqn(fn, tuple(vars_), outs))
@@ -117,9 +123,6 @@ class ProgramFunction:
 
     def _call_tree(self, args):
         leaves, in_def = tree.flatten(args)
-        if not leaves or not all(isinstance(a, RemoteValue) for a in leaves):
-            raise ProgramError(f"{self.__name__}: call a program with pw.Array arguments, or"
-                               " tuples, lists, dicts and dataclasses of them")
         program, out_def = self.trace_tree(in_def, [Aval(a.shape, a.dtype) for a in leaves])
         outs = leaves[0].client.run_program(program, leaves)
         return tree.unflatten(out_def, outs)
@@ -127,11 +130,9 @@ class ProgramFunction:
     def __call__(self, *arrays):
         if current_trace() is not None:  # called while tracing another program: inlined
             return self.fn(*arrays)      # into it, as nested jax.jit calls are
+        check_arguments(self.__name__, arrays)
         if any(tree.is_node(a) for a in arrays):
             return self._call_tree(arrays)
-        if not arrays or not all(isinstance(a, RemoteValue) for a in arrays):
-            raise ProgramError(f"{self.__name__}: call a program with pw.Array arguments"
-                               " (client.put(...)); for numpy use pw.reference(f)")
         program = self.trace([Aval(a.shape, a.dtype) for a in arrays])
         return arrays[0].client.run_program(program, arrays)
 

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pathways as pw
-from pathways import P
+from pathways import P, protocol
 
 WAIT = 60.0  # bound on every wait; nothing depends on it being reached
 
@@ -177,6 +177,24 @@ def test_a_buffer_deleted_under_a_queued_kernel_fails_it_and_devices_go_on(clien
     first.result(WAIT)
     z = client.put(np.ones(8), mesh, P("d"))
     assert double(z).result(WAIT).tolist() == [2.0] * 8
+
+
+def test_a_host_answers_a_read_or_write_of_an_array_deleted_before_it_came(client, mesh,
+                                                                            tmp_path):
+    """A request the data service cannot serve is refused, never left unanswered: the reads
+    and checkpoint writes another thread sends for an array just deleted used to wait for
+    ever (issue 27, item 7's soak)."""
+    x = client.put(np.arange(8.0), mesh, P("d"))
+    x.result(WAIT)
+    d = mesh.ids[0]
+    address = client._data_address(d)
+    client._release(x)  # the delete goes first on this connection, so it is served first
+    asks = [protocol.GetShard(None, x.id, d),
+            protocol.SaveShard(None, x.id, d, str(tmp_path / "x"), (0,))]
+    for ask in asks:
+        with pytest.raises(pw.PathwaysError, match="deleted"):
+            client._request(address, ask).result(WAIT)
+    assert not (tmp_path / "x").exists()
 
 
 def test_a_body_that_never_returns_is_stopped_at_its_limit(client, mesh):

@@ -63,3 +63,98 @@ def test_a_client_shard_that_does_not_fit_waits_without_stalling_the_host(small_
         a.delete()
         plus = pw.shard_map(lambda v: v + 1.0, mesh, P(), P())
         np.testing.assert_array_equal(plus(later).result(timeout=30), 4.0)  # stored at last
+
+
+# -- arrays made on the hosts (generate, load): a bounded wait for room --------------------
+
+KIB = 1024
+
+
+def _hbm_used(client, mesh):
+    (status,) = client.host_status(timeout=30).values()
+    return status["devices"][mesh.ids[0]]["hbm_used"]
+
+
+def _wait_for_hbm_used(client, mesh, want, timeout=30.0):
+    """The host frees a deleted array's memory asynchronously: wait (bounded) for it."""
+    deadline = time.monotonic() + timeout
+    while _hbm_used(client, mesh) != want:
+        assert time.monotonic() < deadline, f"HBM use never became {want}"
+        time.sleep(0.02)
+
+
+def _fill(client, mesh, kib):
+    """An array of ``kib`` KiB on the device, stored."""
+    a = client.put(np.ones(kib * KIB // 8), mesh, P())
+    a.result(timeout=30)
+    return a
+
+
+def test_a_generate_that_fits_once_an_array_is_deleted_waits_for_it(small_cluster):
+    with pw.connect(small_cluster.address) as c:
+        mesh = c.mesh((1,), ("d",))
+        a = _fill(c, mesh, 800)
+        y = c.generate(lambda idx: np.full(400 * KIB // 8, 5.0), (400 * KIB // 8,), np.float64,
+                       mesh, P())  # does not fit beside a: waits for room
+        assert _hbm_used(c, mesh) == 800 * KIB  # the host still serves requests meanwhile
+        a.delete()
+        np.testing.assert_array_equal(y.result(timeout=30), 5.0)
+        assert _hbm_used(c, mesh) == 400 * KIB
+        y.delete()
+        _wait_for_hbm_used(c, mesh, 0)
+
+
+def test_a_generate_that_never_gets_room_fails_after_its_timeout(small_cluster):
+    """A client that waits for the array before deleting what holds the room would wait for
+    ever: the array fails instead, saying what it needs and what frees room."""
+    with pw.connect(small_cluster.address) as c:
+        mesh = c.mesh((1,), ("d",))
+        a = _fill(c, mesh, 800)
+        y = c.generate(lambda idx: np.ones(400 * KIB // 8), (400 * KIB // 8,), np.float64,
+                       mesh, P(), timeout=0.3)
+        with pytest.raises(pw.DeviceOutOfMemory) as info:
+            y.result(timeout=30)
+        message = str(info.value)
+        assert f"{400 * KIB} bytes" in message  # needed
+        assert f"only {224 * KIB} of its {1024 * KIB} bytes are free" in message
+        assert f"{800 * KIB} held" in message
+        assert "deleting arrays" in message and "array.delete()" in message
+        assert _hbm_used(c, mesh) == 800 * KIB  # nothing of the failed array is held
+        a.delete()
+        _wait_for_hbm_used(c, mesh, 0)
+        z = c.generate(lambda idx: np.ones(400 * KIB // 8), (400 * KIB // 8,), np.float64,
+                       mesh, P(), timeout=0.3)  # the same call now fits
+        np.testing.assert_array_equal(z.result(timeout=30), 1.0)
+        z.delete()
+        _wait_for_hbm_used(c, mesh, 0)
+
+
+def test_a_generate_timeout_must_be_a_positive_number(small_cluster):
+    with pw.connect(small_cluster.address) as c:
+        mesh = c.mesh((1,), ("d",))
+        for bad in (0, -1.0, "5", True):
+            with pytest.raises(ValueError, match="timeout must be a number of seconds > 0"):
+                c.generate(lambda idx: np.ones(4), (4,), np.float64, mesh, P(), timeout=bad)
+
+
+def test_a_load_that_can_never_fit_fails_at_once_and_one_without_room_after_its_timeout(
+        small_cluster, pw_cluster, tmp_path):
+    with pw.connect(pw_cluster.address) as big:  # 16 GiB devices
+        mesh = big.mesh((1,), ("d",))
+        big.save(tmp_path / "huge", {"w": big.put(np.ones(2 * MIB // 8), mesh, P())}
+                 ).result(timeout=30)
+        big.save(tmp_path / "half", {"w": big.put(np.full(400 * KIB // 8, 2.0), mesh, P())}
+                 ).result(timeout=30)
+    with pw.connect(small_cluster.address) as c:  # 1 MiB devices
+        mesh = c.mesh((1,), ("d",))
+        with pytest.raises(pw.DeviceOutOfMemory, match="larger than the whole HBM"):
+            c.load(tmp_path / "huge", mesh)
+        a = _fill(c, mesh, 800)
+        late = c.load(tmp_path / "half", mesh, timeout=0.3)["w"]
+        with pytest.raises(pw.DeviceOutOfMemory, match="deleting arrays"):
+            late.result(timeout=30)
+        waiting = c.load(tmp_path / "half", mesh)["w"]  # the default timeout: ample
+        a.delete()
+        np.testing.assert_array_equal(waiting.result(timeout=30), 2.0)
+        waiting.delete()
+        _wait_for_hbm_used(c, mesh, 0)
