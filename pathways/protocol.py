@@ -232,8 +232,10 @@ class ClientLeft(Message):
 
 @message
 class SkipSeqs(Message):
-    """Sequence numbers, per device, of gangs that will never run."""
+    """Sequence numbers, per device, of gangs that will never run, and why (what a kernel
+    dropped by the skip fails with)."""
     seqs: dict
+    reason: str = ""
 
 
 @message

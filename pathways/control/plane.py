@@ -424,7 +424,7 @@ class ControlPlane:
         self._abort([run], str(error))
         # Sequence numbers of this run whose kernels never reached a host (its START was
         # cut short) would stall their devices: skip them (no-op where they ran).
-        self._skip(run.seqs)
+        self._skip(run.seqs, f"its run failed: {error}")
 
     def _abort(self, runs, reason: str) -> None:
         """Fail the gangs of these runs on every host (collectives and waiting kernels)."""
@@ -456,8 +456,8 @@ class ControlPlane:
         for island, gangs in run.programs.items():
             self._released(self._scheduler(island).finished(gangs))
 
-    def _skip(self, seqs):
-        """Tell hosts to skip sequence numbers of gangs that will never run."""
+    def _skip(self, seqs, reason: str):
+        """Tell hosts to skip sequence numbers of gangs that will never run, and why."""
         per_host: dict[int, dict] = {}
         owner = {d: w for w, h in self.hosts.items() for d in h["device_ids"]}
         for per_device in seqs.values():
@@ -465,7 +465,7 @@ class ControlPlane:
                 if d in owner:
                     per_host.setdefault(owner[d], {}).setdefault(d, []).append(s)
         for w, skips in per_host.items():
-            self._out.append(ToHost(w, m.SkipSeqs(skips)))
+            self._out.append(ToHost(w, m.SkipSeqs(skips, reason)))
 
     def _forget_client(self, client, reason: str) -> None:
         """A client left or was lost: its slices, its runs still waiting for the scheduler,
@@ -487,7 +487,7 @@ class ControlPlane:
             run = self.runs.get(key)
             if run is None:
                 continue
-            self._skip(run.seqs)  # gangs numbered on another island will never run
+            self._skip(run.seqs, reason)  # gangs numbered on another island never run
             self._finished(run)
         self.client_info.pop(client, None)
 

@@ -174,7 +174,7 @@ class EmulatedDevice:
         self._lock = executor.lock
         self._queue: dict[int, tuple] = {}  # seq -> (kernel, real time it was enqueued)
         self._skipped: set[int] = set()
-        self._skips: OrderedDict[int, bool] = OrderedDict()  # skipped before their kernel came
+        self._skips: OrderedDict[int, str] = OrderedDict()  # skipped before their kernel came: why
         self._next_seq = 0
         self._max_enqueued = -1
         self._closing = False
@@ -203,34 +203,40 @@ class EmulatedDevice:
         if not callable(getattr(kernel, "execute", None)):
             raise TypeError(f"kernel {kernel!r} has no execute(device) method")
         with self._lock:
-            late = self._skips.pop(seq, False)
-            if not late:
+            late = self._skips.pop(seq, None)  # why it was skipped, if it was
+            if late is None:
                 self._check_new_seq(seq)
                 self._queue[seq] = (kernel, self._clock())
                 if seq > self._max_enqueued:
                     self._max_enqueued = seq
-        if late:
-            report_error(kernel, PathwaysError(f"{self.name}: seq {seq} was skipped"))
+        if late is not None:
+            report_error(kernel, self._skipped_error(seq, late))
         elif seq == self._next_seq:
             self.executor.wake()
 
-    def skip(self, seq: int) -> bool:
+    def skip(self, seq: int, reason: str = "") -> bool:
         """Cancel ``seq`` so the device does not wait for it; False if it already ran or was
-        skipped. A kernel already queued at ``seq`` is dropped and told via ``on_error``."""
+        skipped. A kernel already queued at ``seq`` is dropped and told via ``on_error``, with
+        ``reason`` (why its run failed: the error its caller should see)."""
+        reason = str(reason)
         with self._lock:
             if seq < self._next_seq or self._is_current(seq) or seq in self._skipped:
                 return False
             dropped = self._queue.pop(seq, None)
             self._skipped.add(seq)
             if dropped is None:  # its kernel may still come: drop it then
-                self._skips[seq] = True
+                self._skips[seq] = reason
                 if len(self._skips) > SKIPS_KEPT:
                     self._skips.popitem(last=False)
             self._max_enqueued = max(self._max_enqueued, seq)
         self.executor.wake()
         if dropped is not None:
-            report_error(dropped[0], PathwaysError(f"{self.name}: seq {seq} was skipped"))
+            report_error(dropped[0], self._skipped_error(seq, reason))
         return True
+
+    def _skipped_error(self, seq: int, reason: str) -> PathwaysError:
+        return PathwaysError(f"{self.name}: seq {seq} was skipped"
+                             + (f" because {reason}" if reason else ""))
 
     def close(self, timeout: float = 5.0) -> bool:
         """Stop taking kernels; kernels still queued are told via ``on_error``. Idempotent.

@@ -156,7 +156,7 @@ class Host:
         for d, seqs in msg.seqs.items():
             for s in seqs:
                 if d in self.devices:
-                    self.devices[d].skip(s)
+                    self.devices[d].skip(s, msg.reason)
 
     _COMMANDS = {protocol.AbortGang: _abort_gang, protocol.AbortGangs: _abort_gangs,
                  protocol.AssignDevices: _assign_devices, protocol.Topology: _topology,

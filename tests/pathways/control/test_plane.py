@@ -86,6 +86,8 @@ def test_a_run_lost_with_its_host_names_the_host_and_frees_the_other_devices(pla
     assert {c.worker for c in of(out, ToHost) if isinstance(c.msg, m.AbortGangs)} == {10, 11}
     skips = {c.worker: c.msg.seqs for c in of(out, ToHost) if isinstance(c.msg, m.SkipSeqs)}
     assert sorted(d for s in skips.values() for d in s) == sorted(mesh.devices)
+    reasons = {c.msg.reason for c in of(out, ToHost) if isinstance(c.msg, m.SkipSeqs)}
+    assert len(reasons) == 1 and "host 11" in reasons.pop()  # what skipped kernels fail with
 
 
 def test_requests_for_another_client_are_refused(plane):

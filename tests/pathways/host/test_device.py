@@ -256,12 +256,13 @@ def test_skip_lets_later_seqs_run(make_device):
     assert device.skip(1)
     dropped = Kernel(3, ran)
     device.enqueue(3, dropped)
-    assert device.skip(3)  # already queued: dropped and told
+    assert device.skip(3, "its run failed: boom")  # already queued: dropped and told why
     assert not device.skip(3)
     device.enqueue(0, Kernel(0, ran))
     assert device.wait_idle(WAIT)
     assert ran == [0, 2]
     assert isinstance(dropped.errors[0], PathwaysError)
+    assert str(dropped.errors[0]).endswith("seq 3 was skipped because its run failed: boom")
     assert device.next_seq == 4 and not device.skip(0)
 
 
@@ -270,7 +271,7 @@ def test_a_kernel_dispatched_after_its_seq_was_skipped_is_told_and_dropped(make_
     reached the host: the kernel must fail, not raise at its dispatcher nor run."""
     ran = []
     device = make_device()
-    assert device.skip(0) and device.skip(2)
+    assert device.skip(0, "its run failed: boom") and device.skip(2)
     device.enqueue(1, Kernel(1, ran))
     assert device.wait_idle(WAIT) and device.next_seq == 3  # 0 and 2 passed: skipped
     late = [Kernel("late0", ran), Kernel("late2", ran)]
@@ -281,6 +282,7 @@ def test_a_kernel_dispatched_after_its_seq_was_skipped_is_told_and_dropped(make_
     assert ran == [1, 3]
     for kernel in late:
         assert "was skipped" in str(kernel.errors[0]) and not kernel.completed
+    assert "because its run failed: boom" in str(late[0].errors[0])
     with pytest.raises(ValueError, match="already ran"):  # told once: a second is misuse
         device.enqueue(0, Kernel("again", ran))
 
