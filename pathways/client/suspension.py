@@ -143,7 +143,7 @@ def _save(client, slice_id, state: Suspended, running, timeout) -> dict:
                                            dir=client.suspend_dir)
         names = {str(i): a for i, a in enumerate(arrays)}
         state.saving = checkpoint.save(client, os.path.join(state.directory, "arrays"),
-                                       names)
+                                       names, held=True)
         state.saving.result(timeout)
     finally:
         client._unhold(candidates)

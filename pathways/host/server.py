@@ -355,7 +355,7 @@ class DataService:
         key = (msg.array_id, msg.device)
 
         def failed(exc: BaseException) -> None:
-            err = exc if isinstance(exc, (ProgramError, DeviceOutOfMemory)) else RemoteError(
+            err = exc if isinstance(exc, PathwaysError) else RemoteError(
                 f"the input function failed on host {self.host.core.id} for device"
                 f" {msg.device}: {type(exc).__name__}: {exc}")
             try:

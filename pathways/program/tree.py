@@ -34,7 +34,12 @@ def is_node(x) -> bool:
 def _children(x):
     """(node description, children) of a container."""
     if isinstance(x, dict):
-        keys = tuple(sorted(x))
+        try:
+            keys = tuple(sorted(x))
+        except TypeError:
+            raise ProgramError(f"a dict in the tree has keys that cannot be sorted (as JAX's"
+                               f" trees need): {sorted(map(repr, x))}; use keys of one type"
+                               ) from None
         return ("dict", keys), [x[k] for k in keys]
     if isinstance(x, (tuple, list)):
         return (type(x), len(x)), list(x)

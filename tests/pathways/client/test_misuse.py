@@ -173,3 +173,10 @@ def test_an_array_of_another_client_or_a_deleted_one_is_named_at_the_call(pw_clu
         with pytest.raises(pw.ProgramError, match=r"add: argument 1\[0\] was deleted"):
             add(x, [gone])
     np.testing.assert_array_equal(f(x, x).result(timeout=30), np.full(8, 2.0))
+
+
+def test_a_tree_whose_dict_keys_cannot_be_sorted_is_named():
+    from pathways.program import tree
+
+    with pytest.raises(pw.ProgramError, match="keys that cannot be sorted"):
+        tree.flatten({"a": 1.0, 3: 2.0})
