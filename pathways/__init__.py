@@ -49,8 +49,8 @@ from .program.sharding import P
 from .program.tracer import program, reference
 
 __all__ = [
-    "Array", "CheckpointError", "Client", "ClientClosed", "ClientGone", "CollectiveTimeout", "CompiledFunction",
-    "CoordinatorLost", "Device",
+    "Array", "CheckpointError", "Client", "ClientClosed", "ClientGone", "CollectiveTimeout",
+    "CompiledFunction", "CoordinatorLost", "Device",
     "DeviceOutOfMemory", "DeviceSpec", "HostLost", "Mesh", "NamedSharding", "P", "PathwaysError",
     "Pipeline", "ProgramError", "RemoteError", "ResourceError", "RoutedFunction",
     "ShardingError", "SliceSuspended", "Stage", "all_gather", "all_to_all", "axis_index", "connect",

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent
 # package -> what its modules may import: packages, and top-level modules by name. Arrows
 # point down: program <- lowering, lib <- client, control, host (side by side) <- the
 # top-level launchers (cli, cluster, slurm, k8s), which may import anything.
-_IO = {"errors", "protocol", "service", "checkpoint_format"}
+_IO = {"errors", "protocol", "service", "checkpoint_format", "checkpoint_metadata"}
 RULES: dict[str, set[str]] = {
     "program": {"program", "errors"},
     "lib": {"lib", "program", "errors"},

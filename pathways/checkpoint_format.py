@@ -17,14 +17,11 @@ opens a checkpoint and verifies the checksums. An array stored with other codecs
 another tool) is read through ``zarr``; checkpoints of format 1 (codec "bytes" alone, no
 checksums) still load.
 
-Nothing read from disk is trusted (``open_checkpoint``, on the client, before anything is sent
-to a host): each zarr.json must parse and say what a Pathways checkpoint says (node types, the
-tree's shape, array names that are one path component matching their place in the tree, shapes,
-data types, chunk shapes equal to the shard shape of the saved spec and mesh), and carry the
-CRC32C of its meaningful content (``attributes["pathways"]["checksum"]``), so even consistent
-changes to a shape are caught. Each host then checks every chunk it reads: it exists, is a
-regular file of this checkpoint (no symlink), has exactly its size (checked before reading) and
-its checksum. Anything wrong raises ``CheckpointError`` naming the file.
+Nothing read from disk is trusted: the client validates all the metadata before anything is
+sent to a host (``pathways.checkpoint_metadata``), and each host checks every chunk it reads
+(``ChunkReader``): it exists, is a regular file of this checkpoint (no symlink), has exactly its
+size (checked before reading) and its checksum. Anything wrong raises ``CheckpointError``
+naming the file.
 """
 
 from __future__ import annotations
@@ -39,13 +36,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import CheckpointError, ProgramError, ShardingError
-from .program import sharding, tree
+from .errors import CheckpointError, ProgramError
 
-__all__ = ["FORMAT", "ZARR_DTYPES", "ArrayInfo", "Checkpoint", "ChunkReader",
-           "Layout", "check_dtype", "check_name", "chunk_file", "create", "decode_spec",
-           "encode_spec", "leaf_name", "open_array", "open_checkpoint", "require_zarr",
-           "seal", "valid_key", "write_chunk"]
+__all__ = ["CRC_BYTES", "FORMAT", "MAX_METADATA", "ZARR_DTYPES", "ChunkReader", "Layout",
+           "check_dtype", "check_name", "check_own", "chunk_file", "crc32c", "create",
+           "decode_spec", "digest", "encode_spec", "leaf_name", "require_zarr", "seal",
+           "valid_key", "write_chunk"]
 
 # numpy kinds with a Zarr v3 core data type of the same name
 ZARR_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
@@ -65,7 +61,7 @@ def require_zarr():
     return zarr
 
 
-def _crc32c(data, crc: int = 0) -> int:
+def crc32c(data, crc: int = 0) -> int:
     """CRC32C of a bytes-like (a numpy array included) continuing ``crc``, by
     google_crc32c's C implementation."""
     try:
@@ -129,13 +125,13 @@ def create(path: str, structure, arrays: list[tuple]) -> None:
         seal(node)
 
 
-def _digest(meta: dict) -> str:
+def digest(meta: dict) -> str:
     """CRC32C of what a zarr.json says that matters: all but attributes other than ours."""
     body = {k: v for k, v in meta.items() if k != "attributes"}
     body["pathways"] = {k: v for k, v in meta["attributes"]["pathways"].items()
                         if k != "checksum"}
     text = json.dumps(body, sort_keys=True, separators=(",", ":"))
-    return f"{_crc32c(text.encode()):08x}"
+    return f"{crc32c(text.encode()):08x}"
 
 
 def seal(node: str) -> None:
@@ -143,7 +139,7 @@ def seal(node: str) -> None:
     file = os.path.join(node, "zarr.json")
     with open(file) as f:
         meta = json.load(f)
-    meta["attributes"]["pathways"]["checksum"] = _digest(meta)
+    meta["attributes"]["pathways"]["checksum"] = digest(meta)
     with open(file, "w") as f:
         json.dump(meta, f, indent=2)
 
@@ -166,7 +162,7 @@ def write_chunk(array_dir: str, index, value: np.ndarray) -> None:
     with open(path, "wb") as f:
         for start in range(0, raw.size, BLOCK):  # the checksum of a block still in cache
             block = raw[start:start + BLOCK]
-            crc = _crc32c(block, crc)
+            crc = crc32c(block, crc)
             f.write(memoryview(block))
         f.write(crc.to_bytes(CRC_BYTES, "little"))
         f.flush()
@@ -185,199 +181,12 @@ class Layout:
     checksum: bool  # chunks end with their CRC32C
 
 
-@dataclass(frozen=True)
-class ArrayInfo:
-    name: str
-    shape: tuple
-    dtype: str
-    spec: tuple | None  # as saved: the default layout of ``load``
-    layout: Layout | None  # None: stored with other codecs, read through zarr-python
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    names: object  # the saved tree, each leaf its array's name
-    arrays: dict  # name -> ArrayInfo
-
-
-def open_checkpoint(path: str) -> Checkpoint:
-    """Read and validate all of a checkpoint's metadata (plain JSON reads); raises
-    FileNotFoundError if there is nothing at ``path``, else CheckpointError naming the file."""
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"no Zarr node at {path} (no checkpoint directory)")
-    file, meta = _read_json(path, path)
-    _expect(isinstance(meta, dict) and meta.get("node_type") == "group"
-            and meta.get("zarr_format") == 3, file, "is not a Zarr v3 group")
-    ours = _pathways_attributes(meta, file)
-    _expect(isinstance(ours, dict) and "tree" in ours, file, "is not a Pathways checkpoint"
-            " (a Zarr group whose attributes name its tree)")
-    _expect(type(ours.get("format")) is int and ours["format"] in (1, FORMAT), file,
-            f"has format {ours.get('format')!r}; this version reads formats 1 to {FORMAT}")
-    _check_seal(meta, ours, file, required=ours["format"] >= 2)
-    names = _tree_names(ours["tree"], [], set(), file)
-    return Checkpoint(names, {n: open_array(path, n) for n in tree.flatten(names)[0]})
-
-
-def open_array(path: str, name: str) -> ArrayInfo:
-    """Read and validate the metadata of array ``name`` of the checkpoint at ``path``."""
-    check_name(name, f"checkpoint {path}")
-    array_dir = os.path.join(path, name)
-    _own(path, array_dir)
-    file, meta = _read_json(path, array_dir)
-    _expect(isinstance(meta, dict) and meta.get("node_type") == "array"
-            and meta.get("zarr_format") == 3, file, "is not a Zarr v3 array")
-    shape = _ints(meta.get("shape"), file, "shape", 0)
-    dtype = meta.get("data_type")
-    _expect(isinstance(dtype, str) and dtype in ZARR_DTYPES, file, f"has data_type {dtype!r};"
-            f" a checkpoint holds {', '.join(ZARR_DTYPES)}")
-    ours = _pathways_attributes(meta, file) or {}
-    _expect(isinstance(ours, dict), file, "has pathways attributes that are not an object")
-    layout = _layout(meta, file, shape, dtype)
-    _check_seal(meta, ours, file, required=layout is not None and layout.checksum)
-    spec = _saved_spec(ours, file, shape, layout)
-    return ArrayInfo(name, shape, dtype, spec, layout)
-
-
-def _expect(ok, file: str, problem: str) -> None:
-    if not ok:
-        raise CheckpointError(f"checkpoint metadata {file} {problem}")
-
-
-def _own(root: str, path: str) -> None:
+def check_own(root: str, path: str) -> None:
     """``path`` (under ``root``) must be the checkpoint's own: no symlink on the way to it."""
     real = os.path.realpath(path)
     if real != os.path.join(os.path.realpath(root), os.path.relpath(path, root)):
         raise CheckpointError(f"{path} leads to {real}: a checkpoint's files must be its own"
                               " (no symlinks)")
-
-
-def _read_json(root: str, node: str) -> tuple[str, object]:
-    """The zarr.json of ``node``, parsed once it is known to be a regular file of the
-    checkpoint of a sane size (a FIFO would block, a huge file take all memory)."""
-    file = os.path.join(node, "zarr.json")
-    _own(root, file)
-    try:
-        st = os.stat(file)
-        _expect(stat.S_ISREG(st.st_mode) and st.st_size <= MAX_METADATA, file, "is not a"
-                f" regular file of at most {MAX_METADATA} bytes")
-        with open(file, "rb") as f:
-            return file, json.loads(f.read().decode("utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint metadata {file} is missing") from None
-    except (ValueError, RecursionError, OSError) as exc:
-        raise CheckpointError(f"checkpoint metadata {file} cannot be read: {exc}") from None
-
-
-def _pathways_attributes(meta: dict, file: str):
-    attributes = meta.get("attributes", {})
-    _expect(isinstance(attributes, dict), file, "has attributes that are not an object")
-    return attributes.get("pathways")
-
-
-def _check_seal(meta: dict, ours: dict, file: str, required: bool) -> None:
-    """A zarr.json that carries a checksum must match it; one that must carry one does."""
-    if "checksum" not in ours:
-        _expect(not required, file, "has no metadata checksum (attributes.pathways.checksum)")
-        return
-    _expect(ours["checksum"] == _digest(meta), file, "does not match its checksum: it was"
-            " changed or damaged since it was written")
-
-
-def _ints(value, file: str, what: str, minimum: int) -> tuple:
-    _expect(isinstance(value, list) and all(type(v) is int and v >= minimum for v in value),
-            file, f"has {what} {value!r}, not a list of integers >= {minimum}")
-    return tuple(value)
-
-
-def _tree_names(node, at: list, seen: set, file: str):
-    """The tree a checkpoint's structure describes, each leaf its array's name, checked: every
-    node one of array/dict/tuple/list, every array named after its place in the tree."""
-    _expect(isinstance(node, dict) and len(node) == 1, file, f"has a tree node {node!r} at"
-            f" {at}, not one of {{'array'|'dict'|'tuple'|'list': ...}}")
-    (kind, value), = node.items()
-    if kind == "array":
-        check_name(value, f"checkpoint metadata {file}")
-        _expect(value == leaf_name(at) and value not in seen, file, f"names the array at {at}"
-                f" {value!r}; it is {leaf_name(at)!r}")
-        seen.add(value)
-        return value
-    _expect(kind in ("dict", "tuple", "list") and isinstance(value, list), file,
-            f"has a tree node {kind!r} at {at} that is not a dict, tuple or list of nodes")
-    if kind != "dict":
-        children = [_tree_names(c, [*at, i], seen, file) for i, c in enumerate(value)]
-        return tuple(children) if kind == "tuple" else children
-    out = {}
-    for pair in value:
-        _expect(isinstance(pair, list) and len(pair) == 2 and valid_key(pair[0])
-                and pair[0] not in out, file, f"has a dict entry {pair!r} at {at}, not a"
-                " [key, node] pair with a new key that can name an array")
-        out[pair[0]] = _tree_names(pair[1], [*at, pair[0]], seen, file)
-    _expect(len({type(k) for k in out}) <= 1, file, f"has a dict at {at} whose keys mix str"
-            " and int (they cannot be ordered)")
-    return out
-
-
-def _layout(meta: dict, file: str, shape: tuple, dtype: str) -> Layout | None:
-    """The layout of an array Pathways wrote ("bytes", then "crc32c" from format 2 on), or
-    None for one stored otherwise (read through zarr-python)."""
-    codecs = meta.get("codecs")
-    _expect(isinstance(codecs, list) and codecs and all(isinstance(c, dict) for c in codecs),
-            file, f"has codecs {codecs!r}, not a list of codec objects")
-    names = [c.get("name") for c in codecs]
-    if names not in (["bytes"], ["bytes", "crc32c"]):
-        return None
-    grid, keys = meta.get("chunk_grid"), meta.get("chunk_key_encoding")
-    plain = (isinstance(grid, dict) and grid.get("name") == "regular"
-             and isinstance(grid.get("configuration"), dict)
-             and isinstance(keys, dict) and keys.get("name") == "default"
-             and keys.get("configuration", {}) in ({}, {"separator": "/"})
-             and not meta.get("storage_transformers"))
-    if not plain:  # only Pathways' own writes carry crc32c: they are always plain
-        _expect(names == ["bytes"], file, "has codecs bytes, crc32c but not the regular chunk"
-                " grid and default '/' chunk keys Pathways writes")
-        return None
-    chunk = _ints(grid["configuration"].get("chunk_shape"), file, "chunk shape", 1)
-    _expect(len(chunk) == len(shape), file, f"has chunk shape {list(chunk)} for shape"
-            f" {list(shape)}")
-    config = codecs[0].get("configuration", {})
-    _expect(isinstance(config, dict) and set(config) <= {"endian"}
-            and config.get("endian", "little") in ("little", "big"), file,
-            f"has a bytes codec configuration {config!r}")
-    _expect(all(set(c) <= {"name", "configuration"} for c in codecs)
-            and all(c.get("configuration") in (None, {}) for c in codecs[1:]),
-            file, f"has codecs {codecs!r}")
-    endian = config.get("endian", "little")
-    return Layout(shape, dtype, chunk, "<" if endian == "little" else ">", len(codecs) == 2)
-
-
-def _saved_spec(ours: dict, file: str, shape: tuple, layout: Layout | None):
-    """The spec an array was saved with, checked against its saved mesh and chunk shape."""
-    if "spec" not in ours:
-        return None
-    entries = ours["spec"]
-    _expect(isinstance(entries, list) and len(entries) == len(shape) and all(
-        e is None or isinstance(e, str) or (isinstance(e, list) and all(
-            isinstance(a, str) for a in e)) for e in entries), file,
-        f"has spec {entries!r}, not one entry (null, an axis or a list of axes) per dimension")
-    spec = decode_spec(entries)
-    if "mesh" not in ours:
-        return spec
-    mesh = ours["mesh"]
-    _expect(isinstance(mesh, dict), file, f"has mesh {mesh!r}, not an object")
-    sizes = _ints(mesh.get("shape"), file, "mesh shape", 1)
-    axes = mesh.get("axes")
-    try:
-        _expect(isinstance(axes, list), file, f"has mesh axes {axes!r}, not a list")
-        sizes, axes = sharding.check_mesh(sizes, axes)
-        block = sharding.shard_shape(shape, sizes, axes,
-                                     sharding.normalize_spec(spec, len(shape), axes))
-    except ShardingError as exc:
-        raise CheckpointError(f"checkpoint metadata {file} has a spec and mesh that do not"
-                              f" fit its shape {list(shape)}: {exc}") from None
-    expected = tuple(max(1, b) for b in block)
-    _expect(layout is None or layout.chunk == expected, file, f"has chunk shape"
-            f" {list(layout.chunk if layout else ())} but its shards are {list(expected)}")
-    return spec
 
 
 # ---- reading chunks (on the hosts) ----------------------------------------------------------
@@ -432,14 +241,14 @@ class ChunkReader:
         real = os.path.realpath(path)
         if real != own:
             raise CheckpointError(f"chunk {path} leads to {real}: a checkpoint's files must be its"
-                             " own (no symlinks)")
+                                  " own (no symlinks)")
         try:
             st = os.stat(real)
             if not stat.S_ISREG(st.st_mode) or st.st_size != size:
                 what = f"{st.st_size} bytes" if stat.S_ISREG(st.st_mode) else \
                     "not a regular file"
                 raise CheckpointError(f"chunk {path} is {what}, not {size} bytes: the checkpoint"
-                                 " is damaged")
+                                      " is damaged")
             buf, crc = _read_file(real, size, nbytes if layout.checksum else 0)
         except FileNotFoundError:
             raise CheckpointError(f"chunk {path} is missing: the checkpoint is damaged") from None
@@ -450,7 +259,7 @@ class ChunkReader:
                              f" {size}")
         if layout.checksum and crc != int.from_bytes(buf[nbytes:], "little"):
             raise CheckpointError(f"chunk {path} fails its CRC32C checksum: the checkpoint is"
-                             " damaged")
+                                  " damaged")
         return buf[:nbytes].view(stored).reshape(layout.chunk)
 
 
@@ -462,6 +271,6 @@ def _read_file(path: str, size: int, checked: int) -> tuple[np.ndarray, int]:
     with open(path, "rb", buffering=0) as f:
         while got < size and (n := f.readinto(view[got:got + BLOCK])):
             if got < checked:
-                crc = _crc32c(buf[got:min(got + n, checked)], crc)
+                crc = crc32c(buf[got:min(got + n, checked)], crc)
             got += n
     return buf[:got], crc

@@ -10,7 +10,7 @@ fails if ``path`` exists (Linux's ``renameat2`` with ``RENAME_NOREPLACE``), so o
 racing to one path the second fails with FileExistsError; with it, an atomic exchange
 (``RENAME_EXCHANGE``) so ``path`` is never missing and racing saves each commit whole, the last
 one winning, and the replaced checkpoint is removed only after. ``load`` validates all the
-metadata here (``checkpoint_format.open_checkpoint``: a damaged checkpoint raises
+metadata here (``checkpoint_metadata.open_checkpoint``: a damaged checkpoint raises
 CheckpointError before anything is sent to a host) and ships each host a reader for its
 devices' parts (``client.generate``), which checks every chunk it reads; loading onto another
 mesh or spec reshards on the hosts.
@@ -28,6 +28,7 @@ import sys
 import uuid
 
 from .. import checkpoint_format as fmt
+from .. import checkpoint_metadata as meta
 from .. import protocol
 from ..errors import CheckpointError, ProgramError, ShardingError
 from ..program import sharding, tree
@@ -112,7 +113,7 @@ def load(client, path, mesh: Mesh, specs=None, timeout: float | None = None):
     at once, once the metadata is validated (CheckpointError if it is damaged; a damaged
     chunk fails the array)."""
     path = os.path.abspath(os.fspath(path))
-    ckpt = fmt.open_checkpoint(path)
+    ckpt = meta.open_checkpoint(path)
     leaves, treedef = tree.flatten(ckpt.names)
     if specs is None:
         chosen = [ckpt.arrays[n].spec for n in leaves]
@@ -135,7 +136,7 @@ def reader(path: str, name: str) -> fmt.ChunkReader:
     """What a host runs to read its devices' parts of array ``name`` of a checkpoint (its
     metadata validated here)."""
     path = os.path.abspath(path)
-    return fmt.ChunkReader(path, name, fmt.open_array(path, name).layout)
+    return fmt.ChunkReader(path, name, meta.open_array(path, name).layout)
 
 
 def _metadata(name, a: Array) -> tuple:
