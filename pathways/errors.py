@@ -18,7 +18,8 @@ class ResourceError(PathwaysError):
 
 
 class DeviceOutOfMemory(PathwaysError):
-    """An allocation is larger than a device's whole HBM."""
+    """An allocation is larger than a device's whole HBM, or (a generate or load) found no
+    room beside the live arrays within its timeout."""
 
 
 class CollectiveTimeout(PathwaysError):
