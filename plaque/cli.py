@@ -17,7 +17,7 @@ from .worker import WorkerCore
 from .zmq_transport import ZmqTransport
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask Linux to SIGKILL us when the parent dies, so local clusters never leak workers."""
     try:
         import ctypes
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=level, format=f"%(asctime)s plaque-worker[{os.getpid()}] "
                         "%(levelname)s %(name)s: %(message)s")
     if os.environ.get("PLAQUE_DIE_WITH_PARENT"):
-        _die_with_parent()
+        die_with_parent()
     join = security.adopt(args.join)
     reason = uvloop.run(serve_worker(join, args.bind, args.coordinator_timeout))
     logging.getLogger("plaque.worker").info("exited: %s", reason)

@@ -29,6 +29,7 @@ from . import security
 from .coordinator import CoordinatorCore, RunResult
 from .endpoint import Endpoint
 from .errors import ClusterClosed, PlaqueError
+from .events import CountersReceived, Installed, Membership, RunDone, RunFailed
 from .graph import Graph
 from .transport import InprocTransport
 from .worker import WorkerCore
@@ -68,14 +69,17 @@ class Cluster:
         self.address = self._transport.address
         self._core = CoordinatorCore(self.address, heartbeat_timeout=heartbeat_timeout)
         self._loop = uvloop.new_event_loop()
-        self._pending: dict[tuple, object] = {}  # install/run key -> callback(value, error)
+        # callback(value, error) of each install in progress (by graph id) and each run in
+        # flight (by (graph id, timestamp))
+        self._installs: dict[int, object] = {}
+        self._runs: dict[tuple, object] = {}
         self._counter_requests: dict[int, tuple] = {}  # request -> (future, workers, replies)
         self._members: list[int] = []
         self._member_cv = threading.Condition()
         self._inproc_workers: list[Endpoint] = []
         self.processes: list[subprocess.Popen] = []
         self._closed = False
-        self.listeners: list = []  # called on the loop thread with every coordinator event
+        self.listeners: list = []  # called on the loop thread with every ``plaque.events``
         self._endpoint = Endpoint(self._core, self._transport, self._loop,
                                   after_turn=self._dispatch_events)
         self._thread = threading.Thread(target=self._serve, name="plaque-coordinator",
@@ -100,38 +104,44 @@ class Cluster:
             try:
                 self._dispatch(ev)
             except Exception:  # one bad event must not drop the others of this turn
-                log.exception("dropped a cluster event %r", ev[:1])
+                log.exception("dropped a cluster event %s", type(ev).__name__)
 
     def _dispatch(self, ev):
-        kind = ev[0]
         for listener in self.listeners:
             try:
                 listener(ev)
             except Exception:
-                log.exception("cluster event listener failed on %s", kind)
-        if kind == "membership":
-            with self._member_cv:
-                self._members = ev[1]
-                self._member_cv.notify_all()
-        elif kind == "installed":
-            self._settle(("install", ev[1]), None if ev[2] is None else ev[2], ev[1])
-        elif kind == "run_done":
-            self._settle(("run", ev[1], ev[2]), None, ev[3])
-        elif kind == "run_failed":
-            self._settle(("run", ev[1], ev[2]), ev[3], None)
-        elif kind == "counters":
-            _, req, worker, snapshot = ev
-            fut, want, got = self._counter_requests.get(req, (None, None, None))
-            if fut is not None:
-                got[worker] = snapshot
-                if set(got) >= set(want):
-                    del self._counter_requests[req]
-                    fut.set_result(got)
+                log.exception("cluster event listener failed on %s", type(ev).__name__)
+        handler = self._ON_EVENT.get(type(ev))
+        if handler is not None:  # others (UserMessage) are for the listeners only
+            handler(self, ev)
 
-    def _settle(self, key, error, value):
-        callback = self._pending.pop(key, None)
-        if callback is not None:
-            callback(value, error)
+    def _on_membership(self, ev: Membership):
+        with self._member_cv:
+            self._members = ev.workers
+            self._member_cv.notify_all()
+
+    def _on_installed(self, ev: Installed):
+        _settle(self._installs, ev.gid, ev.error, ev.gid)
+
+    def _on_run_done(self, ev: RunDone):
+        _settle(self._runs, (ev.gid, ev.t), None, ev.result)
+
+    def _on_run_failed(self, ev: RunFailed):
+        _settle(self._runs, (ev.gid, ev.t), ev.error, None)
+
+    def _on_counters(self, ev: CountersReceived):
+        fut, want, got = self._counter_requests.get(ev.request, (None, None, None))
+        if fut is not None:
+            got[ev.worker] = ev.snapshot
+            if set(got) >= set(want):
+                del self._counter_requests[ev.request]
+                fut.set_result(got)
+
+    _ON_EVENT = {
+        Membership: _on_membership, Installed: _on_installed, RunDone: _on_run_done,
+        RunFailed: _on_run_failed, CountersReceived: _on_counters,
+    }
 
     def _call(self, fn, timeout=30.0):
         """Run ``fn`` on the loop thread, then a turn; return its result here."""
@@ -177,14 +187,14 @@ class Cluster:
     def install_async(self, graph: Graph, callback) -> int:
         """Loop thread: install ``graph``; ``callback(gid, error)`` runs once installed."""
         gid = self._core.install(graph)
-        self._pending[("install", gid)] = callback
+        self._installs[gid] = callback
         self._endpoint.soon()
         return gid
 
     def start_async(self, gid: int, arg, callback):
         """Loop thread: start a run; ``callback(result, error)`` runs when it ends."""
         t = self._core.start(gid, arg)
-        self._pending[("run", gid, t)] = callback
+        self._runs[(gid, t)] = callback
         self._endpoint.soon()
         return t
 
@@ -297,11 +307,12 @@ class Cluster:
                 ep.stop("cluster closed")
             self._endpoint.stop("cluster closed")
             closed = ClusterClosed("the cluster closed before this finished")
-            for callback in list(self._pending.values()):
+            for callback in [*self._installs.values(), *self._runs.values()]:
                 callback(None, closed)
             for fut, _, _ in self._counter_requests.values():
                 fut.set_exception(closed)
-            self._pending.clear()
+            self._installs.clear()
+            self._runs.clear()
             self._counter_requests.clear()
             self._loop.stop()
 
@@ -315,6 +326,13 @@ class Cluster:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _settle(pending: dict, key, error, value) -> None:
+    """Call (once) the callback waiting in ``pending`` under ``key``, if any."""
+    callback = pending.pop(key, None)
+    if callback is not None:
+        callback(value, error)
 
 
 def _resolver(fut: cf.Future):

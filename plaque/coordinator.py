@@ -6,9 +6,10 @@ installs graphs on the workers that host their shards, starts runs with one STAR
 involved worker, and keeps its own copy of each graph's progress counts; a run is over when
 nothing at all remains at its timestamp, outputs to the driver included.
 
-Like the worker it does no I/O: ``take_commands`` gives the messages to send and
-``take_events`` what the driver should learn (``installed``, ``run_done``, ``run_failed``,
-``counters``, ``membership``).
+Like the worker it does no I/O: ``take_commands`` gives the messages to send
+(``plaque.commands``) and ``take_events`` what the driver should learn (``plaque.events``:
+``Installed``, ``RunDone``, ``RunFailed``, ``CountersReceived``, ``Membership``,
+``UserMessage``).
 """
 
 from __future__ import annotations
@@ -19,18 +20,29 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from . import wire
+from .commands import Connect, Disconnect, Send
 from .counters import Counters
 from .errors import GraphError, OperatorError, WorkerLost
+from .events import CountersReceived, Installed, Membership, RunDone, RunFailed, UserMessage
 from .graph import Graph, Topology
 from .heartbeat import HEARTBEAT_INTERVAL
 from .liveness import GRACE_TIMEOUTS, Listening
 from .logutil import dropped
+from .payloads import (
+    CountersReply,
+    ErrorReport,
+    Hello,
+    Install,
+    InstallReply,
+    Report,
+    Start,
+    Welcome,
+)
 from .progress import INPUT, SINK, ProgressTracker
 from .shipping import ship
 from .wire import CONTROL, COORDINATOR, UNKNOWN_SENDER, Kind
 
 log = logging.getLogger("plaque.coordinator")
-
 
 
 @dataclass
@@ -48,6 +60,8 @@ class RunResult:
 
 @dataclass
 class _Worker:
+    """A worker as the coordinator knows it: where it listens and what it said at HELLO."""
+
     address: str
     info: dict
     last_seen: float | None = None
@@ -56,6 +70,8 @@ class _Worker:
 
 @dataclass
 class _Graph:
+    """An installed graph: its workers, progress counts and the runs in flight."""
+
     name: str
     node_names: list[str]
     workers: list[int]
@@ -68,11 +84,22 @@ class _Graph:
 
 @dataclass
 class _Run:
+    """A run in flight: its outputs so far, and whether it has already failed."""
+
     result: RunResult
     failed: bool = False
 
 
 class CoordinatorCore:
+    """The coordinator's logic: a state machine fed received frames (``receive``) and the
+    time (``tick``), and called by its driver (``install``, ``start``, ``request_counters``,
+    ``stop_workers``, ``lose_worker``, ``send_user``). What it decides waits in
+    ``take_commands`` (for the adapter) and ``take_events`` (for the driver).
+
+    ``address`` is its full transport address, told to workers as they join;
+    ``heartbeat_timeout`` how long a worker may be heard from not at all before it is lost.
+    """
+
     def __init__(self, address: str = "", heartbeat_timeout: float = 3.0):
         self.address = address  # our full transport address, told to workers on joining
         self.heartbeat_timeout = heartbeat_timeout
@@ -103,7 +130,7 @@ class CoordinatorCore:
     def _send(self, peer, kind, payload, channel=CONTROL) -> None:
         frames = wire.encode(kind, COORDINATOR, payload)
         self.counters.peer(peer).count_sent(frames, kind is Kind.PROGRESS)
-        self._commands.append(("send", peer, channel, frames))
+        self._commands.append(Send(peer, channel, frames))
 
     def live_workers(self) -> list[int]:
         return sorted(w for w, info in self.workers.items() if info.alive)
@@ -122,7 +149,7 @@ class CoordinatorCore:
                                   ProgressTracker(topology), set(workers))
         blob = ship((graph, placement), [n.factory for n in graph.nodes])
         for w in workers:
-            self._send(w, Kind.INSTALL, (gid, blob))
+            self._send(w, Kind.INSTALL, Install(gid, blob).wire())
         return gid
 
     def uninstall(self, gid: int) -> None:
@@ -146,7 +173,7 @@ class CoordinatorCore:
         g.tracker.update(g.tracker.start_changes(t))
         g.runs[t] = _Run(RunResult(t))
         for w in g.workers:
-            self._send(w, Kind.START, (gid, t, arg))
+            self._send(w, Kind.START, Start(gid, t, arg).wire())
         return t
 
     def request_counters(self) -> tuple[int, list[int]]:
@@ -184,22 +211,22 @@ class CoordinatorCore:
             dropped(log, f"a {kind.name} it could not apply", "coordinator: %r", exc)
 
     def _on_hello(self, sender, payload):
-        address, info, *probe = payload  # the string-hash probe (absent: not checked)
-        address = str(address)
+        hello = Hello.of(payload)
+        address = str(hello.address)
         endpoints = set(address.split("|"))
         if any(w.alive and endpoints & set(w.address.split("|")) for w in self.workers.values()):
             # a replay (a worker says hello once): welcoming it again would give the live
             # worker at that address a second id and get it declared lost under the first
             raise ValueError(f"a live worker already joined from {address!r}")
         wid = next(self._ids)
-        if probe:
-            self._check_string_hash(wid, probe[0])
-        self.workers[wid] = _Worker(address, dict(info))
+        if hello.hash_probe is not None:  # absent: not checked
+            self._check_string_hash(wid, hello.hash_probe)
+        self.workers[wid] = _Worker(address, dict(hello.info))
         self._heard.add(wid)
-        self._commands.append(("connect", wid, address))
-        self._send(wid, Kind.WELCOME, (wid, self.address))
+        self._commands.append(Connect(wid, address))
+        self._send(wid, Kind.WELCOME, Welcome(wid, self.address).wire())
         self._broadcast_peers()
-        self._events.append(("membership", self.live_workers()))
+        self._events.append(Membership(self.live_workers()))
         log.info("worker %d joined from %s", wid, address)
 
     def _check_string_hash(self, wid, probe) -> None:
@@ -223,18 +250,19 @@ class CoordinatorCore:
             self._send(w, Kind.PEERS, peers)
 
     def _on_installed(self, sender, payload):
-        gid, error = payload
+        reply = InstallReply.of(payload)
+        gid = reply.gid
         g = self.graphs.get(gid)
         if g is None or sender not in g.awaiting:
             return
-        if error is not None:
-            self._events.append(("installed", gid, GraphError(
-                f"installing graph {g.name!r} failed on worker {sender}:\n{error}")))
+        if reply.error is not None:
+            self._events.append(Installed(gid, GraphError(
+                f"installing graph {g.name!r} failed on worker {sender}:\n{reply.error}")))
             self.uninstall(gid)
             return
         g.awaiting.discard(sender)
         if not g.awaiting:
-            self._events.append(("installed", gid, None))
+            self._events.append(Installed(gid, None))
 
     def _on_progress(self, sender, body):
         for gid, changes in body.items():
@@ -246,9 +274,9 @@ class CoordinatorCore:
                 self._check_done(gid, g, t)
 
     def _on_report(self, sender, payload):
-        progress, outputs = payload
-        self._on_progress(sender, progress)
-        self._on_output(sender, outputs)
+        report = Report.of(payload)
+        self._on_progress(sender, report.progress)
+        self._on_output(sender, report.outputs)
 
     def _on_output(self, sender, outputs):
         consumed = Counter()  # (gid, t) -> outputs taken, applied once per batch
@@ -270,33 +298,33 @@ class CoordinatorCore:
         if run is not None and g.tracker.is_done(t):
             del g.runs[t]
             if not run.failed:
-                self._events.append(("run_done", gid, t, run.result))
+                self._events.append(RunDone(gid, t, run.result))
 
     def _on_error(self, sender, payload):
-        gid, t, node, shard, worker, message, tb, origin = payload
-        g = self.graphs.get(gid)
-        run = g.runs.get(t) if g else None
+        r = ErrorReport.of(payload)
+        g = self.graphs.get(r.gid)
+        run = g.runs.get(r.t) if g else None
         if run is None or run.failed:
             return
         run.failed = True
-        err = OperatorError(node, shard, worker, t, message, tb, origin)
-        self._events.append(("run_failed", gid, t, err))
+        err = OperatorError(r.node, r.shard, r.worker, r.t, r.message, r.traceback, r.origin)
+        self._events.append(RunFailed(r.gid, r.t, err))
 
     def _on_heartbeat(self, sender, payload):
         pass
 
     def _on_user(self, sender, payload):
-        self._events.append(("user", sender, payload))
+        self._events.append(UserMessage(sender, payload))
 
     def send_user(self, worker: int, payload) -> None:
         """Send ``payload`` to ``worker``'s embedding runtime."""
         self._send(worker, Kind.USER, payload)
 
     def _on_counters(self, sender, payload):
-        req, snapshot = payload
-        if not isinstance(req, int) or not isinstance(snapshot, dict):
-            raise ValueError(f"not a reply to a counters request: {req!r:.80}")
-        self._events.append(("counters", req, sender, snapshot))
+        reply = CountersReply.of(payload)
+        if not isinstance(reply.request, int) or not isinstance(reply.snapshot, dict):
+            raise ValueError(f"not a reply to a counters request: {reply.request!r:.80}")
+        self._events.append(CountersReceived(reply.request, sender, reply.snapshot))
 
     _handlers = {
         Kind.HELLO: _on_hello, Kind.INSTALLED: _on_installed, Kind.PROGRESS: _on_progress,
@@ -336,7 +364,7 @@ class CoordinatorCore:
             return
         info.alive = False
         log.warning("worker %d lost: %s", w, detail)
-        self._commands.append(("disconnect", w))
+        self._commands.append(Disconnect(w))
         err = WorkerLost(w, detail)
         for gid, g in list(self.graphs.items()):
             if w not in g.workers or g.broken is not None:
@@ -344,11 +372,11 @@ class CoordinatorCore:
             g.broken = err
             for t, run in list(g.runs.items()):
                 if not run.failed:
-                    self._events.append(("run_failed", gid, t, err))
+                    self._events.append(RunFailed(gid, t, err))
             g.runs.clear()
             if g.awaiting:
-                self._events.append(("installed", gid, err))
+                self._events.append(Installed(gid, err))
                 g.awaiting.clear()
             self._send_uninstall(gid, g)  # w is no longer alive: it gets nothing
         self._broadcast_peers()
-        self._events.append(("membership", self.live_workers()))
+        self._events.append(Membership(self.live_workers()))

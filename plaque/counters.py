@@ -9,6 +9,9 @@ from .wire import frame_bytes
 
 @dataclass
 class PeerCounters:
+    """Traffic with one peer: messages, frames, bytes, tuples and progress messages each way,
+    and the messages from it that were dropped."""
+
     messages_sent: int = 0
     frames_sent: int = 0
     bytes_sent: int = 0

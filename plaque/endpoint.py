@@ -15,10 +15,20 @@ import signal
 import threading
 import time
 
+from .commands import Connect, Disconnect, Exit, Send
+
 log = logging.getLogger("plaque.endpoint")
 
 
 class Endpoint:
+    """Drives one core (``WorkerCore`` or ``CoordinatorCore``) over one transport on ``loop``.
+
+    It hands received frames to ``core.receive``, runs turns (``core.step`` when the core has
+    one, then the core's commands, then ``after_turn``) and ticks the core every
+    ``tick_interval`` seconds of ``clock``. ``on_exit(reason)`` runs once it stops: on an
+    ``Exit`` command, or ``stop``.
+    """
+
     def __init__(self, core, transport, loop, tick_interval=0.1, after_turn=None,
                  on_exit=None, clock=time.monotonic):
         self.core, self.transport, self.loop = core, transport, loop
@@ -65,21 +75,28 @@ class Endpoint:
             self.after_turn()
 
     def _execute(self, commands) -> None:
-        t = self.transport
+        do = self._DO
         for cmd in commands:
-            op = cmd[0]
-            if op == "send":
-                try:
-                    t.send(cmd[1], cmd[2], cmd[3])
-                except KeyError:
-                    log.debug("no route to peer %s; message dropped", cmd[1])
-            elif op == "connect":
-                t.connect(cmd[1], cmd[2])
-            elif op == "disconnect":
-                t.disconnect(cmd[1])
-            elif op == "exit":
-                self.stop(cmd[1])
-                return
+            do[type(cmd)](self, cmd)
+            if self.exit_reason is not None:
+                return  # stopped: the transport is closed, the rest cannot be carried out
+
+    def _send(self, cmd: Send) -> None:
+        try:
+            self.transport.send(cmd.peer, cmd.channel, cmd.frames)
+        except KeyError:
+            log.debug("no route to peer %s; message dropped", cmd.peer)
+
+    def _connect(self, cmd: Connect) -> None:
+        self.transport.connect(cmd.peer, cmd.address)
+
+    def _disconnect(self, cmd: Disconnect) -> None:
+        self.transport.disconnect(cmd.peer)
+
+    def _exit(self, cmd: Exit) -> None:
+        self.stop(cmd.reason)
+
+    _DO = {Send: _send, Connect: _connect, Disconnect: _disconnect, Exit: _exit}
 
     def _tick(self) -> None:
         if self.exit_reason is not None:

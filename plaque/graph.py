@@ -23,6 +23,9 @@ from .operator import Operator
 
 
 class Routing(enum.Enum):
+    """How an edge routes a tuple: to the same shard index (ONE_TO_ONE, equal shard counts),
+    to every shard (BROADCAST), or to the shard its key or ``shard=`` picks (KEYED)."""
+
     ONE_TO_ONE = "one_to_one"
     BROADCAST = "broadcast"
     KEYED = "keyed"
@@ -47,6 +50,8 @@ class Node:
 
 @dataclass(frozen=True)
 class Edge:
+    """Output ``src_port`` of node ``src`` to input ``dst_port`` of node ``dst``."""
+
     src: int
     dst: int
     routing: Routing

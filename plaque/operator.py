@@ -51,27 +51,31 @@ class Context:
     ``arg`` (the argument given to run t), ``services`` (whatever the worker process was
     started with), ``state`` (this shard's dict for run t).
 
+    For the engine (not for operators): ``local_graph`` (the worker's ``LocalGraph``),
+    ``node_index``, ``turn_routes`` (where emits go this turn, by (t, port): ``outbox.Route``) and
+    ``run_states`` (t -> state dict).
+
     Routing on KEYED edges: ``key=k`` sends to shard ``plaque.stable_shard(k, n)`` of the
     receiver's n shards, the same in every process (never ``hash()``, which differs between
     processes); ``shard=i`` names the shard. Other edges ignore both.
     """
 
     __slots__ = ("node", "shard", "num_shards", "worker", "arg", "services", "t", "_core",
-                 "_graph", "_index", "_notify", "_targets", "_states")
+                 "local_graph", "node_index", "_notify", "turn_routes", "run_states")
 
     def __init__(self, node, shard, num_shards, worker, core, graph, index, notify=True,
                  services=None):
         self.node, self.shard, self.num_shards, self.worker = node, shard, num_shards, worker
-        self._core, self._graph, self._index, self._notify = core, graph, index, notify
+        self._core, self.local_graph, self.node_index, self._notify = core, graph, index, notify
         self.services = services if services is not None else {}
         self.arg = None
         self.t = None
-        self._targets: dict = {}  # (t, port) -> where emits go (outbox.Route), this turn only
-        self._states: dict = {}  # t -> state dict
+        self.turn_routes: dict = {}  # (t, port) -> where emits go (outbox.Route), this turn only
+        self.run_states: dict = {}  # t -> state dict
 
     def emit(self, value, port: int = 0, shard: int | None = None, key=None) -> None:
         """Send ``value`` on output ``port``."""
-        route = self._targets.get((self.t, port))
+        route = self.turn_routes.get((self.t, port))
         if route is None:
             route = self._core.outbox.open(self, self.t, port)
         for bucket in route.plain:
@@ -79,11 +83,11 @@ class Context:
         keyed = route.keyed
         if keyed:
             if key is not None and len(keyed) == 1:  # the usual keyed emit, without calls
-                _, n, buckets, _ = keyed[0]
-                s = stable_hash(key) % n
-                bucket = buckets[s]
+                edge = keyed[0]
+                s = stable_hash(key) % edge.shards
+                bucket = edge.buckets[s]
                 if bucket is None:
-                    bucket = self._core.outbox.keyed_bucket(self, self.t, keyed[0], s)
+                    bucket = self._core.outbox.keyed_bucket(self, self.t, edge, s)
                 bucket.values.append(value)
             else:
                 self._core.outbox.emit_keyed(self, route, value, shard, key)
@@ -98,7 +102,7 @@ class Context:
 
     def output(self, value) -> None:
         """Hand ``value`` to the driver: it appears in the run's result under this node/shard."""
-        self._core._output(self._graph, self._index, self.shard, self.t, value)
+        self._core.add_output(self.local_graph, self.node_index, self.shard, self.t, value)
 
     def hold(self) -> Capability:
         """Keep this shard's capability for the current run after the handler returns.
@@ -106,7 +110,7 @@ class Context:
         Downstream shards are not told "complete" until it is released, so the shard can
         finish its work later (on another thread) and still emit. See ``Capability``.
         """
-        return self._core._hold(self._graph, self._index, self.shard, self.t)
+        return self._core.hold_capability(self.local_graph, self.node_index, self.shard, self.t)
 
     @property
     def state(self) -> dict:
@@ -115,11 +119,11 @@ class Context:
         that is never notified (``notify=False``, or no ``on_complete``) never learns that a
         run is over: its state is kept as long as the run's argument, until its worker retires
         the run (``LocalGraph.RETIRED_KEPT`` runs later)."""
-        state = self._states.get(self.t)
+        state = self.run_states.get(self.t)
         if state is None:
-            state = self._states[self.t] = {}
+            state = self.run_states[self.t] = {}
             if not self._notify:
-                self._graph.unnotified_states.setdefault(self.t, []).append(self)
+                self.local_graph.unnotified_states.setdefault(self.t, []).append(self)
         return state
 
 
@@ -129,13 +133,13 @@ class Capability:
     ``emit``, ``emit_batch``, ``output`` and ``release`` must be called on the worker's event
     loop; from any other thread use ``post(fn)``, which runs ``fn(capability)`` there. An
     exception in ``fn`` fails the run like an exception in a handler, and releases the
-    capability.
+    capability. ``ctx`` is the context of the shard it belongs to.
     """
 
-    __slots__ = ("t", "_core", "_ctx", "released")
+    __slots__ = ("t", "_core", "ctx", "released")
 
     def __init__(self, core, ctx, t):
-        self._core, self._ctx, self.t = core, ctx, t
+        self._core, self.ctx, self.t = core, ctx, t
         self.released = False
 
     def emit(self, value, port: int = 0, shard: int | None = None, key=None) -> None:
@@ -144,23 +148,23 @@ class Capability:
     def emit_batch(self, values, port: int = 0, shard: int | None = None, key=None,
                    shards=None, keys=None) -> None:
         self._check()
-        self._core.outbox.emit(self._ctx, self.t, port, values, shard, key, shards, keys)
+        self._core.outbox.emit(self.ctx, self.t, port, values, shard, key, shards, keys)
 
     def output(self, value) -> None:
         self._check()
-        ctx = self._ctx
-        self._core._output(ctx._graph, ctx._index, ctx.shard, self.t, value)
+        ctx = self.ctx
+        self._core.add_output(ctx.local_graph, ctx.node_index, ctx.shard, self.t, value)
 
     def release(self) -> None:
         self._check()
         self.released = True
-        ctx = self._ctx
-        self._core._release(ctx._graph, ctx._index, ctx.shard, self.t)
+        ctx = self.ctx
+        self._core.release_capability(ctx.local_graph, ctx.node_index, ctx.shard, self.t)
 
     @property
     def valid(self) -> bool:
         """Not released, and its graph still installed (on the worker's event loop)."""
-        graph = self._ctx._graph
+        graph = self.ctx.local_graph
         return not self.released and self._core.graphs.get(graph.gid) is graph
 
     def post(self, fn) -> None:

@@ -46,16 +46,26 @@ class Bucket:
         return bool(self.values) or bool(self.rows)
 
 
+class KeyedRoute:
+    """One KEYED edge of a route: the edge, its destination's shard count and name, and the
+    destination's buckets by shard, made as keys pick them."""
+
+    __slots__ = ("edge", "shards", "buckets", "name")
+
+    def __init__(self, edge, shards: int, name: str):
+        self.edge, self.shards, self.name = edge, shards, name
+        self.buckets: list[Bucket | None] = [None] * shards
+
+
 class Route:
     """Where one shard's emits on one port go in one run: the buckets of its ONE_TO_ONE and
-    BROADCAST edges, and per KEYED edge (edge, shards, buckets by shard as keys pick them,
-    node name)."""
+    BROADCAST edges, and its KEYED edges."""
 
     __slots__ = ("plain", "keyed")
 
     def __init__(self):
         self.plain: list[Bucket] = []
-        self.keyed: list[tuple] = []
+        self.keyed: list[KeyedRoute] = []
 
 
 class Outbox:
@@ -79,33 +89,33 @@ class Outbox:
 
     def open(self, ctx, t, port) -> Route:
         """Where emits from ``ctx``'s shard at t on ``port`` go, cached for this turn."""
-        g, route = ctx._graph, Route()
-        for e in g.routes.get((ctx._index, port), ()):
+        g, route = ctx.local_graph, Route()
+        for e in g.routes.get((ctx.node_index, port), ()):
             node = g.graph.nodes[e.dst]
             if e.routing is KEYED:
-                route.keyed.append((e, node.shards, [None] * node.shards, node.name))
+                route.keyed.append(KeyedRoute(e, node.shards, node.name))
                 continue
             shards = (ctx.shard,) if e.routing is ONE_TO_ONE else range(node.shards)
             route.plain.extend(self.bucket(g, e.dst, s, e.dst_port, t) for s in shards)
-        if not ctx._targets:
+        if not ctx.turn_routes:
             self._cached.append(ctx)
-        ctx._targets[(t, port)] = route
+        ctx.turn_routes[(t, port)] = route
         return route
 
-    def keyed_bucket(self, ctx, t, keyed, s) -> Bucket:
+    def keyed_bucket(self, ctx, t, keyed: KeyedRoute, s) -> Bucket:
         """The bucket of shard ``s`` of a KEYED edge of ``ctx``'s route at t (made once)."""
-        e, _, buckets, _ = keyed
+        e, buckets = keyed.edge, keyed.buckets
         b = buckets[s]
         if b is None:
-            b = buckets[s] = self.bucket(ctx._graph, e.dst, s, e.dst_port, t)
+            b = buckets[s] = self.bucket(ctx.local_graph, e.dst, s, e.dst_port, t)
         return b
 
     def emit_keyed(self, ctx, route, value, shard, key) -> None:
         """One tuple onto the KEYED edges of ``route``: to its key's shard, or to ``shard``."""
         h = None if key is None else stable_hash(key)
         for keyed in route.keyed:
-            n = keyed[1]
-            s = h % n if h is not None else checked_shard(shard, n, keyed[3])
+            n = keyed.shards
+            s = h % n if h is not None else checked_shard(shard, n, keyed.name)
             self.keyed_bucket(ctx, ctx.t, keyed, s).values.append(value)
 
     def emit(self, ctx, t, port, values, shard=None, key=None, shards=None, keys=None) -> None:
@@ -114,11 +124,11 @@ class Outbox:
             values = list(values)
         elif isinstance(values, np.ndarray) and values.ndim == 0:
             raise ValueError("emit_batch needs a sequence or an array of rows, got a 0-d array")
-        route = ctx._targets.get((t, port)) or self.open(ctx, t, port)
+        route = ctx.turn_routes.get((t, port)) or self.open(ctx, t, port)
         for b in route.plain:
             b.add(values)
         for keyed in route.keyed:
-            n, name = keyed[1], keyed[3]
+            n, name = keyed.shards, keyed.name
             if key is not None or shard is not None:
                 s = stable_hash(key) % n if key is not None else checked_shard(shard, n, name)
                 self.keyed_bucket(ctx, t, keyed, s).add(values)
@@ -178,7 +188,7 @@ class Outbox:
     def end_turn(self) -> None:
         """Forget this turn's routes and buckets; local tuples not yet delivered stay."""
         for ctx in self._cached:
-            ctx._targets.clear()
+            ctx.turn_routes.clear()
         self._cached.clear()
         self.buckets = {b.key: b for b in self.local if b}
         self.local = list(self.buckets.values())

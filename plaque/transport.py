@@ -8,7 +8,7 @@ ordering between channels. ``send`` never blocks the event loop.
 ``InprocTransport`` connects endpoints living in one process (any threads) through a
 registry; it copies every frame, as a socket would, so that senders and receivers never
 share memory. ``ZmqTransport`` (``zmq_transport.py``) is the real one. Both pass the same
-conformance suite (``tests/plaque/test_transport.py``).
+conformance suite (``plaque.testing.TransportConformance``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ OnMessage = Callable[[int, list], None]
 
 
 class Transport(ABC):
+    """Moves lists of frames between endpoints, on two channels (DATA and CONTROL) per peer
+    pair, FIFO per (sender, receiver, channel); ``send`` never blocks the loop. Peers are
+    small ints, made reachable with ``connect``. Every implementation passes
+    ``plaque.testing.TransportConformance``."""
+
     address: str  # where peers reach this endpoint
 
     @abstractmethod
@@ -68,6 +73,9 @@ _names = itertools.count()
 
 
 class InprocTransport(Transport):
+    """Endpoints of this process (any threads), found by ``address`` in a registry; every
+    frame is copied, as a socket would, and delivered on the receiver's loop."""
+
     def __init__(self, name: str | None = None):
         self.address = f"inproc-{next(_names)}" if name is None else name
         self._peers: dict[int, str] = {}

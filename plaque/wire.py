@@ -26,6 +26,9 @@ CONTROL = 1  # channel for progress, heartbeats, errors, housekeeping (never beh
 
 
 class Kind(enum.IntEnum):
+    """What a message is, in its header; each says who sends it and its body
+    (``plaque.payloads`` for the structured ones)."""
+
     HELLO = 1  # worker -> coordinator: (data address, control address, info)
     WELCOME = 2  # coordinator -> worker: assigned id
     PEERS = 3  # coordinator -> worker: {worker id: address}

@@ -2,10 +2,8 @@
 
 The adapter (``endpoint.py``) feeds received frames to ``receive``, calls ``step`` to run local
 work (tuples between shards of this worker, completion notifications) and ``tick`` with the
-time, then carries out the commands returned by ``take_commands``:
-
-- ``("send", peer, channel, frames)``  - ``("connect", peer, address)``
-- ``("disconnect", peer)``              - ``("exit", reason)``
+time, then carries out the commands returned by ``take_commands`` (``plaque.commands``:
+``Send``, ``Connect``, ``Disconnect``, ``Exit``).
 
 Everything produced in one turn (between two ``take_commands``) leaves together: one data
 message per peer (split only when very large) and one progress message per peer.
@@ -20,6 +18,7 @@ from collections import deque
 import cloudpickle
 
 from . import wire
+from .commands import Connect, Disconnect, Exit, Send
 from .counters import Counters
 from .heartbeat import HEARTBEAT_INTERVAL
 from .liveness import GRACE_TIMEOUTS, Listening
@@ -27,6 +26,16 @@ from .local_graph import LocalGraph
 from .logutil import dropped
 from .operator import Capability
 from .outbox import Outbox
+from .payloads import (
+    CountersReply,
+    ErrorReport,
+    Hello,
+    Install,
+    InstallReply,
+    Report,
+    Start,
+    Welcome,
+)
 from .progress import CAP, INPUT, SINK, ChangeBatch
 from .wire import CONTROL, COORDINATOR, DATA, UNKNOWN_SENDER, Kind
 
@@ -60,7 +69,7 @@ class WorkerCore:
         self.counters = Counters()
         self.graphs: dict[int, LocalGraph] = {}
         self.peers: dict[int, str] = {}
-        self._commands: list = [("connect", COORDINATOR, coordinator_address)]
+        self._commands: list = [Connect(COORDINATOR, coordinator_address)]
         self.coordinator_control = coordinator_address.split("|")[0]
         self.outbox = Outbox()  # this turn's tuples, by destination
         self._outputs: list = []
@@ -69,7 +78,8 @@ class WorkerCore:
         self._last_beat = None
         self.last_tick = None
         self.exited = False
-        self._send(COORDINATOR, CONTROL, Kind.HELLO, (address, self.info, str_hash_probe()))
+        self._send(COORDINATOR, CONTROL, Kind.HELLO,
+                   Hello(address, self.info, str_hash_probe()).wire())
 
     # ---- carrying out -------------------------------------------------------------------
     def take_commands(self) -> list:
@@ -84,7 +94,7 @@ class WorkerCore:
     def _send(self, peer, channel, kind, payload, tuples=0) -> None:
         frames = wire.encode(kind, UNKNOWN_SENDER if self.id is None else self.id, payload)
         self.counters.peer(peer).count_sent(frames, kind is Kind.PROGRESS, tuples)
-        self._commands.append(("send", peer, channel, frames))
+        self._commands.append(Send(peer, channel, frames))
 
     def _flush_data(self) -> None:
         """One DATA message per peer (split when very large)."""
@@ -123,10 +133,10 @@ class WorkerCore:
                     to_coordinator[gid] = changes
         outputs, self._outputs = self._outputs, []
         if to_coordinator and outputs and len(outputs) <= MAX_OUTPUTS_WITH_PROGRESS:
-            frames = wire.encode(Kind.REPORT, self.id, (to_coordinator, outputs))
+            frames = wire.encode(Kind.REPORT, self.id, Report(to_coordinator, outputs).wire())
             if wire.frame_bytes(frames) <= MAX_REPORT_BYTES:  # small: one message, not two
                 self.counters.peer(COORDINATOR).count_sent(frames, True, len(outputs))
-                self._commands.append(("send", COORDINATOR, CONTROL, frames))
+                self._commands.append(Send(COORDINATOR, CONTROL, frames))
                 return
         if outputs:
             self._send(COORDINATOR, DATA, Kind.OUTPUT, outputs, tuples=len(outputs))
@@ -157,37 +167,38 @@ class WorkerCore:
     def _on_welcome(self, sender, payload):
         if self.id is not None:  # the coordinator welcomes a worker once: this is a replay
             raise ValueError(f"already joined as worker {self.id}")
-        worker_id, coordinator_address = payload
-        self.id = self.outbox.me = int(worker_id)
-        if coordinator_address:  # we may have joined with the control endpoint only
-            self._commands.append(("connect", COORDINATOR, str(coordinator_address)))
+        welcome = Welcome.of(payload)
+        self.id = self.outbox.me = int(welcome.worker)
+        if welcome.coordinator_address:  # we may have joined with the control endpoint only
+            self._commands.append(Connect(COORDINATOR, str(welcome.coordinator_address)))
         log.info("joined as worker %d", self.id)
 
     def _on_peers(self, sender, peers):
         peers = {int(k): str(v) for k, v in dict(peers).items() if int(k) != self.id}
         for gone in set(self.peers) - set(peers):
-            self._commands.append(("disconnect", gone))
+            self._commands.append(Disconnect(gone))
         for pid, addr in peers.items():
             if self.peers.get(pid) != addr:
-                self._commands.append(("connect", pid, addr))
+                self._commands.append(Connect(pid, addr))
         self.peers = peers
 
     def _on_install(self, sender, payload):
-        gid, blob = payload
+        install = Install.of(payload)
+        gid = install.gid
         try:
-            graph, placement = cloudpickle.loads(blob)
+            graph, placement = cloudpickle.loads(install.blob)
             self.graphs[gid] = LocalGraph(gid, graph, placement, self.id, self, self.services)
             error = None
         except Exception:
             error = traceback.format_exc()
-        self._send(COORDINATOR, CONTROL, Kind.INSTALLED, (gid, error))
+        self._send(COORDINATOR, CONTROL, Kind.INSTALLED, InstallReply(gid, error).wire())
 
     def _on_uninstall(self, sender, gid):
         self.graphs.pop(gid, None)
 
     def _on_start(self, sender, payload):
-        gid, t, arg = payload
-        g = self.graphs[gid]
+        start = Start.of(payload)
+        g, t, arg = self.graphs[start.gid], start.t, start.arg
         g.tracker.update(((CAP, n, s, t), 1) for n, s in g.tracked)
         g.args[t] = arg
         g.live[t] = set(g.ops)
@@ -232,7 +243,8 @@ class WorkerCore:
         pass
 
     def _on_counters(self, sender, request_id):
-        self._send(COORDINATOR, CONTROL, Kind.COUNTERS, (request_id, self.counters.snapshot()))
+        reply = CountersReply(request_id, self.counters.snapshot())
+        self._send(COORDINATOR, CONTROL, Kind.COUNTERS, reply.wire())
 
     def _on_user(self, sender, payload):
         if self.on_user is not None:
@@ -295,7 +307,8 @@ class WorkerCore:
                     for chunk in chunks:
                         self._deliver(g, node, shard, port, t, chunk)
 
-    def _hold(self, g, node, shard, t):
+    def hold_capability(self, g, node, shard, t):
+        """``ctx.hold()`` of shard ``(node, shard)`` of ``g`` at t: a ``Capability``."""
         key = (node, shard, t)
         if (node, shard) not in g.live.get(t, ()):
             n = g.graph.nodes[node]
@@ -307,7 +320,8 @@ class WorkerCore:
         g.holds[key] = g.holds.get(key, 0) + 1
         return Capability(self, g.ops[(node, shard)][1], t)
 
-    def _release(self, g, node, shard, t) -> None:
+    def release_capability(self, g, node, shard, t) -> None:
+        """``Capability.release()``: once the last hold goes, a completed shard is done."""
         key = (node, shard, t)
         g.holds[key] -= 1
         if not g.holds[key]:
@@ -331,18 +345,19 @@ class WorkerCore:
                 except Exception:
                     log.exception("worker %s: a posted call failed", self.id)
                 continue
-            graph = cap._ctx._graph
+            graph = cap.ctx.local_graph
             if self.graphs.get(graph.gid) is not graph:
                 continue  # graph uninstalled meanwhile
             try:
                 fn(cap)
             except Exception as exc:
-                ctx = cap._ctx
-                self._report(ctx._graph, ctx._index, ctx.shard, cap.t, exc)
+                ctx = cap.ctx
+                self._report(ctx.local_graph, ctx.node_index, ctx.shard, cap.t, exc)
                 if not cap.released:
                     cap.release()
 
-    def _output(self, g, node, shard, t, value) -> None:
+    def add_output(self, g, node, shard, t, value) -> None:
+        """``ctx.output(value)``: for the driver, with this turn's outputs."""
         self._change(g, (INPUT, SINK, 0, t), 1)
         self._outputs.append((g.gid, node, shard, t, value))
 
@@ -375,8 +390,9 @@ class WorkerCore:
         tb = "".join(traceback.format_exception(exc))
         log.info("operator %s[%d] failed at t=%s: %r", name, shard, t, exc)
         # an error that knows its own origin (e.g. a kernel's exception it wraps) says so
-        report = (g.gid, t, name, shard, self.id, repr(exc), tb, getattr(exc, "origin", None))
-        self._send(COORDINATOR, CONTROL, Kind.ERROR, report)
+        report = ErrorReport(g.gid, t, name, shard, self.id, repr(exc), tb,
+                             getattr(exc, "origin", None))
+        self._send(COORDINATOR, CONTROL, Kind.ERROR, report.wire())
 
     def step(self) -> None:
         """Run local work until nothing is left: local tuples, then due notifications."""
@@ -435,7 +451,7 @@ class WorkerCore:
             self._drop_capability(g, node, shard, t)
 
     def _drop_capability(self, g, node, shard, t) -> None:
-        g.ops[(node, shard)][1]._states.pop(t, None)  # the shard's state for t goes with it
+        g.ops[(node, shard)][1].run_states.pop(t, None)  # the shard's state for t goes with it
         live = g.live[t]
         live.discard((node, shard))
         self._change(g, (CAP, node, shard, t), -1)
@@ -456,7 +472,7 @@ class WorkerCore:
             old, _ = g.retired.popitem(last=False)
             g.args.pop(old, None)
             for ctx in g.unnotified_states.pop(old, ()):
-                ctx._states.pop(old, None)
+                ctx.run_states.pop(old, None)
 
     # ---- time -----------------------------------------------------------------------------
     def tick(self, now: float, heard_until: float | None = None) -> None:
@@ -483,4 +499,4 @@ class WorkerCore:
         if not self.exited:
             self.exited = True
             log.info("worker %s exiting: %s", self.id, reason)
-            self._commands.append(("exit", reason))
+            self._commands.append(Exit(reason))

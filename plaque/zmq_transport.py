@@ -71,22 +71,24 @@ def context_for(address: str) -> tuple[zmq.Context, bool]:
 
 class ZmqTransport(Transport):
     """``bind``: ``tcp://HOST`` (random ports), ``ipc://DIR/`` or ``ipc`` (temp dir).
-    ``keys``: the CURVE key directory of every socket (default ``$PLAQUE_KEYS``)."""
+    ``keys``: the CURVE key directory of every socket (default ``$PLAQUE_KEYS``). ``hwm``:
+    the high-water mark of every socket, in messages (past it, sends wait in a backlog)."""
 
     def __init__(self, bind: str = "tcp://127.0.0.1", context: zmq.Context | None = None,
-                 keys: str | None = None):
+                 keys: str | None = None, hwm: int | None = None):
         if bind == "ipc":
             bind = f"ipc://{tempfile.gettempdir()}/"
         if not bind.startswith(("tcp://", "ipc://")):
             raise ValueError(f"bind address must start with tcp:// or ipc://, got {bind!r}")
         self._own_context = context is None
         self.keys = keys
+        self.hwm = HWM if hwm is None else hwm
         self.ctx = context or zmq.Context()
         self._pull = {}
         for ch in (CONTROL, DATA):
             s = self.ctx.socket(zmq.PULL)
             s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.RCVHWM, HWM)
+            s.setsockopt(zmq.RCVHWM, self.hwm)
             self._pull[ch] = (s, bind_socket(s, bind, keys))
         self.address = f"{self._pull[CONTROL][1]}|{self._pull[DATA][1]}"
         self._push: dict[tuple[int, int], zmq.Socket] = {}
@@ -149,7 +151,7 @@ class ZmqTransport(Transport):
             self._backlog.pop((peer, ch), None)  # meant for the old address
             s = self.ctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 0)
-            s.setsockopt(zmq.SNDHWM, HWM)
+            s.setsockopt(zmq.SNDHWM, self.hwm)
             security.client(s, self.keys)
             try:
                 s.connect(where)
@@ -184,6 +186,10 @@ class ZmqTransport(Transport):
         except zmq.Again:
             self._backlog.setdefault(key, deque()).append(frames)
             self._schedule_retry()
+
+    def backlogged(self) -> int:
+        """Messages waiting here because their peer's queue was full."""
+        return sum(map(len, self._backlog.values()))
 
     def _schedule_retry(self):
         if not self._retry_scheduled and self._loop is not None:

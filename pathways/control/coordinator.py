@@ -19,9 +19,10 @@ import zmq
 
 import plaque
 from plaque import security
+from plaque.events import Membership
 from plaque.zmq_transport import context_for
 
-from ..lowering.lower import rebuild
+from ..lowering.wire import rebuild
 from ..service import RouterService
 from .plane import POLICIES, ControlPlane, InstallGraph, RefuseHost, Reply, StartRun, ToHost
 
@@ -72,10 +73,10 @@ class Coordinator:
         self._carry_out()
 
     def _on_cluster_event(self, ev) -> None:
-        if ev[0] != "membership":
+        if not isinstance(ev, Membership):
             return
         core = self.cluster.core
-        self.plane.hosts_live({w: core.workers[w].info for w in ev[1]})
+        self.plane.hosts_live({w: core.workers[w].info for w in ev.workers})
         self._carry_out()
 
     def _check_clients(self) -> None:

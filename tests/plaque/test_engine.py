@@ -260,7 +260,7 @@ def test_lost_worker_fails_its_runs_quickly_and_others_go_on(tcp_cluster3):
     doomed, safe = cluster.install(doomed), cluster.install(safe)
     fut = doomed.run(w1)
     time.sleep(0.3)
-    os.kill(cluster._core.workers[w1].info["pid"], signal.SIGKILL)
+    os.kill(cluster.core.workers[w1].info["pid"], signal.SIGKILL)
     with pytest.raises(plaque.WorkerLost, match=f"worker {w1} lost"):
         fut.result(timeout=15)  # bounded: heartbeats, not a hang
     assert safe.run(None).result(30).values("stall") == [w2]
@@ -276,7 +276,7 @@ def test_garbage_on_worker_sockets_is_dropped_and_worker_keeps_serving():
         assert ig.run(3).result(30).outputs["collect"] == expected_sparse(3)
         ctx = zmq.Context()
         try:
-            for addr in (cluster._core.workers[w].address for w in cluster.workers()):
+            for addr in (cluster.core.workers[w].address for w in cluster.workers()):
                 for endpoint in addr.split("|"):
                     s = ctx.socket(zmq.PUSH)
                     s.setsockopt(zmq.LINGER, 1000)
@@ -410,7 +410,7 @@ def test_wildcard_binds_are_announced_under_a_dialable_name(monkeypatch):
         cluster.start_worker_processes(2, bind="tcp://0.0.0.0")
         cluster.wait_for_workers(2, timeout=30)
         for w in cluster.workers():
-            assert "0.0.0.0" not in cluster._core.workers[w].address
+            assert "0.0.0.0" not in cluster.core.workers[w].address
         assert cluster.install(sparse_graph()).run(4).result(30).outputs["collect"] == \
             expected_sparse(4)
     finally:

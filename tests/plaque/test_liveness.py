@@ -8,7 +8,9 @@ still declared dead within a bounded time."""
 import pytest
 
 from plaque import wire
+from plaque.commands import Exit
 from plaque.coordinator import CoordinatorCore
+from plaque.events import Membership
 from plaque.liveness import GRACE_TIMEOUTS, STALL, Listening
 from plaque.wire import COORDINATOR, UNKNOWN_SENDER, Kind
 from plaque.worker import WorkerCore
@@ -61,7 +63,7 @@ def test_a_dead_worker_is_lost_after_the_timeout_when_the_coordinator_keeps_up()
         assert not lost(core)
     core.tick(TIMEOUT + TICK, TIMEOUT + TICK)
     assert lost(core)
-    assert ("membership", []) in core.take_events()
+    assert Membership([]) in core.take_events()
 
 
 def test_a_stalled_coordinator_keeps_a_worker_whose_beats_wait_in_its_inbox():
@@ -127,4 +129,4 @@ def test_a_stalled_worker_keeps_its_coordinator_while_the_beats_wait_in_its_inbo
         assert not worker.exited
     worker.tick(40.2, 40.2)
     assert worker.exited
-    assert any(c[0] == "exit" for c in worker.take_commands())
+    assert any(isinstance(c, Exit) for c in worker.take_commands())

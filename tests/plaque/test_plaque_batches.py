@@ -156,7 +156,7 @@ class StateSum(Operator):
         ctx.state["batches"] += 1
 
     def on_complete(self, ctx, t):
-        ctx.output((ctx.state.get("sum", 0), len(ctx._states)))
+        ctx.output((ctx.state.get("sum", 0), len(ctx.run_states)))
 
 
 def test_state_is_per_run_and_dropped_once_the_run_completed(inproc):
@@ -184,7 +184,7 @@ class Dedup(Operator):
         fresh = list(dict.fromkeys(v for v in values if v not in seen))
         seen.update(fresh)
         ctx.emit_batch(fresh)
-        ctx.output(len(ctx._states))
+        ctx.output(len(ctx.run_states))
 
 
 class Sorted(Operator):

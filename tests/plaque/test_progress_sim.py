@@ -1,12 +1,11 @@
 """Progress tracking end to end, on a simulated network driven by hypothesis.
 
-One ``CoordinatorCore`` and W ``WorkerCore`` state machines (W in 1..4) talk through an
-in-test network: one FIFO queue per (sender, receiver, channel), which is exactly what the
-transport guarantees, and nothing more. No sockets, threads, clocks or event loop: delivering
-a message means ``receive`` on the destination, then ``step`` (workers) and ``take_commands``
-(and ``take_events`` for the coordinator), whose sends are appended to the queues. Hypothesis
-picks which non-empty queue delivers next, so messages from different senders and on the DATA
-and CONTROL channels interleave arbitrarily while each queue stays in order.
+One ``CoordinatorCore`` and W ``WorkerCore`` state machines (W in 1..4) talk through
+``plaque.testing.SimulatedCluster``: one FIFO queue per (sender, receiver, channel), which is
+exactly what the transport guarantees, and nothing more. No sockets, threads, clocks or event
+loop. Hypothesis picks which non-empty queue delivers next, so messages from different
+senders and on the DATA and CONTROL channels interleave arbitrarily while each queue stays in
+order.
 
 Graphs are random DAGs of 1-5 nodes with 1-4 shards, random routings and placements; every
 operator logs what it sees. Each node works in one of four modes, so graphs mix them: per tuple
@@ -25,20 +24,20 @@ arrays (``emit_batch(array, shards=)``). The properties:
 from __future__ import annotations
 
 import itertools
-from collections import Counter, deque
+from collections import Counter
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plaque import stable_shard, stable_shards, wire
-from plaque.coordinator import CoordinatorCore
+from plaque import stable_shard, stable_shards
+from plaque.events import RunDone, RunFailed
 from plaque.graph import BROADCAST, KEYED, ONE_TO_ONE, Graph
 from plaque.operator import Operator
+from plaque.testing import COORD
+from plaque.testing import SimulatedCluster as SimNet
 from plaque.wire import CONTROL, DATA, Kind
-from plaque.worker import WorkerCore
 
-COORD = "c"  # the coordinator's address; workers are "w0", "w1", ...
 MOD = 1009
 
 
@@ -211,90 +210,6 @@ class Setup:
                 f" placements={self.placements}, runs={self.runs}, modes={self.modes})")
 
 
-# ---- the simulated network --------------------------------------------------------------------
-
-
-class SimNet:
-    """A coordinator and workers joined by per-(src, dst, channel) FIFO queues."""
-
-    def __init__(self, num_workers, choose=lambda n: 0):
-        self.choose = choose  # picks the index of the next non-empty queue to deliver
-        self.coord = CoordinatorCore()
-        self.cores = {COORD: self.coord}
-        self.routes = {COORD: {}}  # endpoint -> peer id -> address (from "connect")
-        self.queues: dict[tuple, deque] = {}
-        self.events: list = []
-        self.sent = Counter()  # message kinds sent, decoded from the frames
-        self.on_event = None  # called with each coordinator event as it happens
-        for i in range(num_workers):
-            name = f"w{i}"
-            self.routes[name] = {}
-            self.cores[name] = WorkerCore(name, COORD)
-            self.collect(name)
-
-    def collect(self, name):
-        """Carry out an endpoint's commands: sends go to the queues, connects to routes."""
-        core = self.cores[name]
-        for cmd in core.take_commands():
-            if cmd[0] == "send":
-                _, peer, channel, frames = cmd
-                dst = self.routes[name][peer]  # KeyError = a send to a peer never announced
-                self.sent[wire.decode(frames)[0]] += 1
-                self.queues.setdefault((name, dst, channel), deque()).append(frames)
-            elif cmd[0] == "connect":
-                self.routes[name][cmd[1]] = cmd[2]
-            else:
-                raise AssertionError(f"{name} unexpectedly issued {cmd!r}")
-        if core is self.coord:
-            for ev in self.coord.take_events():
-                self.events.append(ev)
-                if self.on_event is not None:
-                    self.on_event(ev)
-
-    def pending(self):
-        return [key for key, q in self.queues.items() if q]
-
-    def deliver_one(self):
-        keys = self.pending()
-        self.deliver(*keys[self.choose(len(keys))])
-
-    def deliver(self, src, dst, channel):
-        core = self.cores[dst]
-        core.receive(self.queues[(src, dst, channel)].popleft())
-        if core is not self.coord:
-            core.step()
-        self.collect(dst)
-
-    def run(self, limit=None):
-        """Deliver until the network is empty (or ``limit`` deliveries); returns the count."""
-        n = 0
-        while self.pending() and (limit is None or n < limit):
-            self.deliver_one()
-            n += 1
-        return n
-
-    def workers(self):
-        return [c for name, c in self.cores.items() if name != COORD]
-
-    def join(self):
-        """Handshake: HELLO / WELCOME / PEERS until every worker knows every other."""
-        self.run()
-        assert len(self.coord.live_workers()) == len(self.workers())
-        assert all(w.id is not None for w in self.workers())
-
-    def install(self, graph):
-        gid = self.coord.install(graph)
-        self.collect(COORD)
-        self.run()
-        assert ("installed", gid, None) in self.events, self.events
-        return gid
-
-    def start(self, gid, arg):
-        t = self.coord.start(gid, arg)
-        self.collect(COORD)
-        return t
-
-
 def shard_logs(net, gid):
     """(node, shard) -> the operator's event list, from every worker that hosts the graph."""
     logs = {}
@@ -351,8 +266,8 @@ def check_run_done_is_not_early(net, gid, setup, ts):
     notified = [key for key in shards if setup.modes[key[0]] != "forward"]
 
     def on_event(ev):
-        if ev[0] == "run_done" and ev[1] == gid:
-            logs, t = shard_logs(net, gid), ev[2]
+        if isinstance(ev, RunDone) and ev.gid == gid:
+            logs, t = shard_logs(net, gid), ev.t
             late = [key for key in notified if ("complete", t) not in logs[key]]
             assert not late, f"run {t} done while {late} had not completed it"
             want_in, _ = reference(setup, t, setup.runs[ts.index(t)][0])
@@ -375,10 +290,10 @@ def check_safety(logs):
 
 def check_liveness(net, gid, setup, ts, logs):
     assert not net.pending()
-    done = [ev for ev in net.events if ev[0] in ("run_done", "run_failed")]
-    assert sorted(ev[2] for ev in done) == ts, done
-    assert all(ev[0] == "run_done" for ev in done), done
-    results = {ev[2]: ev[3] for ev in done}
+    done = [ev for ev in net.events if isinstance(ev, (RunDone, RunFailed))]
+    assert sorted(ev.t for ev in done) == ts, done
+    assert all(isinstance(ev, RunDone) for ev in done), done
+    results = {ev.t: ev.result for ev in done}
     for t, (arg, _) in zip(ts, setup.runs):
         want_in, want_out = reference(setup, t, arg)
         for (n, s), events in logs.items():
@@ -445,7 +360,7 @@ def traffic_of_one_run(shards, choose):
     net.choose = choose
     net.start(gid, None)
     net.run()
-    assert [ev[0] for ev in net.events].count("run_done") == 1
+    assert [type(ev) for ev in net.events].count(RunDone) == 1
     received = sum(op.got for (node, _), (op, _) in
                    itertools.chain(*(w.graphs[gid].ops.items() for w in net.workers()))
                    if node == 1)
@@ -494,7 +409,8 @@ def test_run_arg_is_visible_when_data_overtakes_start():
     net.deliver(COORD, "w0", CONTROL)  # START reaches worker 0 only; a0 emits at once
     net.deliver("w0", "w1", DATA)  # ... and its tuple reaches worker 1 before START does
     net.run()
-    assert ("run_done", gid, 0) in [ev[:3] for ev in net.events]
+    assert (RunDone, gid, 0) in [(type(ev), getattr(ev, "gid", None), getattr(ev, "t", None))
+                                 for ev in net.events]
     (op, _), = net.cores["w1"].graphs[gid].ops.values()
     assert op.seen == [(0, "the-arg", "the-arg")]
 
@@ -519,5 +435,5 @@ def test_small_outputs_ride_on_the_final_progress_report_and_large_ones_do_not()
         net.run()
         sent = net.sent - before
         assert {k: sent[k] for k in (Kind.REPORT, Kind.OUTPUT, Kind.PROGRESS) if sent[k]} == kinds
-        done = [ev for ev in net.events if ev[0] == "run_done"][-1]
-        assert done[3].values("out") == [b"x" * size] * 2
+        done = [ev for ev in net.events if isinstance(ev, RunDone)][-1]
+        assert done.result.values("out") == [b"x" * size] * 2

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from plaque import wire
+from plaque.commands import Send
 from plaque.errors import ProtocolError
 from plaque.wire import Kind
 from plaque.worker import COORDINATOR, WorkerCore
@@ -224,8 +225,8 @@ def test_worker_drops_garbage_counts_it_and_keeps_working():
     # A valid request is still answered, with the drops in the counters it reports.
     w.receive(wire.encode(Kind.COUNTERS, COORDINATOR, 42))
     (cmd,) = w.take_commands()
-    assert cmd[:3] == ("send", COORDINATOR, wire.CONTROL)
-    kind, _, (request_id, snapshot) = wire.decode(cmd[3])
+    assert (type(cmd), cmd.peer, cmd.channel) == (Send, COORDINATOR, wire.CONTROL)
+    kind, _, (request_id, snapshot) = wire.decode(cmd.frames)
     assert (kind, request_id) == (Kind.COUNTERS, 42)
     assert snapshot[-2]["dropped"] == len(BAD_MESSAGES) + 1
     assert snapshot[COORDINATOR]["messages_received"] == 2
