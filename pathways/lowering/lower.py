@@ -15,15 +15,14 @@ transfer buffer its kernel waits on. Transfers between islands are charged DCN t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import plaque
-from plaque.shipping import ship
 
 from ..errors import ProgramError
 from ..program.ir import Program
 from ..program.sharding import P, normalize_spec, shard_shape
-from . import resharding
+from . import resharding, wire
 from .specs import ROUTED_PORT, HostOp, Incoming, KernelSpec, RouteSpec, SendSpec
 
 
@@ -44,64 +43,45 @@ class Placement:
         return f"devices {list(self.devices)} spec {self.spec}"
 
 
-class LazyFactory:
-    """A node's operator factory kept as cloudpickle bytes until a host builds it.
-
-    The coordinator installs graphs without ever unpickling user code: it only sees the
-    graph's shape; the hosts unpickle the factories (once per program per process).
-    """
-
-    _cache: dict[bytes, list] = {}
-
-    def __init__(self, blob: bytes, index: int):
-        self.blob, self.index = blob, index
-
-    def __call__(self):
-        import cloudpickle
-
-        factories = self._cache.get(self.blob)
-        if factories is None:
-            factories = self._cache[self.blob] = cloudpickle.loads(self.blob)
-        return factories[self.index]()
-
-
-def skeleton(graph: plaque.Graph) -> tuple[list, list]:
-    """The graph's shape without its code: nodes (name, shards, worker ids) and edges."""
-    nodes = [(n.name, n.shards, n.placement, n.notify) for n in graph.nodes]
-    edges = [(e.src, e.dst, e.routing.value, e.src_port, e.dst_port) for e in graph.edges]
-    return nodes, edges
-
-
-def rebuild(nodes, edges, blob: bytes, live_workers: list[int]) -> plaque.Graph:
-    """The Plaque graph from a skeleton; placement becomes indices into the live workers."""
-    index = {w: i for i, w in enumerate(live_workers)}
-    g = plaque.Graph()
-    made = []
-    for i, (name, shards, placement, notify) in enumerate(nodes):
-        try:
-            where = [index[w] for w in placement]
-        except KeyError as exc:
-            raise ProgramError(f"host {exc.args[0]} is not live") from None
-        made.append(g.node(name, LazyFactory(blob, i), shards, placement=where, notify=notify))
-    for src, dst, routing, src_port, dst_port in edges:
-        g.edge(made[src], made[dst], plaque.Routing(routing), src_port, dst_port)
-    return g
-
-
 @dataclass
 class LoweredProgram:
+    """A program lowered onto physical devices: the Plaque graph to install (one node per
+    kernel, transfer or routing step, whatever the number of shards), each equation's gang of
+    devices and its island (what the island schedulers order), where each output is made, and
+    the devices of each graph node. ``str()`` prints it one node and one edge a line."""
+
     graph: plaque.Graph
     gangs: list[tuple[int, ...]]  # devices of each equation, in equation order
     islands: list[int]  # island of each gang
     outputs: dict  # var id of each equation output -> (mesh, P spec) where it is made
+    devices: list[tuple[int, ...]] = field(default_factory=list)  # per graph node, per shard
 
     def install_payload(self, bodies) -> tuple:
         """What the coordinator installs, ``(nodes, edges, blob, gangs, islands)``: the
-        graph's skeleton and its operators and ``bodies`` shipped as one blob (code from
-        scripts by value)."""
-        nodes, edges = skeleton(self.graph)
-        blob = ship([n.factory for n in self.graph.nodes], bodies)
+        graph's wire form (``wire.pack``: its skeleton, and its operators and ``bodies``
+        shipped as one blob, code from scripts by value) and the gangs."""
+        nodes, edges, blob = wire.pack(self.graph, bodies)
         return nodes, edges, blob, self.gangs, self.islands
+
+    def __str__(self):
+        g = self.graph
+        count = ", ".join(f"{len(xs)} {what}{'' if len(xs) == 1 else 's'}"
+                          for xs, what in ((g.nodes, "node"), (g.edges, "edge")))
+        lines = [f"lowered {g.name}: {count}; gangs on islands {self.islands}"]
+        for n in g.nodes:
+            per_host: dict[int, list[int]] = {}
+            for shard, host in enumerate(n.placement or ()):
+                per_host.setdefault(host, []).append(shard)
+            devices = list(self.devices[n.index]) if self.devices else "?"
+            kind = getattr(n.factory, "kind", type(n.factory).__name__)
+            wait = "  waits for completion" if n.notify else ""
+            lines.append(f"  {n.name}  {kind}  devices {devices}  shards per host"
+                         f" {per_host}{wait}")
+        for e in g.edges:
+            ports = f"  port {e.src_port} -> {e.dst_port}" if e.src_port or e.dst_port else ""
+            lines.append(f"  {g.nodes[e.src].name} -> {g.nodes[e.dst].name}"
+                         f"  {e.routing.value}{ports}")
+        return "\n".join(lines)
 
 
 def placement_of(m, spec, ndim) -> Placement:
@@ -140,11 +120,15 @@ def lower(program: Program, input_placements: list[Placement], worker_of: dict[i
 
 
 class _Builder:
+    """Emits the graph of one lowering: ``build`` walks the equations in order and adds each
+    one's nodes, the transfers into them and the edges from their producers."""
+
     def __init__(self, program, worker_of, island_of, where, uses, keep, transfers):
         self.program, self.worker_of, self.island_of = program, worker_of, island_of
         self.where, self.uses, self.keep, self.transfers = where, uses, keep, transfers
         self.graph = plaque.Graph(program.name)
         self.producer: dict[int, plaque.graph.Node] = {}  # var id -> node that makes it
+        self.devices: list[tuple[int, ...]] = []  # per node: the device of each shard
 
     def hosts(self, devices, what):
         try:
@@ -159,17 +143,24 @@ class _Builder:
         g = self.graph
         gangs = [e.fn.mesh.ids for e in self.program.eqns]
         islands = [self.island_of[d[0]] for d in gangs]
-        return LoweredProgram(g, gangs, islands, outputs)
+        return LoweredProgram(g, gangs, islands, outputs, self.devices)
+
+    def _node(self, name, op: HostOp, devices, what, notify) -> plaque.graph.Node:
+        """A node with one shard per device of ``devices``, on the hosts owning them."""
+        node = self.graph.node(name, op, len(devices), placement=self.hosts(devices, what),
+                               notify=notify)
+        self.devices.append(tuple(devices))
+        return node
 
     def _kernel(self, e, eqn):
-        g, fn = self.graph, eqn.fn
-        if getattr(fn, "routed", False):
+        fn = eqn.fn
+        if fn.routed:
             return self._routed(e, eqn)
         incoming, releases = self._inputs(e, eqn)
         spec = KernelSpec(e, fn, tuple(v.id for v in eqn.inputs), tuple(v.id for v in eqn.outputs),
                           releases, incoming, fn.signature([v.aval for v in eqn.inputs]))
-        node = g.node(f"{e}:{fn.name}", HostOp("kernel", spec), fn.mesh.size,
-                      placement=self.hosts(fn.mesh.ids, fn.name), notify=self.notify)
+        node = self._node(f"{e}:{fn.name}", HostOp("kernel", spec), fn.mesh.ids, fn.name,
+                          self.notify)
         self._connect(e, eqn, range(len(eqn.inputs)), node)
         for v in eqn.outputs:
             self.producer[v.id] = node
@@ -205,16 +196,13 @@ class _Builder:
                          tuple(v.id for v in eqn.outputs), releases, incoming, links,
                          tuple(v.aval for v in eqn.outputs),
                          tuple(fn.split_avals([v.aval for v in eqn.inputs])[2]))
-        token_hosts, expert_hosts = self.hosts(tm.ids, fn.name), self.hosts(em.ids,
-                                                                                fn.name)
-        route = g.node(f"{e}:{fn.name}:route", HostOp("route", spec), tm.size,
-                       placement=token_hosts, notify=self.notify)
+        route = self._node(f"{e}:{fn.name}:route", HostOp("route", spec), tm.ids, fn.name,
+                           self.notify)
         # How many rows reach an expert is data-dependent: these two always wait for
         # progress tracking to say their input is complete (sequential for this node only).
-        experts = g.node(f"{e}:{fn.name}", HostOp("expert", spec), em.size,
-                         placement=expert_hosts, notify=True)
-        gather = g.node(f"{e}:{fn.name}:gather", HostOp("gather", spec), tm.size,
-                        placement=token_hosts, notify=True)
+        experts = self._node(f"{e}:{fn.name}", HostOp("expert", spec), em.ids, fn.name, True)
+        gather = self._node(f"{e}:{fn.name}:gather", HostOp("gather", spec), tm.ids, fn.name,
+                            True)
         g.edge(route, experts, plaque.KEYED, ROUTED_PORT, len(eqn.inputs))
         g.edge(experts, gather, plaque.KEYED, ROUTED_PORT, 0)
         split = 1 + fn.token_args
@@ -255,9 +243,8 @@ class _Builder:
             per_src[p.src].append((p.dst, p.src_slices, p.dst_slices, link))
         spec = SendSpec(v.id, have.devices, tuple(map(tuple, per_src)),
                         0 if v.id in self.keep else self.uses[v.id])
-        node = self.graph.node(f"{e}:send{i}:v{v.id}", HostOp("send", spec),
-                               len(have.devices), placement=self.hosts(have.devices, "a send"),
-                               notify=self.notify)
+        node = self._node(f"{e}:send{i}:v{v.id}", HostOp("send", spec), have.devices,
+                          "a send", self.notify)
         if v.id in self.producer:
             self._edge(self.producer[v.id], node)
         self.graph.edge(node, consumer, plaque.KEYED, dst_port=i)

@@ -1,20 +1,24 @@
 """What lowering hands the hosts: one plain spec per Plaque node, and the node's kind.
 
 A lowered graph's nodes are made by ``HostOp(kind, spec)``: a picklable factory naming the
-operator by kind ("kernel", "send", "route", "expert", "gather"). Only a host runs it, and the
-host package fills ``OPERATORS`` with its operator classes, so lowering, the client and the
-coordinator never import host code.
+operator by kind (``KINDS``). Only a host runs it: the host's worker is given the table of its
+operators as the service ``OPERATORS_SERVICE`` (``{kind: make(spec) -> operator}``, see
+``pathways.host.operators``), so lowering, the client and the coordinator never import host
+code.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import plaque
+
 from ..errors import PathwaysError
 from ..program.compiled import Aval, CompiledFunction
 from ..program.routing import RoutedFunction
 
-OPERATORS: dict[str, type] = {}  # kind -> operator class; filled by pathways.host
+KINDS = ("kernel", "send", "route", "expert", "gather")  # the node kinds lowering makes
+OPERATORS_SERVICE = "operators"  # a host worker's service: {kind: make(spec) -> operator}
 ROUTED_PORT = 1  # output port of routed rows, kept apart from port 0 (completion edges)
 
 
@@ -26,11 +30,39 @@ class HostOp:
     spec: object
 
     def __call__(self):
-        op = OPERATORS.get(self.kind)
-        if op is None:
-            raise PathwaysError(f"no {self.kind!r} operator in this process: host operators"
-                                " run on hosts (import pathways.host)")
-        return op(self.spec)
+        if self.kind not in KINDS:
+            raise PathwaysError(f"no {self.kind!r} operator: a host runs {', '.join(KINDS)}")
+        return HostNode(self.kind, self.spec)
+
+
+class HostNode(plaque.Operator):
+    """A node's shard on its worker: the host's operator of its kind, made from the worker's
+    ``OPERATORS_SERVICE`` table at its first event, and everything passed on to it."""
+
+    __slots__ = ("kind", "spec", "op")
+
+    def __init__(self, kind: str, spec):
+        self.kind, self.spec, self.op = kind, spec, None
+
+    def _made(self, ctx):
+        table = ctx.services.get(OPERATORS_SERVICE)
+        if table is None or self.kind not in table:
+            raise PathwaysError(f"no {self.kind!r} operator on this worker: host operators run"
+                                " on hosts")
+        self.op = table[self.kind](self.spec)
+        return self.op
+
+    def on_start(self, ctx, t):
+        (self.op or self._made(ctx)).on_start(ctx, t)
+
+    def on_batch(self, ctx, t, port, values):
+        (self.op or self._made(ctx)).on_batch(ctx, t, port, values)
+
+    def on_input(self, ctx, t, port, value):
+        (self.op or self._made(ctx)).on_input(ctx, t, port, value)
+
+    def on_complete(self, ctx, t):
+        (self.op or self._made(ctx)).on_complete(ctx, t)
 
 
 @dataclass(frozen=True)
@@ -45,6 +77,10 @@ class Incoming:
 
 @dataclass(frozen=True)
 class KernelSpec:
+    """A kernel node: equation ``index`` calls ``fn`` on every device of its mesh, reading
+    buffers of the ``inputs`` var ids (or transfer buffers, ``incoming``) and writing the
+    ``outputs``; each shard's outputs are checked against ``expect``."""
+
     index: int  # equation index in its program
     fn: CompiledFunction
     inputs: tuple[int, ...]  # var ids
@@ -56,15 +92,20 @@ class KernelSpec:
 
 @dataclass(frozen=True)
 class SendSpec:
+    """A send node: the shards holding value ``var`` send each consumer shard its pieces
+    (over the node's keyed edge), then release their hold on the value."""
+
     var: int
     devices: tuple[int, ...]  # where the value lives, per source shard
     pieces: tuple  # per source shard: (dst shard, src slices, dst slices, link) ...
     uses: int  # users of the value where it lives (0: a program input or output, kept)
 
 
-
 @dataclass(frozen=True)
 class RouteSpec:
+    """A routed call (``expert_map``), shared by its route, expert and gather nodes: which
+    rows go where, the links they cross, and the avals of what comes back."""
+
     index: int  # equation index
     fn: RoutedFunction
     inputs: tuple[int, ...]  # var ids: route, token args, params

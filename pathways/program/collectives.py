@@ -53,7 +53,9 @@ __all__ = [
     "all_to_all",
     "axis_index",
     "current_env",
+    "gather_group",
     "kernel_env",
+    "ordered_sum",
     "pmax",
     "pmean",
     "pmin",
@@ -73,8 +75,9 @@ def current_env() -> KernelEnv | None:
 
 
 @contextlib.contextmanager
-def kernel_env(env: KernelEnv) -> Iterator[KernelEnv]:
-    """Make ``env`` the kernel environment of this context for the ``with`` block (nests)."""
+def kernel_env(env: KernelEnv | None) -> Iterator[KernelEnv | None]:
+    """Make ``env`` the kernel environment of this context for the ``with`` block (nests);
+    ``None``: no environment (a body traced by JAX inside a kernel must not see the kernel's)."""
     token = _env.set(env)
     try:
         yield env
@@ -113,7 +116,7 @@ class KernelEnv:
 
     def reduce_all(self, members, position: int, x) -> np.ndarray:
         """psum's answer on this member: every member's ``x`` added in position order."""
-        return _ordered_sum(self.gather_all(members, position, x))
+        return ordered_sum(self.gather_all(members, position, x))
 
 
 def _copy(value):
@@ -230,8 +233,9 @@ def _cached_group(mesh_shape, axis_names, axes, flat_index):
     return tuple(members), position
 
 
-def _gather(name: str, x, axes) -> tuple[list, int]:
-    """Every member's ``x`` in position order, and this device's position."""
+def gather_group(name: str, x, axes) -> tuple[list, int]:
+    """Every member's ``x`` in position order, and this device's position, in the group of
+    this device along ``axes`` (``name``: the collective asking, for errors)."""
     env, members, position = _group(name, axes)
     return env.gather_all(members, position, x), position
 
@@ -308,7 +312,7 @@ def pmax(x, axis_name):
 
     >>> peak = pw.shard_map(lambda x: pw.pmax(x.max(), "data"), mesh, P("data"), P())
     """
-    values, _ = _gather("pmax", np.asarray(x), axis_name)
+    values, _ = gather_group("pmax", np.asarray(x), axis_name)
     return np.asarray(np.maximum.reduce(values))
 
 
@@ -318,7 +322,7 @@ def pmin(x, axis_name):
 
     >>> low = pw.shard_map(lambda x: pw.pmin(x.min(), "data"), mesh, P("data"), P())
     """
-    values, _ = _gather("pmin", np.asarray(x), axis_name)
+    values, _ = gather_group("pmin", np.asarray(x), axis_name)
     return np.asarray(np.minimum.reduce(values))
 
 
@@ -342,10 +346,11 @@ def psum_scatter(x, axis_name, scatter_dimension: int = 0, tiled: bool = False):
     blocks = np.split(x, n, axis=dim) if tiled else [np.take(x, j, axis=dim) for j in range(n)]
     everyone = list(range(n))
     got = env.exchange(members, position, dict(enumerate(blocks)), everyone)
-    return _ordered_sum([got[p] for p in everyone])
+    return ordered_sum([got[p] for p in everyone])
 
 
-def _ordered_sum(values: list) -> np.ndarray:
+def ordered_sum(values: list) -> np.ndarray:
+    """psum's reduction: ``values`` added in position order, position 0 first."""
     # A fixed order (position 0 first) is what makes float sums bitwise equal on all members.
     total = values[0].copy()
     for value in values[1:]:
@@ -365,7 +370,7 @@ def all_gather(x, axis_name, axis: int = 0, tiled: bool = False):
         axis = _check_axis("all_gather", "axis", axis, x.ndim)
     else:
         axis = _check_axis("all_gather", "axis", axis, x.ndim + 1)
-    values, _ = _gather("all_gather", x, axis_name)
+    values, _ = gather_group("all_gather", x, axis_name)
     return np.concatenate(values, axis=axis) if tiled else np.stack(values, axis=axis)
 
 

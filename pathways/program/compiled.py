@@ -67,6 +67,8 @@ class CompiledFunction:
     >>> avals = step.abstract_eval([x.aval])  # global output shapes and dtypes
     """
 
+    routed = False  # True for a RoutedFunction: its rows go where the data says (expert_map)
+
     def __init__(self, body, mesh: Mesh, in_specs, out_specs, cost=None, name=None,
                  check_rep=True, limit=None):
         if not callable(body):
@@ -241,11 +243,8 @@ class CompiledFunction:
     def run_shard(self, env, shards, spec, sig: Signature, device=None) -> tuple[tuple, float]:
         """Run the body on one device's shards under ``env``, check its outputs against
         ``sig``; (outputs, modelled seconds on a device of ``spec``)."""
-        token = collectives._env.set(env)
-        try:
+        with collectives.kernel_env(env):
             outs = self.checked(self.run_body(shards, sig), sig, device)
-        finally:
-            collectives._env.reset(token)
         return outs, self.cost_of(shards, outs, spec, sig)
 
     def run_body(self, shards, sig: Signature):
@@ -398,7 +397,7 @@ def check_arguments(name: str, args, client=None) -> None:
                     " the cluster first (x = client.put(value, mesh, spec)) and pass the"
                     " array; a constant the body needs can be closed over by the body;"
                     " for numpy in, numpy out use pw.reference(f)")
-            if getattr(leaf, "_deleted", False):  # pw.Array's flag
+            if leaf.is_deleted():
                 raise ProgramError(f"{name}: {path} was deleted (array.delete()); pass an"
                                    " array that is still alive")
             if first is None:

@@ -2,7 +2,7 @@
 
 Emulated TPUs really run each kernel's numpy body, but they are *occupied* for a modelled
 duration, so utilization is measurable and the cluster can stand for hardware far larger than
-this machine (DESIGN.md, mechanism 8). The model is deliberately small:
+this machine (the paper's "honest" emulated devices). The model is deliberately small:
 
 - a device is a roofline: a kernel takes ``max(flops / peak flops, bytes / HBM bandwidth)``;
 - a link (ICI inside an island, DCN between islands) is ``latency + bytes / bandwidth``;

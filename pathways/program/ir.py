@@ -36,11 +36,15 @@ class Aval:
 
 
 class RemoteValue:
-    """A value that lives on a cluster and knows its ``client``, ``shape`` and ``dtype``:
-    ``pw.Array`` derives from it, so programs recognise arguments without importing the
-    client."""
+    """A value that lives on a cluster and knows its ``client``, ``shape`` and ``dtype``, and
+    whether it was deleted: ``pw.Array`` derives from it, so programs recognise arguments
+    without importing the client."""
 
     __slots__ = ()
+
+    def is_deleted(self) -> bool:
+        """Whether the value was deleted (``pw.Array.delete``): it can no longer be used."""
+        raise NotImplementedError
 
 
 def current_trace():
@@ -64,6 +68,8 @@ def tracing(trace):
 
 @dataclass(frozen=True, eq=False)
 class Var:
+    """A variable of a program: an id unique in its program, and its abstract value."""
+
     id: int
     aval: Aval
 
@@ -73,6 +79,10 @@ class Var:
 
 @dataclass(frozen=True, eq=False)
 class Eqn:
+    """One call of a compiled function (``fn``: a ``CompiledFunction``, or a
+    ``RoutedFunction`` whose ``routed`` is True): input variables in, output variables out.
+    However many shards the function has, a call is one equation."""
+
     fn: object  # a CompiledFunction
     inputs: tuple[Var, ...]
     outputs: tuple[Var, ...]
@@ -87,6 +97,10 @@ class Eqn:
 
 @dataclass(eq=False)
 class Program:
+    """A traced program: its input variables, its equations in call order (each reads only
+    inputs and earlier outputs) and the variables it returns (``single_output``: one value,
+    not a tuple). What ``lower`` places on devices and ``evaluate`` runs in process."""
+
     name: str
     inputs: tuple[Var, ...]
     eqns: tuple[Eqn, ...]
@@ -104,7 +118,7 @@ class Program:
 def evaluate_eqn(eqn: Eqn, args: list, timeout: float = 60.0) -> list:
     """Run one equation on global numpy arrays, in process."""
     fn, m = eqn.fn, eqn.fn.mesh
-    if getattr(fn, "routed", False):
+    if fn.routed:
         return fn.evaluate(args)
     specs = fn.arg_specs(len(args))
     per_input = [sharding.split(a, m.axis_sizes, m.axis_names,

@@ -250,14 +250,13 @@ def _traced(name, avals):
     """Trace a body here: pw collectives mean jax.lax's, no kernel environment is seen (a host
     traces inside a kernel), and JAX's errors become ProgramErrors naming the function."""
     token = collectives.jax_tracing.set(True)
-    env_token = collectives._env.set(None)
     try:
-        yield
+        with collectives.kernel_env(None):
+            yield
     except (ProgramError, ShardingError):
         raise
     except Exception as exc:
         raise ProgramError(f"{name}: JAX could not trace the body on arguments"
                            f" {[str(a) for a in avals]}: {exc}") from exc
     finally:
-        collectives._env.reset(env_token)
         collectives.jax_tracing.reset(token)

@@ -49,6 +49,8 @@ class Segment:
 
 @dataclass
 class Collective:
+    """A collective equation of the jaxpr, run here as the pw collective of the same name."""
+
     eqn: object
 
 

@@ -75,12 +75,12 @@ class Mesh:
     def devices(self) -> np.ndarray:
         """The devices as an object array shaped like the mesh (``jax.sharding.Mesh.devices``);
         each has ``.id``, ``.island``, ``.host`` and ``.kind`` (None where this mesh has no
-        client to ask, as for an abstract mesh)."""
-        known = getattr(self.client, "_device_info", {})
+        client to ask, as for an abstract mesh), as the client last listed them (no round
+        trip: ``client.cluster.listed()``)."""
+        known = {} if self.client is None else {d.id: d for d in self.client.cluster.listed()}
         out = np.empty(len(self.ids), dtype=object)
         for i, d in enumerate(self.ids):
-            info = known.get(d)
-            out[i] = device_of(info) if info else Device(d, self.island, None, None)
+            out[i] = known.get(d) or Device(d, self.island, None, None)
         return out.reshape(self.axis_sizes)
 
     @property

@@ -34,7 +34,7 @@ import numpy as np
 from numpy.lib.mixins import NDArrayOperatorsMixin
 
 from ..errors import ProgramError
-from .collectives import AbstractEnv, _gather, kernel_env
+from .collectives import AbstractEnv, gather_group, kernel_env
 
 __all__ = ["check_replicas", "prove", "spec_axes"]
 
@@ -276,7 +276,7 @@ def check_replicas(name: str, outs, checks, device) -> None:
             continue
         o = np.ascontiguousarray(outs[k])
         digest = np.frombuffer(hashlib.blake2b(o.data, digest_size=16).digest(), np.uint64)
-        digests, position = _gather("check_rep", digest, axes)
+        digests, position = gather_group("check_rep", digest, axes)
         groups: dict[bytes, list[int]] = {}
         for p, d in enumerate(digests):
             groups.setdefault(np.asarray(d).tobytes(), []).append(p)

@@ -7,7 +7,7 @@ experts produced to the slots' home shards, as ``[T, k, ...]`` arrays (zeros whe
 ``route == -1``: a dropped slot). ``body(*rows, *expert_params)`` may also return per-expert
 values (e.g. weight gradients), which stay on the experts' devices as ``[E, ...]`` arrays.
 
-Lowered, one call is three Plaque nodes (DESIGN.md, mechanism 8)::
+Lowered, one call is three Plaque nodes (``pathways.lowering.lower``)::
 
     route (token devices) ──KEYED rows──► experts (expert devices) ──KEYED rows──► gather
                                                                                 (token devices)
@@ -51,7 +51,7 @@ class RoutedFunction(CompiledFunction):
            [2., 2., 2.]])
     """
 
-    routed = True
+    routed = True  # lowered as route -> experts -> gather, evaluated by ``evaluate``
 
     def __init__(self, body, tokens: Mesh, experts: Mesh, num_experts: int, token_args: int,
                  slot_args=(), row_outputs: int = 1, cost=None, name=None):
@@ -212,7 +212,7 @@ class RoutedFunction(CompiledFunction):
         flat = route.reshape(-1)
         for e in range(self.num_experts):
             slots = np.flatnonzero(flat == e)
-            rows = [_rows(a, slots, k, i in self.slot_args) for i, a in enumerate(tokens)]
+            rows = [slot_rows(a, slots, k, i in self.slot_args) for i, a in enumerate(tokens)]
             row_outs, expert_outs = self.call_expert(rows, [p[e] for p in params], avals)
             for o, r in zip(outs, row_outs):
                 o.reshape(T * k, *o.shape[2:])[slots] = r
@@ -221,14 +221,17 @@ class RoutedFunction(CompiledFunction):
         return outs
 
 
-def _rows(a, slots, k, per_slot):
-    """The rows of token argument ``a`` for flat slot indices ``slots`` (t * k + j)."""
+def slot_rows(a, slots, k, per_slot):
+    """The rows of token argument ``a`` for flat slot indices ``slots`` (t * k + j): one row
+    per slot for a slot argument (``per_slot``, ``[T, k, ...]``), else the slot's token's."""
     if per_slot:
         return a.reshape(-1, *a.shape[2:])[slots]
     return a[slots // k]
 
 
 def check_route(route, num_experts, name) -> None:
+    """``ProgramError`` naming ``name`` if ``route`` holds an expert index outside
+    ``[-1, num_experts)``."""
     bad = (route < -1) | (route >= num_experts)
     if bad.any():
         raise ProgramError(f"{name}: route has expert indices outside [-1, {num_experts}):"

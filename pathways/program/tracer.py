@@ -45,6 +45,9 @@ class Tracer:
 
 
 class Trace:
+    """The state of one program being traced: fresh variable ids and the equations recorded
+    so far, in call order."""
+
     def __init__(self):
         self.ids = itertools.count()
         self.eqns: list[Eqn] = []
