@@ -54,7 +54,8 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from pathways.host import server as pathways_host
+from pathways.host import process as pathways_host
+from pathways.host.device import DeviceWork
 from pathways.host.exchange import ExecutorEnv
 from pathways.host.executor import Executor
 from pathways.host.ici import IciLink
@@ -100,7 +101,7 @@ def expected_value(devices: int, steps: int, x0: float = 0.0) -> float:
 
 # ---- inside a host process --------------------------------------------------------------------
 
-class _StepKernel:
+class _StepKernel(DeviceWork):
     """One call of the step function on one device: reads the device's current value, runs
     the body, and makes the output the device's current value when the device is done."""
 
@@ -123,7 +124,7 @@ class _StepKernel:
         remote = env.bytes_sent_remote
         return self.cost + (cost_model.transfer_time(remote, cost_model.ICI) if remote else 0.0)
 
-    def on_done(self) -> None:
+    def on_done(self, finish) -> None:
         node = self.node
         node.values[self.device_id] = self._out
         node.finished_at[self.device_id] = time.monotonic()
@@ -197,7 +198,7 @@ class _HostNode:
 def _host_main(conn, barrier, host: int, hosts: int, per_host: int) -> None:
     """A host process: bind, learn the peers, then serve run requests from the parent."""
     # Same interpreter setting as a Pathways host (the user loop and the executor thread hand
-    # the GIL to each other constantly), whatever pathways.host.server currently chooses.
+    # the GIL to each other constantly), whatever pathways.host.process currently chooses.
     sys.setswitchinterval(getattr(pathways_host, "SWITCH_INTERVAL", sys.getswitchinterval()))
     ctx = zmq.Context()
     node = None

@@ -52,21 +52,21 @@ def _host(args) -> int:
     from plaque.security import adopt
 
     from .client.session import refuse_stopped
-    from .host.server import serve_host
+    from .host.process import serve_host
 
     refuse_stopped(args.coordinator)
     coordinator = adopt(args.coordinator)
     if os.environ.get("PLAQUE_DIE_WITH_PARENT"):
-        from plaque.cli import _die_with_parent
+        from plaque.cli import die_with_parent
 
-        _die_with_parent()
+        die_with_parent()
     from .program.cost import DeviceSpec
 
     spec = DeviceSpec(hbm_bytes=int(args.hbm_gib * 2**30))
     reason = uvloop.run(serve_host(coordinator, args.island, args.devices, args.bind,
                                    spec=spec, coordinator_timeout=args.coordinator_timeout,
                                    kernel_limit=args.kernel_limit or None))
-    logging.getLogger("pathways.host.server").info("exited: %s", reason)
+    logging.getLogger("pathways.host.process").info("exited: %s", reason)
     return 0
 
 

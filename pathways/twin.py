@@ -20,7 +20,7 @@ import uvloop
 
 from .control.coordinator import Coordinator
 from .errors import PathwaysError
-from .host.server import serve_host
+from .host.process import serve_host
 from .program.cost import DeviceSpec
 
 log = logging.getLogger("pathways.twin")

@@ -22,10 +22,14 @@ _TFD_TIMER_ABSTIME = 1
 
 
 class _Timespec(ctypes.Structure):
+    """C ``struct timespec``."""
+
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
 class _Itimerspec(ctypes.Structure):
+    """C ``struct itimerspec``: an interval and a first expiry."""
+
     _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
 
 

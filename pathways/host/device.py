@@ -1,9 +1,10 @@
 """Emulated TPUs: a device is a queue of kernels in scheduler order, an HBM and a timeline.
 
 There are no real TPUs here, so each device is emulated faithfully in the ways that matter to
-Pathways (DESIGN.md, mechanism 8). The kernels of every device of a host are run by one
-``Executor`` thread (``pathways.host.executor``), in virtual time; a device made on its own gets an
-executor of its own.
+Pathways: order, non-preemption, modelled time and HBM. What a device runs is ``DeviceWork``
+(a kernel). The kernels of every device of a host are run by one ``Executor``
+(``pathways.host.executor``), in virtual time; a device made on its own gets an executor of
+its own.
 
 - **Order.** The island scheduler gives every kernel a per-device sequence number. Hosts may
   ``enqueue`` kernels from any thread in any order; the device runs seq 0, 1, 2, ...
@@ -19,8 +20,8 @@ executor of its own.
 - **HBM.** ``device.hbm`` enforces capacity. An allocation that does not fit waits for
   frees (back-pressure); one larger than the whole HBM fails at once.
 
-A failing kernel is recorded and the device carries on with the next seq. Time comes from an
-injectable ``clock`` and ``sleep`` so tests can check the accounting with a fake clock.
+A failing kernel is recorded and the device carries on with the next seq. Time comes from its
+executor's ``Clock`` (``pathways.host.clock``), so tests check the accounting on fake time.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import NamedTuple
 
 from ..errors import DeviceOutOfMemory, PathwaysError
 from ..program.cost import DeviceSpec
+from .timeline import Lane, Slot
 
 log = logging.getLogger("pathways.host.device")
 
@@ -53,6 +55,48 @@ class KernelRecord(NamedTuple):
     error: bool
     arrived: float = 0.0  # real time its dispatch reached the host (start >= arrived)
     published: float = 0.0  # real time its outputs were published (>= end)
+
+
+class Finish(NamedTuple):
+    """What a kernel's ``on_done`` is told: its modelled end (when its outputs are
+    available), and the HBM taken for them (``output_bytes()``), to ``put(..., grant=)``."""
+
+    end: float
+    grant: HbmGrant
+
+
+class DeviceWork:
+    """What a device runs: one kernel shard. ``execute`` is required; every other member has
+    a default here, so a kernel subclasses this and overrides what it has.
+
+    The executor calls, in this order: ``input_keys()`` (object-store keys to wait for),
+    ``execute(device)`` once it may start (in a greenlet, on the executor's thread; returns
+    its modelled seconds), ``output_bytes()`` (HBM its outputs need, taken before
+    ``on_done``), then ``on_done(finish)`` at its modelled end, or ``on_error(exc)`` if it
+    failed, was skipped or dropped at any point.
+    """
+
+    __slots__ = ()  # kernels are made per shard per run: keep theirs small
+
+    name: object = None  # for its KernelRecord (the class's name when None)
+    labels: dict | None = None  # for its KernelRecord
+    not_before: float = 0.0  # modelled arrival of data pushed to it: it starts no earlier
+    limit: float | None = None  # seconds its body may run (None: the executor's default)
+
+    def input_keys(self) -> list:
+        return []
+
+    def execute(self, device: EmulatedDevice) -> float:
+        raise NotImplementedError
+
+    def output_bytes(self) -> int:
+        return 0
+
+    def on_done(self, finish: Finish) -> None:
+        pass
+
+    def on_error(self, exc: BaseException) -> None:
+        pass
 
 
 class HbmAccount:
@@ -152,6 +196,37 @@ class HbmAccount:
         return self._waiting
 
 
+class HbmGrant:
+    """HBM taken on one device (by ``ObjectStore.admit``) for buffers still to be put:
+    ``put(..., grant=)`` charges a value to it instead of allocating again. What is not spent
+    stays taken until ``give_back``."""
+
+    __slots__ = ("device_id", "nbytes", "_hbm")
+
+    def __init__(self, device_id: int, nbytes: int, hbm):
+        self.device_id, self.nbytes, self._hbm = device_id, nbytes, hbm
+
+    def __repr__(self) -> str:
+        return f"HbmGrant(device={self.device_id}, nbytes={self.nbytes})"
+
+    def check(self, key: tuple, nbytes: int) -> None:
+        """ValueError unless ``nbytes`` for ``key`` can be charged to this grant."""
+        if key[1] != self.device_id:
+            raise ValueError(f"object {key!r}: HBM granted on device {self.device_id}")
+        if nbytes > self.nbytes:
+            raise ValueError(f"object {key!r}: {nbytes} bytes, but only {self.nbytes} of the"
+                             " granted HBM are left")
+
+    def spend(self, nbytes: int) -> None:
+        self.nbytes -= nbytes
+
+    def give_back(self, nbytes: int | None = None) -> None:
+        """Free ``nbytes`` of the grant (all that is left by default)."""
+        nbytes = self.nbytes if nbytes is None else nbytes
+        self.nbytes -= nbytes
+        self._hbm.free(nbytes)
+
+
 def device_name(spec: DeviceSpec, device_id: int, name: str | None = None) -> str:
     return name if name is not None else f"{spec.kind}:{device_id}"
 
@@ -169,22 +244,27 @@ class EmulatedDevice:
         self.hbm = HbmAccount(self.spec.hbm_bytes, self.name)
         self._own = own_executor
         self.executor = executor
-        self._clock = executor.clock
-        self.hbm.on_free = executor.hbm_freed
+        self._clock = executor.now
         self._lock = executor.lock
-        self._queue: dict[int, tuple] = {}  # seq -> (kernel, real time it was enqueued)
-        self._skipped: set[int] = set()
+        self.lane = Lane()  # its kernels by seq, in virtual time (pathways.host.timeline)
         self._skips: OrderedDict[int, str] = OrderedDict()  # skipped before their kernel came: why
-        self._next_seq = 0
         self._max_enqueued = -1
         self._closing = False
-        self.current = None  # the executor's record of the kernel that left the queue
-        self.free_at = float("-inf")  # modelled end of the previous kernel
         self._busy = 0.0
         self._timeline: deque[KernelRecord] = deque(maxlen=TIMELINE_LENGTH)
 
     def __repr__(self) -> str:
-        return f"EmulatedDevice({self.name}, next_seq={self._next_seq})"
+        return f"EmulatedDevice({self.name}, next_seq={self.lane.next_seq})"
+
+    @property
+    def current(self) -> Slot | None:
+        """The executor's record of the kernel that left the queue (the shard running now)."""
+        return self.lane.current
+
+    @property
+    def free_at(self) -> float:
+        """Modelled end of the previous kernel."""
+        return self.lane.free_at
 
     def __enter__(self) -> EmulatedDevice:
         return self
@@ -200,18 +280,18 @@ class EmulatedDevice:
         A kernel whose ``seq`` was skipped already (its run failed, and the coordinator's skip
         overtook the kernel's late dispatch) is dropped and told via ``on_error``, as one
         queued when the skip came is."""
-        if not callable(getattr(kernel, "execute", None)):
-            raise TypeError(f"kernel {kernel!r} has no execute(device) method")
+        if not isinstance(kernel, DeviceWork):
+            raise TypeError(f"kernel {kernel!r} is not DeviceWork")
         with self._lock:
             late = self._skips.pop(seq, None)  # why it was skipped, if it was
             if late is None:
                 self._check_new_seq(seq)
-                self._queue[seq] = (kernel, self._clock())
+                self.lane.dispatch(seq, kernel, self._clock())
                 if seq > self._max_enqueued:
                     self._max_enqueued = seq
         if late is not None:
             report_error(kernel, self._skipped_error(seq, late))
-        elif seq == self._next_seq:
+        elif seq == self.lane.next_seq:
             self.executor.wake()
 
     def skip(self, seq: int, reason: str = "") -> bool:
@@ -220,10 +300,9 @@ class EmulatedDevice:
         ``reason`` (why its run failed: the error its caller should see)."""
         reason = str(reason)
         with self._lock:
-            if seq < self._next_seq or self._is_current(seq) or seq in self._skipped:
+            skipped, dropped = self.lane.skip(seq)
+            if not skipped:
                 return False
-            dropped = self._queue.pop(seq, None)
-            self._skipped.add(seq)
             if dropped is None:  # its kernel may still come: drop it then
                 self._skips[seq] = reason
                 if len(self._skips) > SKIPS_KEPT:
@@ -231,7 +310,7 @@ class EmulatedDevice:
             self._max_enqueued = max(self._max_enqueued, seq)
         self.executor.wake()
         if dropped is not None:
-            report_error(dropped[0], self._skipped_error(seq, reason))
+            report_error(dropped, self._skipped_error(seq, reason))
         return True
 
     def _skipped_error(self, seq: int, reason: str) -> PathwaysError:
@@ -252,11 +331,10 @@ class EmulatedDevice:
     def close_queue(self) -> None:
         with self._lock:
             self._closing = True
-            dropped = sorted(self._queue.items(), key=lambda item: item[0])
-            self._queue.clear()
+            dropped = self.lane.drain()
             self.executor.idle.notify_all()
         self.hbm.close()
-        for seq, (kernel, _) in dropped:
+        for seq, kernel in dropped:
             report_error(kernel, PathwaysError(f"{self.name} closed before seq {seq} ran"))
 
     def wait_idle(self, timeout: float | None = None) -> bool:
@@ -266,46 +344,43 @@ class EmulatedDevice:
             target = self._max_enqueued
             ex.idle_waiters += 1
             try:
-                return ex.idle.wait_for(lambda: self._next_seq > target or
+                return ex.idle.wait_for(lambda: self.lane.next_seq > target or
                                         (self._closing and self.current is None), timeout)
             finally:
                 ex.idle_waiters -= 1
 
     # -- the executor's side ---------------------------------------------------------------
 
-    def take_next(self):
-        """The next seq's kernel as ``(seq, kernel, enqueued at)``, or None if not queued."""
+    def take_next(self, make=Slot) -> Slot | None:
+        """The next seq's kernel leaves the queue as ``make(lane, seq, kernel, enqueued
+        at)`` (``Lane.take``), or None if it is not queued (or the device is busy)."""
+        lane = self.lane
         with self._lock:
-            while self._next_seq in self._skipped:
-                self._skipped.discard(self._next_seq)
-                self._next_seq += 1
-                if self.executor.idle_waiters:
-                    self.executor.idle.notify_all()
+            before = lane.next_seq
             if self._closing:
-                return None
-            item = self._queue.pop(self._next_seq, None)
-            return None if item is None else (self._next_seq, *item)
+                lane.pass_skipped()
+                slot = None
+            else:
+                slot = lane.take(make)
+            if lane.next_seq != before and self.executor.idle_waiters:
+                self.executor.idle.notify_all()
+            return slot
 
     def finished(self, shard, record: KernelRecord) -> None:
         """The executor is done with the current kernel: record it, free the device."""
         with self._lock:
             self._timeline.append(record)
             self._busy += record.end - record.start
-            self.free_at = record.end
-            self.current = None
-            self._next_seq = record.seq + 1
+            self.lane.release(shard)
             if self.executor.idle_waiters:
                 self.executor.idle.notify_all()
-
-    def _is_current(self, seq: int) -> bool:
-        return self.current is not None and self.current.seq == seq
 
     # -- what can be observed --------------------------------------------------------------
 
     @property
     def next_seq(self) -> int:
         """The lowest seq that has not finished (the one running now, or the one awaited)."""
-        return self._next_seq
+        return self.lane.next_seq
 
     @property
     def busy_seconds(self) -> float:
@@ -341,20 +416,18 @@ class EmulatedDevice:
             raise ValueError(f"{self.name}: seq must be an int >= 0, got {seq!r}")
         if self._closing:
             raise PathwaysError(f"{self.name} is closed; cannot enqueue seq {seq}")
-        if seq < self._next_seq or self._is_current(seq):
-            raise ValueError(f"{self.name}: seq {seq} already ran (next is {self._next_seq})")
-        if seq in self._queue or seq in self._skipped:
+        lane = self.lane
+        if seq < lane.next_seq or lane.runs(seq):
+            raise ValueError(f"{self.name}: seq {seq} already ran (next is {lane.next_seq})")
+        if seq in lane.queue or seq in lane.skipped:
             raise ValueError(f"{self.name}: seq {seq} is already enqueued or skipped")
 
 
 def report_error(kernel, error: BaseException) -> None:
     """Tell the kernel it failed (so it can fail its outputs); its own errors are only logged."""
     log.debug("kernel %r failed: %r", kernel, error)
-    on_error = getattr(kernel, "on_error", None)
-    if on_error is None:
-        return
     try:
-        on_error(error)
+        kernel.on_error(error)
     except Exception:
         log.exception("on_error of kernel %r raised", kernel)
 

@@ -21,7 +21,7 @@ import logging
 from collections import OrderedDict
 
 from ..errors import CollectiveTimeout, ProgramError
-from ..program.collectives import KernelEnv, _ordered_sum
+from ..program.collectives import KernelEnv, ordered_sum
 from ..program.rendezvous import FAILED_GANGS_KEPT, Abandoned
 
 log = logging.getLogger("pathways.host.exchange")
@@ -117,7 +117,7 @@ class Exchanges:
         got = [group.box[d] for d in devs]
         shard.cursor = max([at] + [when for _, when in got])
         shard.waited += shard.cursor - at
-        shard.segment = self.ex.clock()
+        shard.segment = self.ex.now()
         return group, [v for v, _ in got]
 
     def _group_of(self, key, plan) -> _Group:
@@ -186,14 +186,14 @@ class Exchanges:
         gang = key[0]
         if gang in self._failed_gangs:
             raise Abandoned(f"exchange {key!r} at {me!r} abandoned: {self._failed_gangs[gang]}")
-        shard.cursor += self.ex.clock() - shard.segment
+        shard.cursor += self.ex.now() - shard.segment
         return shard.cursor
 
     def _queue_remote(self, key, me, dsts, value, at: float) -> None:
         if self.ex.link is None:
             raise ProgramError(f"devices {list(dsts)} are not on this host and it has no ICI"
                                " link")
-        self.ex.link.queue(key, me, dsts, value, at - self.ex.clock())
+        self.ex.link.queue(key, me, dsts, value, at - self.ex.now())
 
     def _collect(self, shard, key, me, need: list, at: float) -> dict:
         """Park until every device of ``need`` has delivered to ``me`` for ``key``; {source:
@@ -213,12 +213,12 @@ class Exchanges:
             self._mail.pop((key, me), None)
         shard.cursor = max([at] + [when for _, when in got.values()])
         shard.waited += shard.cursor - at
-        shard.segment = self.ex.clock()
+        shard.segment = self.ex.now()
         return {s: v for s, (v, _) in got.items()}
 
     def _park(self, shard, key, me) -> None:
         """Register a shard about to park in exchange ``key``, with its timeout."""
-        shard.deadline = self.ex.clock() + self.ex.collective_timeout
+        shard.deadline = self.ex.now() + self.ex.collective_timeout
         self._parked[(key, me)] = shard
         if not self._watchdog_armed:  # later deadlines never precede an armed one
             self._watchdog_armed = True
@@ -242,7 +242,7 @@ class Exchanges:
     def _watchdog(self) -> None:
         """Time out the exchanges parked past their deadline; re-arm for the next one."""
         self._watchdog_armed = False
-        now = self.ex.clock()
+        now = self.ex.now()
         for (key, me), shard in list(self._parked.items()):
             if shard.deadline <= now and self._parked.get((key, me)) is shard:
                 if shard.waiting[0] == "group":
@@ -304,7 +304,7 @@ class ExecutorEnv(KernelEnv):
         plan = self.executor.exchanges.gather_plan(self.devices, members, position)
         self._count_remote(plan, x)
         key = (self.gang_key, self.next_collective())
-        return self.executor.exchanges.reduce(self.shard, key, plan, x, _ordered_sum)
+        return self.executor.exchanges.reduce(self.shard, key, plan, x, ordered_sum)
 
     def _count_remote(self, plan, x) -> None:
         if plan[3]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -22,9 +21,11 @@ import numpy as np
 import plaque
 
 from ..errors import RemoteError
-from ..lowering.specs import OPERATORS, KernelSpec, SendSpec
+from ..lowering.specs import KernelSpec, SendSpec
 from ..program import cost as cost_model
 from ..protocol import transfer_key
+from .device import DeviceWork, Finish
+from .services import HostServices
 
 log = logging.getLogger("pathways.host.kernel")
 _HOSTNAME = socket.gethostname()
@@ -36,24 +37,26 @@ def input_key(spec, arg, i: int, device: int):
     return (arg.array_id(spec.inputs[i]), device)
 
 
-def release_input(spec, arg, host, i: int, device: int) -> None:
+def release_input(spec, arg, host: HostServices, i: int, device: int) -> None:
     """This user is done with input ``i``: free a transfer buffer, or count one use of a
     value shared by ``spec.releases[i]`` users (the last frees it); kept values stay."""
     key = input_key(spec, arg, i, device)
     if i in spec.incoming:
         host.store.delete(key)
     elif spec.releases[i]:
-        host.release(key, spec.releases[i])
+        host.store.release_use(key, spec.releases[i])
 
 
 class DispatchedOp(plaque.Operator):
     """An operator whose host work for run t starts when the run starts (parallel dispatch)
     or when Plaque says its producers are done (sequential dispatch). It holds its capability
-    from the start and hands it to ``dispatch``, which releases it when the work is over."""
+    from the start and hands it to ``dispatch``, which releases it when the work is over.
+    ``host``: what it may call on the host that runs it."""
 
     sequential = False  # True: always wait for the producers, whatever the run's mode
 
-    def __init__(self):
+    def __init__(self, host: HostServices):
+        self.host = host
         self.caps: dict = {}
 
     def on_start(self, ctx, t):
@@ -80,16 +83,20 @@ class DispatchedOp(plaque.Operator):
 
 
 class KernelOp(DispatchedOp):
-    def __init__(self, spec: KernelSpec):
-        super().__init__()
+    """One shard of a compiled function: enqueues its ``Kernel`` on its device at the
+    sequence number the island scheduler fixed; inputs arriving by transfer are assembled
+    into their buffers on the way."""
+
+    def __init__(self, spec: KernelSpec, host: HostServices):
+        super().__init__(host)
         self.spec = spec
-        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.mesh.ids)
+        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.mesh.ids, host)
 
     def on_input(self, ctx, t, port, piece):
         self.assembler.on_piece(ctx, t, port, piece)
 
     def dispatch(self, ctx, t, cap):
-        host = ctx.services["host"]
+        host = self.host
         arg = ctx.arg
         device = self.spec.fn.mesh.ids[ctx.shard]
         seq = arg.seqs[self.spec.index][device]
@@ -101,14 +108,14 @@ class Assembler:
     """Where the pieces of inputs that arrive by transfer are put together, per run, into the
     buffer the consuming kernel waits on (its transfer key in the object store)."""
 
-    def __init__(self, index: int, incoming: dict, devices):
-        self.index, self.incoming, self.devices = index, incoming, devices
+    def __init__(self, index: int, incoming: dict, devices, host: HostServices):
+        self.index, self.incoming, self.devices, self.host = index, incoming, devices, host
         self.assembling: dict[tuple, _Assembly] = {}  # (t, input index) -> what came so far
 
     def on_piece(self, ctx, t, port, piece):
         """A piece of an input that arrives by transfer; put the input once it is whole."""
         inc = self.incoming[port]
-        host, arg = ctx.services["host"], ctx.arg
+        host, arg = self.host, ctx.arg
         device = self.devices[ctx.shard]
         key = transfer_key(arg, self.index, port, device)
         owner = (arg.client, arg.run_id)
@@ -116,14 +123,14 @@ class Assembler:
             host.store.fail(key, RemoteError(piece[1]), owner)
             return
         _, dst_slices, block, link = piece
-        now = time.perf_counter()
+        now = host.clock.time()
         got = self.assembling.get((t, port))
         if got is None:
             got = self.assembling[(t, port)] = _Assembly(np.empty(inc.shape, inc.dtype),
                                                          inc.expect[ctx.shard], started=now)
         # The modelled link time of this piece: the consuming kernel waits until the last
         # piece would have arrived (event-loop timers are too coarse for microseconds).
-        got.arrival = max(got.arrival, now + _link_time(link, block.nbytes))
+        got.arrival = max(got.arrival, now + link_time(link, block.nbytes))
         got.nbytes += block.nbytes
         got.links.add(link)
         try:
@@ -149,19 +156,20 @@ class _Assembly:
 
     buffer: np.ndarray
     missing: int  # pieces still expected
-    started: float  # when the first piece came (perf_counter)
+    started: float  # when the first piece came (the host's clock)
     arrival: float = 0.0  # modelled arrival of the last piece so far
     nbytes: int = 0
     links: set = field(default_factory=set)
 
 
-class Kernel:
+class Kernel(DeviceWork):
     """One shard of one equation of one run, as its device executes it."""
 
     __slots__ = ("spec", "shard", "device_id", "arg", "host", "cap", "name", "labels", "owner",
                  "_keys", "_outputs")
 
-    def __init__(self, spec: KernelSpec, shard: int, device: int, arg, host, cap):
+    def __init__(self, spec: KernelSpec, shard: int, device: int, arg, host: HostServices,
+                 cap):
         self.spec, self.shard, self.device_id, self.arg = spec, shard, device, arg
         self.host, self.cap = host, cap
         self.name = spec.fn.name
@@ -198,12 +206,12 @@ class Kernel:
     def output_bytes(self) -> int:
         return sum(o.nbytes for o in self._outputs)
 
-    def on_done(self):
+    def on_done(self, finish: Finish):
         """The device has been occupied for the kernel's time: publish its outputs (their
-        HBM is already taken), available from the kernel's modelled end."""
-        store, end = self.host.store, self.host.current_end(self.device_id)
+        HBM is already taken: ``finish.grant``), available from its modelled end."""
+        store = self.host.store
         for v, o in zip(self.spec.outputs, self._outputs):
-            store.put(self.key(v), o, self.owner, arrival=end, allocated=True)
+            store.put(self.key(v), o, self.owner, arrival=finish.end, grant=finish.grant)
         self._release_inputs()
         self._outputs = None
         self.host.post_release(self.cap)
@@ -237,7 +245,7 @@ def kernel_error(name: str, device: int, exc: BaseException) -> RemoteError:
         "traceback": "".join(traceback.format_exception(exc))})
 
 
-def poison(host, keys, err: Exception, owner) -> None:
+def poison(host: HostServices, keys, err: Exception, owner) -> None:
     """Fail these output buffers, so their readers get ``err`` instead of waiting."""
     for key in keys:
         try:
@@ -248,7 +256,8 @@ def poison(host, keys, err: Exception, owner) -> None:
             log.exception("could not poison output %s", key)
 
 
-def _link_time(link: str, nbytes: int) -> float:
+def link_time(link: str, nbytes: int) -> float:
+    """Modelled seconds ``nbytes`` take over ``link`` ("dcn", "ici", or in memory)."""
     if link == "dcn":
         return cost_model.transfer_time(nbytes, cost_model.DCN)
     if link == "ici":
@@ -260,12 +269,12 @@ class SendOp(DispatchedOp):
     """The shards of a value that must move: once a shard's buffer is ready, emit to each
     consumer shard the block it needs (over a KEYED edge), then let the buffer go."""
 
-    def __init__(self, spec: SendSpec):
-        super().__init__()
+    def __init__(self, spec: SendSpec, host: HostServices):
+        super().__init__(host)
         self.spec = spec
 
     def dispatch(self, ctx, t, cap):
-        host, arg, shard = ctx.services["host"], ctx.arg, ctx.shard
+        host, arg, shard = self.host, ctx.arg, ctx.shard
         key = (arg.array_id(self.spec.var), self.spec.devices[shard])
         host.store.add_done_callback(key, lambda _k: cap.post(
             lambda c: self._send(c, host, key, shard)))
@@ -284,8 +293,6 @@ class SendOp(DispatchedOp):
                     block = block.copy()
                 cap.emit(("piece", dst_slices, block, link), shard=dst)
         if self.spec.uses:
-            host.release(key, self.spec.uses)
+            host.store.release_use(key, self.spec.uses)
         cap.release()
 
-
-OPERATORS.update(kernel=KernelOp, send=SendOp)

@@ -2,9 +2,10 @@
 
 Every buffer is one shard of a logical array on one device, keyed ``(array_id, device_id)``;
 ``array_id`` is whatever hashable the client chose (e.g. ``(client_id, n)``), so a client can
-name outputs before the host has seen the program that makes them (DESIGN.md, mechanism 7).
+name outputs before the host has seen the program that makes them.
 Each entry has an owner ``(client_id, program_id or None)`` so that everything a lost client
-held can be collected at once.
+held can be collected at once. A value shared by several users of one run is freed by the
+last of them (``release_use``).
 
 An entry's life::
 
@@ -12,9 +13,14 @@ An entry's life::
       (HBM taken,   └──fail──► FAILED ───┴─delete──► gone (HBM freed)
        may wait)
 
-``put`` on an unreserved key reserves first. Deleting a PENDING entry leaves a tombstone:
-the key disappears for readers at once, and the HBM is freed as soon as the producer resolves
-it (the producing kernel still owns the memory it is writing).
+``put`` on an unreserved key reserves first, blocking its thread until the HBM has room.
+The host's own thread must never block: it takes HBM with ``admit`` instead
+(``pathways.host.admission``), which calls back once frees make room and hands over an
+``HbmGrant`` that later ``put(..., grant=)`` calls spend.
+
+Deleting a PENDING entry leaves a tombstone: the key disappears for readers at once, and the
+HBM is freed as soon as the producer resolves it (the producing kernel still owns the memory
+it is writing).
 
 With asynchronous dispatch a consumer can ask for a buffer before its producer has reached
 this host, so ``get`` and ``add_done_callback`` on a key nobody has created yet wait for it:
@@ -36,7 +42,6 @@ import enum
 import logging
 import operator
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -44,7 +49,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..protocol import key_client
-from .device import EmulatedDevice
+from .admission import Admission, Admissions
+from .clock import MONOTONIC, Clock
+from .device import EmulatedDevice, HbmGrant
 
 log = logging.getLogger("pathways.host.object_store")
 
@@ -56,6 +63,8 @@ EARLY_DELETES_KEPT = 100_000
 
 
 class BufferState(enum.Enum):
+    """Where a buffer is in its life: being produced, holding a value, or holding an error."""
+
     PENDING = "pending"
     READY = "ready"
     FAILED = "failed"
@@ -63,6 +72,8 @@ class BufferState(enum.Enum):
 
 @dataclass(eq=False, slots=True)
 class _Entry:
+    """One key's bookkeeping: owner, HBM, state, value or error, and who waits for it."""
+
     owner: Owner | None = None
     nbytes: int = 0
     state: BufferState = BufferState.PENDING
@@ -82,11 +93,13 @@ class _Entry:
 class ObjectStore:
     """Buffers of one host, in the emulated HBM of its ``devices`` (device_id -> device).
 
-    ``devices`` is kept by reference: a host may add devices to the dict later.
+    ``devices`` is kept by reference: a host may add devices to the dict later. ``clock``
+    dates a buffer put without an ``arrival``.
     """
 
-    def __init__(self, devices: dict[int, EmulatedDevice]):
+    def __init__(self, devices: dict[int, EmulatedDevice], clock: Clock = MONOTONIC):
         self._devices = devices
+        self.clock = clock
         self._lock = threading.Lock()
         self._entries: dict[Key, _Entry] = {}
         # keys deleted before their producer created them (a client may drop an output of a
@@ -94,6 +107,16 @@ class ObjectStore:
         self._deleted_early: OrderedDict[Key, None] = OrderedDict()
         self._gone: OrderedDict[Key, None] = OrderedDict()  # deleted after they existed
         self._retired: set = set()  # clients gone: whatever they still produce is dropped
+        self._uses: dict = {}  # buffer key -> users done with it so far
+        self.admissions = Admissions(devices)  # waits for HBM that must not block a thread
+
+    # -- HBM admission ---------------------------------------------------------------------
+
+    def admit(self, device_id: int, nbytes: int,
+              then: Callable[[HbmGrant | BaseException], object]) -> Admission:
+        """Take ``nbytes`` of HBM on ``device_id`` without blocking: ``then(grant)`` once
+        they fit (``pathways.host.admission.Admissions.admit``)."""
+        return self.admissions.admit(device_id, nbytes, then)
 
     # -- producing -------------------------------------------------------------------------
 
@@ -109,32 +132,36 @@ class ObjectStore:
         self._allocate(key, entry, timeout)
 
     def put(self, key: Key, value, owner: Owner, timeout: float | None = None,
-            arrival: float | None = None, allocated: bool = False) -> None:
+            arrival: float | None = None, grant: HbmGrant | None = None) -> None:
         """Make ``key`` READY with ``value`` (a numpy array), reserving first if needed.
 
         For a reserved key, ``owner`` and ``value.nbytes`` must match the reservation. Putting
         into a tombstone (deleted while pending) resolves it, and its memory is freed.
-        ``arrival``: when the data is available on its device (``time.perf_counter``): a
+        ``arrival``: when the data is available on its device (the store's clock): a
         kernel output's modelled end, a transfer's modelled arrival; now by default. Kernels
-        start no earlier (``arrival``). ``allocated``: the caller has already taken the
-        value's HBM on the key's device (an executor that made room before publishing).
-        ValueError if the key is already READY or FAILED.
+        start no earlier (``arrival``). ``grant``: HBM the caller took with ``admit``; the
+        value's bytes are charged to it instead of allocating (nothing is charged if the
+        put raises). ValueError if the key is already READY or FAILED.
         """
         value = np.asarray(value)
+        if grant is not None:
+            grant.check(key, value.nbytes)
         with self._lock:
             entry = self._entries.get(key)
         if entry is None or entry.awaited:
-            entry = self._claim(key, value.nbytes, owner, allocated)
-            if not allocated:
+            entry = self._claim(key, value.nbytes, owner, granted=grant is not None)
+            if grant is None:
                 self._allocate(key, entry, timeout)
+            else:
+                grant.spend(value.nbytes)
         elif entry.owner != owner:
             raise ValueError(f"object {key!r} is owned by {entry.owner!r}, not {owner!r}")
         elif entry.nbytes != value.nbytes:
             raise ValueError(f"object {key!r} was reserved with {entry.nbytes} bytes but the "
                              f"value has {value.nbytes}")
-        elif allocated:  # the reservation holds the memory already: give back the caller's
-            self._device(key).hbm.free(value.nbytes)
-        entry.arrival = time.perf_counter() if arrival is None else arrival
+        elif grant is not None:  # the reservation holds the memory already: give it back
+            grant.give_back(value.nbytes)
+        entry.arrival = self.clock.time() if arrival is None else arrival
         self._resolve(key, entry, BufferState.READY, value=value)
 
     def ready_at(self, keys) -> float | None:
@@ -251,6 +278,16 @@ class ObjectStore:
                 self._gone.popitem(last=False)
             return True
 
+    def release_use(self, key: Key, uses: int) -> None:
+        """One user of ``key`` is done with it; the last of its ``uses`` users deletes it."""
+        with self._lock:
+            n = self._uses.get(key, 0) + 1
+            if n < uses:
+                self._uses[key] = n
+                return
+            self._uses.pop(key, None)
+        self.delete(key)
+
     def delete_owner(self, client_id: Hashable) -> int:
         """Delete every entry owned by ``client_id`` (any program); returns how many."""
         with self._lock:
@@ -310,9 +347,9 @@ class ObjectStore:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _claim(self, key: Key, nbytes: int, owner: Owner, allocated: bool = False) -> _Entry:
+    def _claim(self, key: Key, nbytes: int, owner: Owner, granted: bool = False) -> _Entry:
         """Create the producer's entry (taking over a placeholder): its HBM still to be
-        allocated, or already ``allocated`` by the caller."""
+        allocated, or already ``granted`` to the caller."""
         self._device(key)
         nbytes = operator.index(nbytes)
         if nbytes < 0:
@@ -320,7 +357,7 @@ class ObjectStore:
         _check_owner(key, owner)
         with self._lock:
             entry = self._adopt_locked(key, nbytes, owner)
-            entry.allocating, entry.allocated = not allocated, allocated
+            entry.allocating, entry.allocated = not granted, granted
             return entry
 
     def _adopt_locked(self, key: Key, nbytes: int, owner: Owner | None) -> _Entry:

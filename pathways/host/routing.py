@@ -9,22 +9,23 @@ rows come is only known at run time), the gather node returns the rows to the sl
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 
 from ..errors import RemoteError
-from ..lowering.specs import OPERATORS, ROUTED_PORT, RouteSpec
-from ..program.routing import _rows, check_route
+from ..lowering.specs import ROUTED_PORT, RouteSpec
+from ..program.routing import check_route, slot_rows
+from .device import DeviceWork, Finish
 from .kernel import (
     Assembler,
     DispatchedOp,
-    _link_time,
     input_key,
     kernel_error,
+    link_time,
     poison,
     release_input,
 )
+from .services import HostServices
 
 log = logging.getLogger("pathways.host.routing")
 
@@ -33,16 +34,16 @@ class RouteOp(DispatchedOp):
     """On each token device: once the route and token buffers are ready, send every expert
     device exactly the rows routed to it (none at all to the others)."""
 
-    def __init__(self, spec: RouteSpec):
-        super().__init__()
+    def __init__(self, spec: RouteSpec, host: HostServices):
+        super().__init__(host)
         self.spec = spec
-        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.token_mesh.ids)
+        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.token_mesh.ids, host)
 
     def on_input(self, ctx, t, port, piece):
         self.assembler.on_piece(ctx, t, port, piece)
 
     def dispatch(self, ctx, t, cap):
-        host, arg, shard = ctx.services["host"], ctx.arg, ctx.shard
+        host, arg, shard = self.host, ctx.arg, ctx.shard
         device = self.spec.fn.token_mesh.ids[shard]
         keys = [input_key(self.spec, arg, i, device) for i in range(1 + self.spec.fn.token_args)]
         left = [len(keys)]
@@ -72,7 +73,7 @@ class RouteOp(DispatchedOp):
             where = experts // fn.per_device
             for dst in np.unique(where).tolist():
                 sel = order[where == dst]
-                rows = [_rows(a, sel, k, i in fn.slot_args) for i, a in enumerate(tokens)]
+                rows = [slot_rows(a, sel, k, i in fn.slot_args) for i, a in enumerate(tokens)]
                 rows = [np.ascontiguousarray(r) for r in rows]
                 local = (experts[where == dst] % fn.per_device).astype(np.int32)
                 cap.emit(("rows", shard, sel.astype(np.int32), local, rows,
@@ -88,11 +89,11 @@ class ExpertOp(DispatchedOp):
 
     sequential = True  # how many rows arrive is known only once the route shards are done
 
-    def __init__(self, spec: RouteSpec):
-        super().__init__()
+    def __init__(self, spec: RouteSpec, host: HostServices):
+        super().__init__(host)
         self.spec = spec
         self.rows: dict = {}  # t -> [pieces], or an error message
-        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.mesh.ids)
+        self.assembler = Assembler(spec.index, spec.incoming, spec.fn.mesh.ids, host)
 
     def on_input(self, ctx, t, port, piece):
         if port != len(self.spec.inputs):
@@ -104,11 +105,11 @@ class ExpertOp(DispatchedOp):
         elif isinstance(got, list):
             _, src, slots, local, rows, link = piece
             nbytes = sum(r.nbytes for r in rows)  # modelled arrival: now + link time
-            now = time.perf_counter()
-            got.append((src, slots, local, rows, now + _link_time(link, nbytes), now))
+            now = self.host.clock.time()
+            got.append((src, slots, local, rows, now + link_time(link, nbytes), now))
 
     def dispatch(self, ctx, t, cap):
-        host, arg = ctx.services["host"], ctx.arg
+        host, arg = self.host, ctx.arg
         device = self.spec.fn.mesh.ids[ctx.shard]
         seq = arg.seqs[self.spec.index][device]
         received = self.rows.pop(t, [])
@@ -122,7 +123,7 @@ class ExpertOp(DispatchedOp):
                                                received))
 
 
-class ExpertKernel:
+class ExpertKernel(DeviceWork):
     """One expert device's share of a routed call, as the device executes it."""
 
     def __init__(self, spec: RouteSpec, shard, device, arg, host, cap, received):
@@ -186,15 +187,14 @@ class ExpertKernel:
     def output_bytes(self) -> int:
         return sum(o.nbytes for o in self._results[3])  # what stays in HBM: expert outputs
 
-    def on_done(self):
+    def on_done(self, finish: Finish):
         sources, slots, row_outs, expert_outs = self._results
         self._results = None
         owner = (self.arg.client, self.arg.run_id)
         fn, spec = self.spec.fn, self.spec
-        end = self.host.current_end(self.device_id)
         for v, o in zip(spec.outputs[fn.row_outputs:], expert_outs):
-            self.host.store.put((self.arg.array_id(v), self.device_id), o, owner, arrival=end,
-                                allocated=True)
+            self.host.store.put((self.arg.array_id(v), self.device_id), o, owner,
+                                arrival=finish.end, grant=finish.grant)
         self._release_params()
         replies = []
         for src in np.unique(sources).tolist():
@@ -236,8 +236,8 @@ class GatherOp(DispatchedOp):
 
     sequential = True
 
-    def __init__(self, spec: RouteSpec):
-        super().__init__()
+    def __init__(self, spec: RouteSpec, host: HostServices):
+        super().__init__(host)
         self.spec = spec
         self.rows: dict = {}
 
@@ -248,10 +248,10 @@ class GatherOp(DispatchedOp):
         elif isinstance(got, list):
             _, slots, rows, link = piece
             nbytes = sum(r.nbytes for r in rows)
-            got.append((slots, rows, time.perf_counter() + _link_time(link, nbytes)))
+            got.append((slots, rows, self.host.clock.time() + link_time(link, nbytes)))
 
     def dispatch(self, ctx, t, cap):
-        host, arg = ctx.services["host"], ctx.arg
+        host, arg = self.host, ctx.arg
         fn, spec = self.spec.fn, self.spec
         device = fn.token_mesh.ids[ctx.shard]
         owner = (arg.client, arg.run_id)
@@ -264,7 +264,7 @@ class GatherOp(DispatchedOp):
             n = fn.token_mesh.size
             outs = [np.zeros((a.shape[0] // n, *a.shape[1:]), a.dtype)
                     for a in spec.out_avals[:fn.row_outputs]]
-            arrival = time.perf_counter()  # rows put together now, or modelled later
+            arrival = host.clock.time()  # rows put together now, or modelled later
             for slots, rows, at in got:
                 arrival = max(arrival, at)
                 for o, r in zip(outs, rows):
@@ -273,5 +273,3 @@ class GatherOp(DispatchedOp):
                 host.put(key, o, owner, arrival=arrival)
         cap.release()
 
-
-OPERATORS.update(route=RouteOp, expert=ExpertOp, gather=GatherOp)

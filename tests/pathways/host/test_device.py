@@ -1,7 +1,10 @@
 """Emulated devices: strict seq order, one kernel at a time, modelled time, HBM back-pressure.
 
-Time is checked through a fake clock and sleep, never against the wall clock; every device
-and thread a test starts is closed by a fixture, and every wait has a timeout.
+Every device test runs twice: on a standalone device (an executor of its own on its own
+thread, ``standalone_device``) and on an executor run by an event loop, as every host runs its
+devices (``Executor.run_on``; ``executor_drivers``). Time is checked through a fake clock and
+sleep, never against the wall clock; every device and thread a test starts is closed by a
+fixture, and every wait has a timeout.
 """
 
 from __future__ import annotations
@@ -11,12 +14,14 @@ import threading
 import numpy as np
 import pytest
 from conftest import wait_until
+from executor_drivers import DRIVERS, WAIT, start, stop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pathways.errors import CollectiveTimeout, DeviceOutOfMemory, PathwaysError
-from pathways.host.device import EmulatedDevice, HbmAccount
-from pathways.host.executor import standalone_device
+from pathways.host.clock import Clock
+from pathways.host.device import DeviceWork, EmulatedDevice, HbmAccount
+from pathways.host.executor import Executor, standalone_device
 from pathways.program.cost import (
     DCN,
     ICI,
@@ -26,8 +31,6 @@ from pathways.program.cost import (
     resolve_cost,
     transfer_time,
 )
-
-WAIT = 5.0  # generous bound on every wait; tests never depend on it being reached
 
 
 class FakeTime:
@@ -45,7 +48,7 @@ class FakeTime:
         self.now += seconds
 
 
-class Kernel:
+class Kernel(DeviceWork):
     """A test kernel: logs its run, optionally advances fake time or runs a body."""
 
     def __init__(self, name, log=None, duration=0.0, body=None, labels=None):
@@ -64,23 +67,36 @@ class Kernel:
     def on_error(self, exc):
         self.errors.append(exc)
 
-    def on_done(self):
+    def on_done(self, finish):
         self.completed = True
 
 
-@pytest.fixture
-def make_device():
-    """Build devices that are always closed, even when the test fails."""
+@pytest.fixture(params=DRIVERS)
+def make_device(request):
+    """Build devices, each run by an executor of its own, that are always closed, even when
+    the test fails: standalone ones ("thread") or ones an event loop runs ("loop")."""
     made: list[EmulatedDevice] = []
+    executors: list[Executor] = []
 
     def make(device_id=0, **kwargs):
-        device = standalone_device(device_id, kwargs.pop("spec", DeviceSpec()), **kwargs)
+        if "clock" in kwargs:  # fake time: its clock and sleep
+            kwargs["clock"] = Clock(kwargs.pop("clock"), kwargs.pop("sleep", None))
+        spec = kwargs.pop("spec", DeviceSpec())
+        if request.param == "thread":
+            device = standalone_device(device_id, spec, **kwargs)
+        else:
+            executor = Executor(f"test-{device_id}", **kwargs)
+            executors.append(executor)
+            device = executor.add_device(device_id, spec)
+            start(executor)
         made.append(device)
         return device
 
     yield make
     for device in made:
         assert device.close(timeout=WAIT)
+    for executor in executors:
+        assert stop(executor)
 
 
 # -- order --------------------------------------------------------------------------------
@@ -175,7 +191,7 @@ def test_outputs_are_published_at_the_modelled_end(make_device):
     fake, published = FakeTime(), []
 
     class Publisher(Kernel):
-        def on_done(self):
+        def on_done(self, finish):
             published.append(fake.now)
             if self.name == "bad":
                 raise RuntimeError("could not publish")

@@ -18,6 +18,9 @@ What is checked, always in fake time (a clock that moves only when the executor 
 - the ICI wire format: hypothesis round trips over keys, dtypes and shapes (0-d and empty
   included), malformed messages raise ProtocolError, unencodable values raise ProgramError.
 
+Executors run on the driver every host uses, an event loop (``Executor.run_on``, uvloop on a
+thread: ``executor_drivers``); the property test of the virtual-time invariants also runs on
+the thread driver of standalone devices (``Executor.start``), and so do the fd hygiene tests.
 Every executor is closed by a fixture or a ``with`` block, every wait has a timeout and nothing
 asserts timing.
 """
@@ -35,6 +38,7 @@ import time
 import numpy as np
 import pytest
 from conftest import wait_until
+from executor_drivers import DRIVERS, WAIT, start, stop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -46,7 +50,8 @@ from pathways.errors import (
     PathwaysError,
     ProgramError,
 )
-from pathways.host.device import HbmAccount
+from pathways.host.clock import Clock
+from pathways.host.device import DeviceWork, HbmAccount
 from pathways.host.exchange import ExecutorEnv
 from pathways.host.executor import Executor
 from pathways.host.ici import decode, encode
@@ -62,7 +67,6 @@ from pathways.program.collectives import (
 from pathways.program.cost import DeviceSpec
 from plaque.wire import ProtocolError
 
-WAIT = 5.0  # bound on every wait; tests never depend on it being reached
 OWNER = ("test-client", None)
 
 
@@ -94,7 +98,7 @@ class FakeTime:
             self.now = target
 
 
-class Kernel:
+class Kernel(DeviceWork):
     """A test kernel: returns ``duration``, optionally runs ``body(device)`` first.
 
     Records the clock when it executes (``ran_at``) and when ``on_done`` runs (``done_at``);
@@ -129,7 +133,7 @@ class Kernel:
     def output_bytes(self):
         return self.nbytes
 
-    def on_done(self):
+    def on_done(self, finish):
         assert self.done_at is None, "on_done called twice"
         self.done_at = self.clock()
         self.finished.set()
@@ -144,7 +148,7 @@ class GangKernel(Kernel):
 
     def __init__(self, executor, mesh, flat, device_of, gang, fn, args, duration=0.0,
                  before=None, **kwargs):
-        super().__init__(f"{gang}[{flat}]", duration, clock=executor.clock, body=self._shard,
+        super().__init__(f"{gang}[{flat}]", duration, clock=executor.now, body=self._shard,
                          **kwargs)
         self.executor, self.mesh, self.flat, self.device_of = executor, mesh, flat, device_of
         self.gang, self.fn, self.args, self.before = gang, fn, args, before
@@ -163,16 +167,17 @@ class GangKernel(Kernel):
 
 @contextlib.contextmanager
 def executor_of(fake: FakeTime, device_ids=(0,), *, spec=None, with_store=False, **kwargs):
-    """An executor on fake time with these devices (not started), always closed after."""
+    """An executor on fake time with these devices (not started: ``start`` or ``run_all``),
+    always closed after (with the loop it ran on)."""
     devices: dict = {}  # the host's dict, as pathways.host.server keeps it
     store = ObjectStore(devices) if with_store else None
-    executor = Executor("test-host", store=store, clock=fake.clock, sleep=fake.sleep, **kwargs)
+    executor = Executor("test-host", store=store, clock=Clock(fake.clock, fake.sleep), **kwargs)
     try:
         for d in device_ids:
             devices[d] = executor.add_device(d, spec)
         yield executor
     finally:
-        assert executor.close(WAIT), "the executor thread did not stop"
+        assert stop(executor), "the executor did not stop"
 
 
 @pytest.fixture
@@ -182,9 +187,10 @@ def make_executor():
         yield lambda *args, **kwargs: stack.enter_context(executor_of(*args, **kwargs))
 
 
-def run_all(executor: Executor) -> None:
-    """Start the executor if needed and wait until every device has run what it was given."""
-    executor.start()
+def run_all(executor: Executor, driver: str = "loop") -> None:
+    """Start the executor if needed (by ``driver``: an event loop, or a thread of its own) and
+    wait until every device has run what it was given."""
+    start(executor, driver)
     for device in executor.devices.values():
         assert device.wait_idle(WAIT), f"{device.name} did not finish"
 
@@ -229,7 +235,7 @@ def test_a_kernel_starts_no_earlier_than_its_inputs_arrive(make_executor, put_fi
     device.enqueue(0, consumer)
     device.enqueue(1, after)
     device.enqueue(2, pushed)
-    ex.start()
+    start(ex)
     if not put_first:  # the consumer holds its device, waiting for an input nobody made yet
         wait_until(lambda: store.stats()["entries"]["awaited"] == 1, timeout=WAIT)
         assert consumer.ran_at is None and device.next_seq == 0
@@ -290,6 +296,7 @@ def workloads(draw):
         before_start=draw(st.integers(0, n)),  # how many are enqueued before the thread runs
         inputs_first=draw(st.booleans()),  # inputs put before the kernels, or after
         late=draw(st.lists(st.floats(0, 0.5), min_size=1, max_size=4)),
+        driver=draw(st.sampled_from(["loop", "thread"])),
     )
 
 
@@ -317,13 +324,13 @@ def test_virtual_time_invariants_hold_for_any_workload(w):
             put_inputs()
         for n, i in enumerate(w["order"]):
             if n == w["before_start"]:
-                ex.start()
+                start(ex, w["driver"])
             k = kernels[i]
             ex.devices[k.device].enqueue(k.seq, k)
-        ex.start()
+        start(ex, w["driver"])
         if not w["inputs_first"]:
             put_inputs()
-        run_all(ex)
+        run_all(ex, w["driver"])
 
         for d, ks in by_device.items():
             records = ex.devices[d].timeline
@@ -498,7 +505,7 @@ def test_abort_gang_fails_a_parked_peer_at_once(make_executor):
     ex.devices[0].enqueue(0, shard0)
     after = Kernel("after", 0.0, clock=fake.clock)  # 0 s: the clock is stuck at the horizon
     ex.devices[0].enqueue(1, after)
-    ex.start()
+    start(ex)
     assert entered.wait(WAIT)  # it parks in psum on this same executor turn
     ex.abort_gang(gang, "device 1 lost")
     assert ex.devices[0].wait_idle(WAIT)
@@ -525,8 +532,8 @@ def test_failing_bodies_and_publications_are_recorded_and_told(make_executor):
         raise RuntimeError("kernel bug")
 
     class BadPublish(Kernel):
-        def on_done(self):
-            super().on_done()
+        def on_done(self, finish):
+            super().on_done(finish)
             raise RuntimeError("could not publish")
 
     gone = (("gone", 0), 0)
@@ -560,9 +567,10 @@ def test_a_kernel_with_inputs_but_no_store_fails(make_executor):
     assert isinstance(k.errors[0], PathwaysError) and "no object store" in str(k.errors[0])
 
 
-def test_close_tells_every_kernel_still_held():
+@pytest.mark.parametrize("driver", DRIVERS)
+def test_close_tells_every_kernel_still_held(driver):
     fake = FakeTime(horizon=1.0)
-    ex = Executor("closing", clock=fake.clock, sleep=fake.sleep)
+    ex = Executor("closing", clock=Clock(fake.clock, fake.sleep))
     closed = False  # closed once only (see test_closing_twice_leaves_reused_fds_alone)
     try:
         for d in (0, 1):
@@ -573,13 +581,13 @@ def test_close_tells_every_kernel_still_held():
         queued = Kernel("queued", clock=fake.clock)
         ex.devices[0].enqueue(0, parked)
         ex.devices[0].enqueue(1, queued)
-        ex.start()
+        start(ex, driver)
         assert entered.wait(WAIT)
-        closed = ex.close(WAIT)
+        closed = stop(ex)
         assert closed
     finally:
         if not closed:
-            assert ex.close(WAIT)
+            assert stop(ex)
     for k in (parked, queued):
         assert len(k.errors) == 1 and isinstance(k.errors[0], PathwaysError)
         assert "closed" in str(k.errors[0])
@@ -607,7 +615,7 @@ def test_outputs_that_do_not_fit_keep_their_device_until_freed(make_executor):
     nxt = Kernel("next", 0.5, clock=fake.clock)
     device.enqueue(0, big)
     device.enqueue(1, nxt)
-    ex.start()
+    start(ex)
     wait_until(lambda: fake.now >= 1.0, timeout=WAIT)
     wait_for_a_turn(ex, fake, 1, 0)  # big has reached its end and found no room
     assert big.ran_at == 0.0 and not big.finished.is_set()
@@ -656,12 +664,11 @@ def test_a_free_racing_with_the_failed_allocation_is_not_lost(make_executor):
     ex = make_executor(fake, spec=SMALL_HBM)
     device = ex.devices[0]
     device.hbm = RacyHbm(100, device.name)
-    device.hbm.on_free = ex.hbm_freed
     device.hbm.allocate(60)
     device.hbm.blocker = 60
     k = Kernel("k", 1.0, clock=fake.clock, nbytes=60)
     device.enqueue(0, k)
-    ex.start()
+    start(ex)
     assert device.wait_idle(2.0)
     assert k.done_at is not None
 
@@ -799,10 +806,10 @@ def test_ici_encode_refuses_object_arrays():
 
 
 def test_closing_twice_leaves_reused_fds_alone():
-    ex = Executor("twice", clock=FakeTime().clock)
-    ex.start()
+    ex = Executor("twice", clock=Clock(FakeTime().clock))
+    ex.start()  # the thread driver: its wake pipe
     assert ex.close(WAIT)
-    fds = (ex._wake_r, ex._wake_w)  # now closed: make sure another file owns those numbers
+    fds = (ex.driver._wake_r, ex.driver._wake_w)  # now closed: another file gets the numbers
     r, w = os.pipe()
     try:
         for fd in fds:

@@ -1,0 +1,267 @@
+"""A host: its emulated devices, object store and executor, and what the coordinator and
+peer hosts tell it.
+
+The host is a Plaque worker whose operators are kernel shards (``pathways.host.operators``);
+it learns its global device ids from the resource manager (``AssignDevices``), where its peers
+are (``Topology``), and which gangs and sequence numbers to drop when a run fails. One
+executor runs all of its devices on the host's loop thread (``pathways.host.executor``);
+collectives between devices of different hosts travel over the ICI link straight from executor
+to executor; within a host they are memory handoffs. Clients reach it through its
+``DataService`` (``pathways.host.data_service``); ``pathways.host.process`` starts it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from typing import TYPE_CHECKING
+
+from .. import protocol
+from ..errors import ClientGone, DeviceOutOfMemory, RemoteError
+from ..program.cost import DeviceSpec
+from .clock import MONOTONIC, Clock
+from .device import EmulatedDevice
+from .exchange import ExecutorEnv
+from .executor import KERNEL_LIMIT, Executor
+from .object_store import ObjectStore
+
+if TYPE_CHECKING:
+    from plaque.worker import WorkerCore
+
+__all__ = ["Host"]
+
+log = logging.getLogger("pathways.host.host")
+
+TRANSFERS_KEPT = 10_000
+
+
+class Host:
+    """One host's runtime state, on its process's event-loop thread: its emulated devices
+    and the executor that runs them, its object store, where its peers and their devices are
+    (``Topology``), and the commands the coordinator and peer hosts send it (``on_user``).
+
+    It is the ``HostServices`` its operators are given, and what its ``DataService`` serves
+    clients from. ``serve_host`` (``pathways.host.process``) wires it to Plaque and sockets.
+    """
+
+    def __init__(self, island: int, num_devices: int, spec: DeviceSpec | None = None,
+                 kernel_limit: float | None = KERNEL_LIMIT, clock: Clock = MONOTONIC):
+        self.island, self.num_devices = island, num_devices
+        self.spec = spec or DeviceSpec()
+        self.clock = clock  # the one clock of this host: executor, store and operators read it
+        self.devices: dict[int, EmulatedDevice] = {}
+        self.store = ObjectStore(self.devices, clock)
+        self.executor = Executor("host", store=self.store, clock=clock,
+                                 kernel_limit=kernel_limit)
+        self.worker_of: dict[int, int] = {}  # device -> host worker id (kept in place)
+        self._flat: dict[tuple, dict] = {}  # mesh devices -> {flat index: device}
+        self._released: deque = deque()  # capabilities to release on the loop
+        self._release_posted = False
+        self.core: WorkerCore | None = None
+        self.loop = None
+        self.started = clock.time()
+        self.ici = None  # IciLink, set when serving
+        self.transfers: deque = deque(maxlen=TRANSFERS_KEPT)  # (device, name, labels, start, end)
+
+    # ---- devices and kernels (called from the loop or the executor thread) ---------------
+    def enqueue(self, device: int, seq: int, kernel) -> None:
+        """Queue ``kernel`` as ``device``'s ``seq``-th. Any thread."""
+        self.devices[device].enqueue(seq, kernel)
+
+    def kernel_env(self, mesh, flat_index: int, gang_key, device) -> ExecutorEnv:
+        """Executor thread: where the collectives of the kernel running on ``device`` go."""
+        flat = self._flat.get(mesh.ids)
+        if flat is None:
+            flat = self._flat[mesh.ids] = dict(enumerate(mesh.ids))
+        return ExecutorEnv(mesh.axis_sizes, mesh.axis_names, flat_index, flat, gang_key,
+                           self.executor, device.current)
+
+    def post_release(self, cap) -> None:
+        """Executor thread: release ``cap`` on the loop; one loop wake for a whole turn's."""
+        self._released.append(cap)
+        if not self._release_posted:
+            self._release_posted = True
+            self.core.call_soon(self._release_all)
+
+    def _release_all(self) -> None:
+        self._release_posted = False
+        while self._released:
+            cap = self._released.popleft()
+            if cap.valid:  # not uninstalled meanwhile
+                cap.release()
+
+    def abort_gang(self, gang_key, devices, reason) -> None:
+        """Executor thread: stop this gang's collectives here and on its other hosts."""
+        self.executor.abort_gang(gang_key, reason)
+        workers = {self.worker_of[d] for d in devices if d in self.worker_of} - {self.core.id}
+        msg = protocol.AbortGang(gang_key, reason)
+        for w in workers:
+            self.core.call_soon(lambda w=w: self.core.send_user(w, msg))
+
+    # ---- messages from the coordinator and peers (loop thread) ----------------------------
+    def on_user(self, sender, msg) -> None:
+        """A message from the coordinator or a peer host, by its class (``_COMMANDS``)."""
+        handler = self._COMMANDS.get(type(msg))
+        if handler is None:
+            log.warning("unknown message %s from %s", type(msg).__name__[:80], sender)
+            return
+        handler(self, msg)
+
+    def _abort_gang(self, msg) -> None:
+        self.executor.abort_gang(msg.gang, msg.reason)
+
+    def _abort_gangs(self, msg) -> None:
+        runs = set()
+        for gang in msg.gangs:
+            self.executor.abort_gang(gang, msg.reason)
+            runs.add(tuple(gang[:2]))
+        # kernels of these runs waiting for inputs that will never come must not hold
+        # their devices: fail the run's buffers nobody has produced yet
+        err = RemoteError(f"the run failed: {msg.reason}")
+        self.store.fail_awaited(lambda key: protocol.key_run(key) in runs, err)
+
+    def _assign_devices(self, msg) -> None:
+        for d in msg.devices:
+            if d not in self.devices:
+                self.devices[d] = self.executor.add_device(d, self.spec, name=f"tpu{d}")
+        log.info("host %s owns devices %s", self.core.id, sorted(self.devices))
+
+    def _topology(self, msg) -> None:
+        self.worker_of.clear()
+        self.worker_of.update(msg.worker_of)
+        self.ici.peers = dict(msg.links)
+
+    def _client_left(self, msg) -> None:
+        n = self.store.retire_client(msg.client, ClientGone(msg.reason))
+        log.info("client %s gone (%s): freed %d buffers", msg.client, msg.reason, n)
+
+    def _skip(self, msg) -> None:
+        for d, seqs in msg.seqs.items():
+            for s in seqs:
+                if d in self.devices:
+                    self.devices[d].skip(s, msg.reason)
+
+    _COMMANDS = {protocol.AbortGang: _abort_gang, protocol.AbortGangs: _abort_gangs,
+                 protocol.AssignDevices: _assign_devices, protocol.Topology: _topology,
+                 protocol.ClientLeft: _client_left, protocol.SkipSeqs: _skip}
+
+    def put(self, key, value, owner, arrival: float | None = None) -> None:
+        """Loop thread: store a buffer that came from outside (a client's shard, a transfer,
+        routed rows) at once if its device's HBM has room, else once frees make room
+        (``ObjectStore.admit``): the host's one thread must never block waiting for memory.
+        A buffer larger than the whole HBM is failed with ``DeviceOutOfMemory``."""
+        if key[1] not in self.devices:
+            self.store.put(key, value, owner)  # raises, naming the devices this host has
+            return
+
+        def admitted(got) -> None:
+            if isinstance(got, BaseException):  # larger than the whole HBM
+                self.store.fail(key, got, owner)
+                return
+            try:
+                self.store.put(key, value, owner, arrival=arrival, grant=got)
+            except Exception:
+                got.give_back()  # not stored: give the memory back
+                raise
+
+        self.store.admit(key[1], value.nbytes, admitted)
+
+    def put_when_room(self, key, value, owner, timeout: float | None, done) -> None:
+        """Loop thread: store a buffer made on this host (a generated shard) as soon as its
+        device's HBM has room, without blocking the thread, waiting at most ``timeout``
+        seconds for frees (None: without bound); then ``done(None)``, or ``done(error)``
+        with nothing stored: ``DeviceOutOfMemory`` at once if it is larger than the whole
+        HBM, or when the wait times out (saying what it needs, what is free and held, and
+        that deleting arrays makes room)."""
+        device = self.devices.get(key[1])
+        if device is None:
+            done(KeyError(f"no device {key[1]} on this host (devices: {sorted(self.devices)})"))
+            return
+        nbytes = value.nbytes
+        pending = [value]  # emptied when over: a wait left queued must not keep the value
+        timer = admission = None
+
+        def finish(error) -> None:
+            if pending:
+                pending.clear()
+                if timer is not None:
+                    timer.cancel()
+                if admission is not None:
+                    admission.cancel()
+                done(error)
+
+        def admitted(got) -> None:
+            if isinstance(got, BaseException):  # larger than the whole HBM
+                finish(got)
+                return
+            if not pending:  # over meanwhile
+                got.give_back()
+                return
+            try:
+                self.store.put(key, pending[0], owner, grant=got)
+            except BaseException as exc:
+                got.give_back()  # not stored: give the memory back
+                finish(exc)
+                return
+            finish(None)
+
+        if timeout is not None and timeout != float("inf"):
+            timer = self.loop.call_later(timeout, lambda: finish(_no_room(
+                device, nbytes, timeout)))
+        admission = self.store.admit(key[1], nbytes, admitted)
+
+    def status(self) -> dict:
+        return {
+            "island": self.island,
+            "uptime": self.clock.time() - self.started,
+            "devices": {d: {"busy_seconds": dev.busy_seconds, "hbm_used": dev.hbm.used,
+                            "hbm_capacity": dev.hbm.capacity, "next_seq": dev.next_seq}
+                        for d, dev in sorted(self.devices.items())},
+            "store": self.store.stats(),
+            "wire": self.wire_counters(),
+        }
+
+    def record_transfer(self, device, name, labels, start, end) -> None:
+        """Data that arrived for ``device`` (a transfer, routed rows) from ``start`` until its
+        modelled arrival ``end``, for traces. Any thread."""
+        self.transfers.append((device, name, labels, start, end))
+
+    def timeline(self, since: float | None = None) -> dict:
+        """Each device's kernels (seq, name, labels, start, end, failed) and incoming
+        transfers (name, labels, start, end) that ended after ``since``, in this host's
+        clock (``self.clock``), with ``now``."""
+        out, moved = {}, {}
+        for d, dev in sorted(self.devices.items()):
+            out[d] = [(r.seq, r.name, r.labels, r.start, r.end, r.error) for r in dev.timeline
+                      if since is None or r.end > since]
+            moved[d] = []
+        for d, name, labels, start, end in list(self.transfers):
+            if (since is None or end > since) and d in moved:
+                moved[d].append((name, labels, start, end))
+        return {"now": self.clock.time(), "island": self.island,
+                "host": self.core.id if self.core is not None else None,
+                "devices": out, "transfers": moved}
+
+    def wire_counters(self) -> dict:
+        """What this host sent to other hosts: Plaque messages (routed rows, transfers,
+        progress) and ICI messages (collectives), in messages and bytes."""
+        from plaque.counters import total
+
+        peers = self.core.counters.snapshot() if self.core is not None else {}
+        plaque_total = total({p: c for p, c in peers.items() if p >= 0})
+        ici = dict(self.ici.sent) if self.ici is not None else {"messages": 0, "bytes": 0}
+        return {"plaque": plaque_total, "ici": ici}
+
+    def close(self) -> None:
+        self.executor.close(timeout=1.0)
+        if self.ici is not None:
+            self.ici.close()
+
+
+def _no_room(device, nbytes: int, timeout: float) -> DeviceOutOfMemory:
+    hbm = device.hbm
+    return DeviceOutOfMemory(
+        f"{device.name}: waited {timeout:g} s for {nbytes} bytes of HBM, but only"
+        f" {max(hbm.capacity - hbm.used, 0)} of its {hbm.capacity} bytes are free"
+        f" ({hbm.used} held by live arrays and running kernels); deleting arrays that are"
+        " no longer needed (array.delete()) frees room, or pass a longer timeout")

@@ -1,0 +1,100 @@
+"""What starts a host: ``serve_host`` joins the coordinator's Plaque cluster and serves until
+it is stopped or lost.
+
+It asks the coordinator where its Plaque cluster listens, makes the ``Host`` (devices,
+executor, object store) with its ICI link, runs the executor on the process's event loop (one
+thread for Plaque, the data service and the devices), and hands the Plaque worker the host's
+operator table (``pathways.host.operators``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+
+import zmq
+
+import plaque
+from plaque import security
+from plaque.endpoint import serve_worker_core
+from plaque.transport import InprocTransport
+from plaque.worker import WorkerCore
+from plaque.zmq_transport import ZmqTransport, context_for
+
+from .. import protocol
+from ..lowering.specs import OPERATORS_SERVICE
+from ..program import jax_body
+from ..program.cost import DeviceSpec
+from .data_service import DataService
+from .executor import KERNEL_LIMIT
+from .host import Host
+from .ici import IciLink
+from .operators import operator_table
+
+__all__ = ["serve_host", "SWITCH_INTERVAL"]
+
+SWITCH_INTERVAL = 0.0005
+
+
+def _coordinator_info(address: str, ctx: zmq.Context, timeout: float = 30.0) -> dict:
+    """Ask the coordinator where its Plaque cluster listens."""
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
+    security.connect(s, address)
+    try:
+        s.send_multipart(protocol.pack(protocol.Info(0)))
+        reply = protocol.unpack(s.recv_multipart())
+    except zmq.Again:
+        raise plaque.CoordinatorLost(f"no coordinator answered at {address}") from None
+    finally:
+        s.close(0)
+    if not isinstance(reply, protocol.Answer) or not isinstance(reply.value, dict):
+        raise plaque.ProtocolError(f"the coordinator at {address} answered {reply!r}")
+    return reply.value
+
+
+async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
+                     spec: DeviceSpec | None = None, coordinator_timeout: float = 10.0,
+                     kernel_limit: float | None = KERNEL_LIMIT) -> str:
+    """Serve a host until the coordinator stops it (or it is lost); returns why it stopped.
+
+    A coordinator at an ``inproc://`` address is the in-process twin's: the host then runs
+    in a thread of that process, on its Plaque in-process transport and ``inproc://``
+    sockets (``bind`` should be ``inproc://``), and leaves JAX's process-wide settings alone.
+    """
+    loop = asyncio.get_running_loop()
+    # Threads and the event loop take turns on the GIL; Python's default 5 ms switch
+    # interval would add up to 5 ms to every hand-off between them (a dispatch arriving, a
+    # kernel finishing), so hand over far more often.
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    in_process = security.in_process(coordinator)
+    if not in_process:
+        jax_body.on_host()
+    ctx, own_ctx = context_for(coordinator)
+    info = await loop.run_in_executor(None, _coordinator_info, coordinator, ctx)
+    host = Host(island, num_devices, spec, kernel_limit)
+    host.loop = loop
+    host.ici = host.executor.link = IciLink(ctx, bind, host.worker_of)
+    host.executor.run_on(loop)  # one thread: the loop runs the devices too
+    data = DataService(host, bind, ctx)
+    transport = InprocTransport() if in_process else ZmqTransport(bind, context=ctx)
+    core = WorkerCore(transport.address, info["plaque"],
+                      info={"role": "host", "island": island, "devices": num_devices,
+                            "data": data.address, "ici": host.ici.address, "pid": os.getpid(),
+                            "hostname": socket.gethostname(), "spec": host.spec},
+                      coordinator_timeout=coordinator_timeout,
+                      services={OPERATORS_SERVICE: operator_table(host)})
+    core.on_user = host.on_user
+    host.core = core
+    data.start(loop)
+    try:
+        return await serve_worker_core(core, transport)
+    finally:
+        host.close()
+        data.service.close()
+        security.release(ctx)
+        if own_ctx:
+            ctx.term()
