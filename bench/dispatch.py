@@ -90,7 +90,7 @@ class PathwaysRig:
         self.client, self.hosts = client, hosts
         self.devices = hosts * PER_HOST
         self.mesh = client.mesh((self.devices,), ("d",))
-        self._data = sorted({client._device_info[d]["data"] for d in self.mesh.ids})
+        self._data = sorted({client.cluster.data_address(d) for d in self.mesh.ids})
         self._fns: dict[tuple, object] = {}
 
     def _fn(self, mode: str, cost: float):
@@ -114,7 +114,7 @@ class PathwaysRig:
 
     def busy(self) -> dict[int, float]:
         """Busy seconds of every device of the mesh so far, from the hosts' status."""
-        futures = [self.client._request(a, protocol.Status(None)) for a in self._data]
+        futures = [self.client.session.request(a, protocol.Status(None)) for a in self._data]
         busy = {}
         for f in futures:
             for d, info in f.result(10)["devices"].items():

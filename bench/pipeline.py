@@ -134,7 +134,7 @@ class ChainRig:
         self._checked: set[int] = set()
 
     def host_of(self, mesh) -> int:
-        return self.client._device_info[mesh.ids[0]]["host"]
+        return self.client.cluster.host_of(mesh.ids[0])
 
     def layout(self, stages: int) -> list[tuple[int, int]]:
         """(host, device) of each stage."""

@@ -51,8 +51,7 @@ class Array(RemoteValue):
         self._status = status  # resolves (to None) when the producing run is done
         self._value = value
         self._deleted = False
-        self._holds = 0  # runs in flight that read this array (the client's lock guards it)
-        client._live.add(self)
+        client.ledger.track(self)
 
     shape = property(lambda self: self.aval.shape)
     dtype = property(lambda self: self.aval.dtype)
@@ -122,12 +121,12 @@ class Array(RemoteValue):
             raise PathwaysError("this array was deleted")
         self._status.result(timeout)
         if self._value is None:
-            self._value = self.client._fetch(self, timeout)
+            self._value = self.client.shards.fetch(self, timeout)
         return self._value
 
     def __await__(self):
         return asyncio.wrap_future(
-            self.client._executor.submit(self.result)).__await__()
+            self.client.executor.submit(self.result)).__await__()
 
     def block_until_ready(self, timeout=None) -> Array:
         """Wait until the producing run has finished, without fetching the value, and
@@ -137,6 +136,27 @@ class Array(RemoteValue):
         """
         self._status.result(timeout)
         return self
+
+    def is_deleted(self) -> bool:
+        """Whether ``delete()`` was called (as JAX's ``Array.is_deleted``).
+
+        >>> x.delete()
+        >>> x.is_deleted()
+        True
+        """
+        return self._deleted
+
+    def local_copy(self) -> np.ndarray | None:
+        """The value this client holds (it put the array, or fetched it), else None; fetches
+        nothing."""
+        return self._value
+
+    def rebind(self, array_id, mesh, status: cf.Future | None = None) -> None:
+        """The runtime moved this array's shards (a remap, a resume): they are now array
+        ``array_id`` on ``mesh``, ready once ``status`` resolves (None: as before)."""
+        self.id, self.mesh = array_id, mesh
+        if status is not None:
+            self._status = status
 
     def delete(self) -> None:
         """Free the shards on the hosts: now, or once the runs already given this array (or
@@ -149,12 +169,12 @@ class Array(RemoteValue):
         if not self._deleted:
             self._deleted = True
             self._value = None
-            self.client._release_when_unused(self)
+            self.client.ledger.release_when_unused(self)
 
     def __del__(self):
         try:
             if not self._deleted:
                 self._deleted = True
-                self.client._release(self)
+                self.client.ledger.release(self)
         except Exception:
             pass  # interpreter shutdown: the client frees everything it owns on close

@@ -50,16 +50,16 @@ def save(client, path, values, overwrite: bool = False, held: bool = False) -> c
             raise ProgramError(f"save: {name} is {type(a).__name__}, not an array of this"
                                " client (put it first)")
     arrays = [a for _, a in named]
-    client._hold(arrays)  # first: an array deleted from now on is freed after its write
+    client.ledger.hold(arrays)  # first: an array deleted from now on is freed after its write
     try:
         partial, writes = _start(client, path, structure, named, overwrite, held)
     except BaseException:
-        client._unhold(arrays)
+        client.ledger.unhold(arrays)
         raise
     done: cf.Future = cf.Future()
 
     def finish(error):
-        client._unhold(arrays)
+        client.ledger.unhold(arrays)
         try:
             if error is None:
                 _commit(partial, path, overwrite)
@@ -73,7 +73,7 @@ def save(client, path, values, overwrite: bool = False, held: bool = False) -> c
 
     def settled(error):
         try:  # the commit renames and may remove a replaced checkpoint: not on the loop thread
-            client._executor.submit(finish, error)
+            client.executor.submit(finish, error)
         except RuntimeError:  # the client closed meanwhile: finish here
             finish(error)
 
@@ -85,14 +85,14 @@ def _start(client, path, structure, named, overwrite, held) -> tuple[str, list]:
     """Check the arrays, write the metadata under a temporary name and ask the hosts to write
     the chunks: the temporary directory and the hosts' answers to come."""
     for name, a in named:
-        if a._deleted and not held:
+        if a.is_deleted() and not held:
             raise ProgramError(f"save: {name} was deleted")
         fmt.check_dtype(a.dtype, f"save: {name}")
         fmt.check_name(name, "save")
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(f"save: {path} exists (pass overwrite=True to replace it)")
     # every writer's host is known (a lost one raises here) before anything is on disk
-    writers = [(client._data_address(d), a, name, d, chunk)
+    writers = [(client.cluster.data_address(d), a, name, d, chunk)
                for name, a in named for d, chunk in _writers(a)]
     os.makedirs(os.path.dirname(path), exist_ok=True)
     partial = f"{path}.partial-{uuid.uuid4().hex[:12]}"
@@ -101,7 +101,7 @@ def _start(client, path, structure, named, overwrite, held) -> tuple[str, list]:
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    return partial, [client._request(address, protocol.SaveShard(
+    return partial, [client.session.request(address, protocol.SaveShard(
         None, a.id, d, os.path.join(partial, name), chunk))
         for address, a, name, d, chunk in writers]
 

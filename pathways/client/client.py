@@ -5,43 +5,42 @@ it work and return at once. A call of a compiled function or program names its o
 (client id, run id, output index), so the futures it returns can be passed to the next call
 before the backend has seen the first: there is no enqueue round trip. A program is lowered
 and installed once per input placement; each call is then one "run" message.
+
+The client composes its state from objects that the other modules of this package use in its
+place: ``session`` (the I/O), ``cluster`` (devices, hosts, the newest mapping of each slice),
+``runs`` (the runs in flight), ``programs`` (the program cache), ``ledger`` (the arrays' lives:
+holds and freeing), ``shards`` (shards to and from the hosts) and ``suspensions`` (the slices
+suspended). It keeps the user's calls and the handlers of the coordinator's messages.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import itertools
 import logging
 import math
 import os
 import pickle
 import shutil
-import threading
-import weakref
 
 import numpy as np
 
 from plaque import security
-from plaque.shipping import ship
 
 from .. import protocol
-from ..errors import (
-    ClientClosed,
-    DeviceOutOfMemory,
-    PathwaysError,
-    ProgramError,
-    received,
-)
-from ..lowering.lower import Placement, lower
+from ..errors import ClientClosed, PathwaysError, ProgramError, received
+from ..lowering.lower import Placement
 from ..program import sharding, tree
 from ..program.compiled import Aval, CompiledFunction
-from ..program.ir import Eqn, Program
-from ..program.mesh import Device, Mesh, device_of
-from ..program.tracer import single_call_program
+from ..program.mesh import Device, Mesh
 from ..protocol import RunArg
-from . import checkpoint, fanout, suspension
+from . import checkpoint, suspension
 from .array import Array
+from .cluster_view import ClusterView
+from .ledger import ArrayLedger
+from .program_cache import ProgramCache
+from .runs import Run, RunBook
 from .session import Session, refuse_stopped
+from .shards import Shards
 from .trace import Tracing, collect
 
 log = logging.getLogger("pathways.client.client")
@@ -72,61 +71,54 @@ class Client:
         self.keys = str(keys) if keys is not None else named or security.keys_dir()
         if self.keys is not None:
             security.check(self.keys)
-        self._inflight: dict[int, tuple] = {}  # run -> (status, inputs, outputs, program id)
-        self._holds_lock = threading.Lock()  # Array._holds: runs in flight reading an array
-        self._array_ids = itertools.count()
-        self._run_ids = itertools.count()
-        self._program_ids = itertools.count()
-        self._lowered: dict[tuple, tuple] = {}
-        self._meshes: dict[int, Mesh] = {}  # slice id -> its newest mapping (after remap)
-        self._retargeted: dict[tuple, tuple] = {}
-        self._op_programs: dict[tuple, object] = {}
-        self._executor = cf.ThreadPoolExecutor(2, thread_name_prefix="pathways-await")
-        self._live: weakref.WeakSet = weakref.WeakSet()  # every Array not yet collected
-        self._suspended: dict[int, suspension.Suspended] = {}  # slice id -> where its arrays are
-        self._suspend_lock = threading.Lock()  # marking a slice suspended vs runs starting
+        self.runs = RunBook()
+        self.ledger = ArrayLedger(self._free)
+        self.suspensions = suspension.Suspensions()
+        # blocking work off the loop thread: awaiting an array, committing a checkpoint
+        self.executor = cf.ThreadPoolExecutor(2, thread_name_prefix="pathways-await")
         self.suspend_dir = suspend_dir
         self.closed = False
-        self._session = Session(self.address, self.keys, coordinator_timeout,
-                                set(self._MESSAGES), self._on_message, self._fail_runs)
+        self.session = Session(self.address, self.keys, coordinator_timeout,
+                               set(self._MESSAGES), self._on_message, self._fail_runs)
+        self.cluster = ClusterView(self.session, timeout)
         self.weight, self.priority = float(weight), int(priority)
         wait = timeout if connect_timeout is None else connect_timeout
         try:  # CoordinatorLost saying what the connection saw, if no answer
-            self.id = self._session.first_answer(protocol.Hello(None, {
+            self.id = self.session.first_answer(protocol.Hello(None, {
                 "weight": self.weight, "priority": self.priority}), wait)
         except BaseException:
             self.close()
             raise
-        self._session.start_pings(self.id)
-        self._refresh_devices()
+        self.shards = Shards(self.id, self.session, self.cluster, self.suspensions)
+        self.programs = ProgramCache(self.id, dispatch, self.session, self.cluster)
+        self.session.start_pings(self.id)
+        self.cluster.refresh()
 
     # ---- the session's loop thread: runs ending, notices --------------------------------
     @property
     def lost(self):
         """The ``CoordinatorLost`` error once the coordinator went silent, else None."""
-        return self._session.lost
+        return self.session.lost
 
     def _on_message(self, msg):
         """A message about this client's runs or slices, by its class (``_MESSAGES``)."""
         self._MESSAGES[type(msg)](self, msg)
 
     def _run_ended(self, msg):
-        entry = self._inflight.pop(msg.run_id, None)
-        if entry is None:
+        run = self.runs.pop(msg.run_id)
+        if run is None:
             return
-        self._unhold(entry[1])
+        self.ledger.unhold(run.inputs)
         if isinstance(msg, protocol.RunDone):
-            entry[0].set_result(None)
+            run.status.set_result(None)
         else:
-            entry[0].set_exception(received(msg.error, of_run=True))
+            run.status.set_exception(received(msg.error, of_run=True))
 
     def _install_failed(self, msg):
         """Every run of that program fails."""
-        for run_id, entry in list(self._inflight.items()):
-            if entry[3] == msg.pid:
-                del self._inflight[run_id]
-                self._unhold(entry[1])
-                entry[0].set_exception(received(msg.error, of_run=True))
+        for run in self.runs.pop_program(msg.pid):
+            self.ledger.unhold(run.inputs)
+            run.status.set_exception(received(msg.error, of_run=True))
 
     def _suspend_notice(self, msg):
         suspension.suspend_for_coordinator(self, msg.slice_id, msg.reason, self.timeout)
@@ -136,31 +128,18 @@ class Client:
 
     def _fail_runs(self, err: Exception) -> None:
         """Every run still in flight fails with ``err``."""
-        for status, inputs, *_ in self._inflight.values():
-            self._unhold(inputs)
-            if not status.done():
-                status.set_exception(err)
-        self._inflight.clear()
-
-    def _send(self, address, payload):
-        self._session.send(address, payload)
-
-    def _request(self, address, msg) -> cf.Future:
-        """Send the request ``msg`` to ``address``; the future gets the answer's value."""
-        return self._session.request(address, msg)
+        for run in self.runs.pop_all():
+            self.ledger.unhold(run.inputs)
+            if not run.status.done():
+                run.status.set_exception(err)
 
     # ---- cluster --------------------------------------------------------------------------
-    def _refresh_devices(self):
-        infos = self._request(self.address, protocol.ListDevices(None)).result(self.timeout)
-        self._device_info = {d["id"]: d for d in infos}
-
     def devices(self) -> list[Device]:
         """Every emulated device: id, island, host, kind.
 
         >>> [d.id for d in client.devices() if d.island == 0]
         """
-        self._refresh_devices()
-        return [device_of(d) for d in self._device_info.values()]
+        return self.cluster.devices()
 
     def host_status(self, timeout: float = 10.0) -> dict:
         """Each host's status by host id: its devices (busy time, HBM), object store, and the
@@ -169,7 +148,8 @@ class Client:
         >>> for host, status in client.host_status().items():
         ...     print(host, {d: s["hbm_used"] for d, s in status["devices"].items()})
         """
-        futures = {h: self._request(a, protocol.Status(None)) for h, a in self._hosts().items()}
+        futures = {h: self.session.request(a, protocol.Status(None))
+                   for h, a in self.cluster.hosts().items()}
         return {h: f.result(timeout) for h, f in sorted(futures.items())}
 
     def cluster_status(self, timeout: float = 10.0) -> dict:
@@ -180,12 +160,7 @@ class Client:
         >>> sorted(client.cluster_status())
         ['clients', 'devices', 'hosts', 'policy', 'resources']
         """
-        return self._request(self.address, protocol.Status(None)).result(timeout)
-
-    def _hosts(self) -> dict:
-        """Host id -> its data address, as the coordinator lists them now."""
-        self._refresh_devices()
-        return {info["host"]: info["data"] for info in self._device_info.values()}
+        return self.session.request(self.address, protocol.Status(None)).result(timeout)
 
     def timeline(self, timeout: float = 10.0) -> dict:
         """Every device's recent kernels by device id: ``(seq, name, labels, start, end,
@@ -230,9 +205,9 @@ class Client:
         if len(shape) != len(tuple(axis_names)):
             raise sharding.ShardingError(f"mesh shape {shape} and axis names {axis_names}"
                                          " differ in length")
-        sl = self._request(self.address, protocol.AllocateMesh(
+        sl = self.session.request(self.address, protocol.AllocateMesh(
             None, self.id, shape, island, bool(preempt))).result(self.timeout)
-        self._refresh_devices()
+        self.cluster.refresh()
         return Mesh(shape, tuple(axis_names), sl.devices, sl.slice_id, sl.island, sl.version,
                     client=self)
 
@@ -243,17 +218,17 @@ class Client:
         >>> x = client.put(np.arange(32.0).reshape(8, 4), mesh, P("data"))
         >>> w = client.put(np.eye(4), mesh)        # no spec: a full copy on every device
         """
-        suspension.check(self, [mesh])
+        self.suspensions.check([mesh])
         value = np.asarray(value)  # no copy yet: a huge view must fail before it is copied
         spec = sharding.normalize_spec(spec, value.ndim, mesh.axis_names)
         block = sharding.shard_shape(value.shape, mesh.axis_sizes, mesh.axis_names, spec)
-        self._check_fits(math.prod(block) * value.dtype.itemsize, mesh, "put")
+        self.shards.check_fits(math.prod(block) * value.dtype.itemsize, mesh, "put")
         if value.dtype.hasobject:
             _check_picklable(value)
         value = np.array(value, copy=True)
         shards = sharding.split(value, mesh.axis_sizes, mesh.axis_names, spec)
-        array_id = (self.id, next(self._array_ids))
-        self._put_shards(array_id, mesh, shards)
+        array_id = self.shards.new_id()
+        self.shards.put(array_id, mesh, shards)
         done: cf.Future = cf.Future()
         done.set_result(None)
         return Array(self, array_id, Aval.of(value), mesh, spec, done, value=value)
@@ -281,11 +256,11 @@ class Client:
         if not callable(fn):
             raise ProgramError(f"generate needs a function of the slices, got {fn!r}")
         timeout = self._hbm_wait(timeout)
-        suspension.check(self, [mesh])
+        self.suspensions.check([mesh])
         shape, dtype = tuple(int(n) for n in shape), np.dtype(dtype)
         spec = sharding.normalize_spec(spec, len(shape), mesh.axis_names)
-        array_id = self._new_array_id()
-        status = self._generate_into(array_id, fn, shape, dtype, mesh, spec, timeout)
+        array_id = self.shards.new_id()
+        status = self.shards.generate(array_id, fn, shape, dtype, mesh, spec, timeout)
         return Array(self, array_id, Aval(shape, dtype), mesh, spec, status)
 
     def _hbm_wait(self, timeout) -> float | None:
@@ -297,102 +272,11 @@ class Client:
             raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         return None if math.isinf(timeout) else float(timeout)
 
-    def _new_array_id(self):
-        return (self.id, next(self._array_ids))
-
-    def _generate_into(self, array_id, fn, shape, dtype, mesh, spec,
-                       timeout: float | None = None) -> cf.Future:
-        """Have the hosts of ``mesh`` make the shards of ``array_id`` with ``fn``, each
-        waiting at most ``timeout`` seconds for HBM room (None: without bound); the future
-        resolves when all have, or fails with the first error."""
-        block = sharding.shard_shape(shape, mesh.axis_sizes, mesh.axis_names, spec)
-        self._check_fits(int(np.prod(block)) * dtype.itemsize, mesh, "generate")
-        blob = ship(fn, [fn])
-        futures = []
-        for i, d in enumerate(mesh.ids):
-            slices = sharding.device_slices(shape, mesh.axis_sizes, mesh.axis_names, spec, i)
-            futures.append(self._request(self._data_address(d), protocol.Generate(
-                None, array_id, d, blob, slices, block, dtype.str, (self.id, None), timeout)))
-        return fanout.all_done(futures)
-
-    def _check_fits(self, nbytes, mesh, what):
-        """A shard larger than a device's whole HBM can never be stored: say so at once."""
-        for d in mesh.ids:
-            hbm = self._device_info.get(d, {}).get("hbm")
-            if hbm is not None and nbytes > hbm:
-                raise DeviceOutOfMemory(f"{what}: a shard of {nbytes} bytes is larger than the"
-                                        f" whole HBM of device {d} ({hbm} bytes)")
-
-    def _data_address(self, device):
-        try:
-            return self._device_info[device]["data"]
-        except KeyError:
-            raise PathwaysError(f"device {device} is not on a live host") from None
-
-    def _fetch(self, array: Array, timeout) -> np.ndarray:
-        suspension.check(self, [array.mesh])
-        m = array.mesh
-        by_slice: dict[tuple, list[int]] = {}
-        for i in range(m.size):
-            sl = sharding.device_slices(array.shape, m.axis_sizes, m.axis_names, array.spec, i)
-            by_slice.setdefault(tuple((s.start, s.stop) for s in sl), []).append(i)
-        futures = {}
-        for members in by_slice.values():
-            d = m.ids[members[0]]
-            futures[members[0]] = self._request(self._data_address(d),
-                                                protocol.GetShard(None, array.id, d))
-        shards = [None] * m.size
-        for members in by_slice.values():
-            try:
-                value = futures[members[0]].result(timeout)
-            except PathwaysError:  # freed meanwhile: say by what, if the user did it
-                suspension.check(self, [array.mesh])
-                if array._deleted:
-                    raise PathwaysError("this array was deleted while it was fetched") from None
-                raise
-            for i in members:
-                shards[i] = value
-        return sharding.assemble(shards, m.axis_sizes, m.axis_names, array.spec)
-
-    def _hold(self, arrays) -> None:
-        """A run reads these arrays: their deletion waits for it."""
-        with self._holds_lock:
-            for a in arrays:
-                a._holds += 1
-
-    def _unhold(self, arrays) -> None:
-        """A run that read these arrays has finished: free those deleted meanwhile."""
-        due = []
-        with self._holds_lock:
-            for a in arrays:
-                a._holds -= 1
-                if not a._holds and a._deleted:
-                    due.append(a)
-        for a in due:
-            self._release_when_unused(a)
-
-    def _release_when_unused(self, array: Array) -> None:
-        """Free a deleted array's shards once no run in flight reads or produces it."""
-        with self._holds_lock:
-            if array._holds:
-                return  # the last run reading it frees it (_unhold)
-        if not array._status.done():  # its producing run is still going: free it after
-            array._status.add_done_callback(lambda _f: self._release_when_unused(array))
-            return
-        try:
-            self._release(array)
-        except PathwaysError:
-            pass  # closed or coordinator lost: the hosts free what the client owned
-
-    def _release(self, array: Array) -> None:
-        if self.closed:
-            return
-        per_host: dict[str, list] = {}
-        for d in array.mesh.ids:
-            if d in self._device_info:  # a lost host's buffers went with it
-                per_host.setdefault(self._data_address(d), []).append((array.id, d))
-        for address, keys in per_host.items():
-            self._send(address, protocol.DeleteShards(keys))
+    def _free(self, array: Array) -> None:
+        """Free ``array``'s shards on the hosts (the ledger's ``free``): nothing once closed,
+        since closing frees everything the client owns."""
+        if not self.closed:
+            self.shards.delete(array)
 
     # ---- checkpoints ----------------------------------------------------------------------
     def save(self, path, values, overwrite: bool = False) -> cf.Future:
@@ -409,7 +293,7 @@ class Client:
         >>> z = step(y)                                  # the save goes on meanwhile
         >>> path = saved.result(timeout=60)              # the path, once committed
         """
-        suspension.check(self, [a.mesh for a in tree.flatten(values)[0]
+        self.suspensions.check([a.mesh for a in tree.flatten(values)[0]
                                 if isinstance(a, Array)])
         return checkpoint.save(self, path, values, overwrite)
 
@@ -443,10 +327,7 @@ class Client:
         >>> prog = client.op_program(step, [x.aval])
         >>> y = client.run_program(prog, [x])      # what step(x) does
         """
-        key = (fn, tuple(avals))
-        if key not in self._op_programs:
-            self._op_programs[key] = single_call_program(fn, avals)
-        return self._op_programs[key]
+        return self.programs.op_program(fn, avals)
 
     def run_program(self, program, arrays):
         """Run a traced program on ``arrays``; returns its output futures at once.
@@ -457,15 +338,15 @@ class Client:
         for i, a in enumerate(arrays):
             if a.client is not self:
                 raise ProgramError(f"argument {i} belongs to another client")
-            if a._deleted:
+            if a.is_deleted():
                 raise ProgramError(f"argument {i} was deleted")
-            if self._remapped(a.mesh) is not a.mesh:
-                self._move(i, a, self._remapped(a.mesh))
-        program = self._retarget(program)
+            if self.cluster.current(a.mesh) is not a.mesh:
+                self._move(i, a, self.cluster.current(a.mesh))
+        program = self.programs.retarget(program)
         placements = tuple(Placement(a.mesh.ids, tuple(a.spec), a.mesh.axis_sizes,
                                      a.mesh.axis_names) for a in arrays)
-        pid, out_places = self._install(program, placements)
-        run_id = next(self._run_ids)
+        pid, out_places = self.programs.install(program, placements)
+        run_id = self.runs.new_id()
         status: cf.Future = cf.Future()
         outputs, out_ids = [], {}
         for v in program.outputs:
@@ -473,17 +354,17 @@ class Client:
                 outputs.append(arrays[program.inputs.index(v)])
                 continue
             mesh, spec = out_places[v.id]
-            out_ids[v.id] = (self.id, next(self._array_ids))
+            out_ids[v.id] = self.shards.new_id()
             outputs.append(Array(self, out_ids[v.id], v.aval, mesh, spec, status))
         arg = RunArg(self.id, run_id, self.dispatch,
                      {v.id: a.id for v, a in zip(program.inputs, arrays)}, out_ids, {})
-        with self._suspend_lock:  # a slice is suspended either before this run or after it
-            if self._suspended:
-                suspension.check(self, [a.mesh for a in arrays] +
-                                 [getattr(e.fn, "mesh", None) for e in program.eqns])
-            self._hold(arrays)
-            self._inflight[run_id] = (status, tuple(arrays), tuple(outputs), pid)
-            self._send(self.address, protocol.RunProgram(pid, run_id, arg))
+        with self.suspensions.lock:  # a slice is suspended either before this run or after it
+            if self.suspensions:
+                self.suspensions.check([a.mesh for a in arrays] +
+                                       [getattr(e.fn, "mesh", None) for e in program.eqns])
+            self.ledger.hold(arrays)
+            self.runs.add(run_id, Run(status, tuple(arrays), tuple(outputs), pid))
+            self.session.send(self.address, protocol.RunProgram(pid, run_id, arg))
         return outputs[0] if program.single_output else tuple(outputs)
 
     # ---- after a host loss: the same virtual slices on healthy devices ---------------------
@@ -499,12 +380,12 @@ class Client:
         """
         if mesh.slice_id is None:
             raise ProgramError("remap needs a mesh from client.mesh(...)")
-        sl = self._request(self.address, protocol.Remap(None, self.id, mesh.slice_id)
-                           ).result(self.timeout)
-        self._refresh_devices()
+        sl = self.session.request(self.address, protocol.Remap(None, self.id, mesh.slice_id)
+                                  ).result(self.timeout)
+        self.cluster.refresh()
         new = Mesh(mesh.axis_sizes, mesh.axis_names, sl.devices, sl.slice_id, sl.island, sl.version,
                    client=self)
-        self._meshes[mesh.slice_id] = new
+        self.cluster.adopt(new)
         return new
 
     # ---- suspend and resume: a slice's arrays to disk, its devices to others -------------------
@@ -543,59 +424,17 @@ class Client:
         returned as it is."""
         return suspension.resume(self, mesh, timeout)
 
-    def _remapped(self, mesh: Mesh) -> Mesh:
-        cur = self._meshes.get(mesh.slice_id) if mesh.slice_id is not None else None
-        return cur if cur is not None and cur.version > mesh.version else mesh
-
     def _move(self, i, array: Array, mesh: Mesh) -> None:
         """Put an argument again on its slice's new devices, from the value this client has."""
-        if array._value is None:
+        value = array.local_copy()
+        if value is None:
             raise PathwaysError(
                 f"argument {i} lived on slice {mesh.slice_id}, which lost devices, and this"
                 " client holds no copy of its value: put it again (or fetch it before)")
-        self._release(array)  # what is left of it on the devices that survived
-        array.id = (self.id, next(self._array_ids))
-        array.mesh = mesh
-        self._put_shards(array.id, mesh, sharding.split(array._value, mesh.axis_sizes,
-                                                        mesh.axis_names, array.spec))
-
-    def _put_shards(self, array_id, mesh: Mesh, shards) -> None:
-        for d, shard in zip(mesh.ids, shards):
-            self._send(self._data_address(d), protocol.PutShard(array_id, d, shard,
-                                                                (self.id, None)))
-
-    def _retarget(self, program):
-        """``program`` with every compiled function on a remapped slice moved onto it."""
-        if not self._meshes:
-            return program
-        versions = tuple(sorted((sid, m.version) for sid, m in self._meshes.items()))
-        key = (id(program), versions)
-        hit = self._retargeted.get(key)
-        if hit is not None:
-            return hit[1]
-        eqns, changed = [], False
-        for eqn in program.eqns:
-            fn = eqn.fn.retarget(self._remapped)
-            changed |= fn is not eqn.fn
-            eqns.append(Eqn(fn, eqn.inputs, eqn.outputs))
-        new = Program(program.name, program.inputs, tuple(eqns), program.outputs,
-                      program.single_output) if changed else program
-        self._retargeted[key] = (program, new)  # keeps program alive: id() stays valid
-        return new
-
-    def _install(self, program, placements):
-        key = (id(program), placements)
-        hit = self._lowered.get(key)
-        if hit is not None:
-            return hit[1], hit[2]
-        worker_of = {d: info["host"] for d, info in self._device_info.items()}
-        island_of = {d: info["island"] for d, info in self._device_info.items()}
-        lowered = lower(program, list(placements), worker_of, island_of, self.dispatch)
-        pid = (self.id, next(self._program_ids))
-        payload = lowered.install_payload([e.fn.body for e in program.eqns])
-        self._send(self.address, protocol.InstallProgram(pid, *payload))
-        self._lowered[key] = (program, pid, lowered.outputs)  # keeps program alive: id() valid
-        return pid, lowered.outputs
+        self.ledger.release(array)  # what is left of it on the devices that survived
+        array.rebind(self.shards.new_id(), mesh)
+        self.shards.put(array.id, mesh, sharding.split(value, mesh.axis_sizes,
+                                                       mesh.axis_names, array.spec))
 
     # ---- life cycle -----------------------------------------------------------------------
     def close(self) -> None:
@@ -606,17 +445,16 @@ class Client:
         if self.closed:
             return
         try:
-            for address in {d["data"] for d in self._device_info.values()}:
-                self._send(address, protocol.DeleteOwner(self.id))
-            self._send(self.address, protocol.Bye(self.id))
+            for address in self.cluster.data_addresses():
+                self.session.send(address, protocol.DeleteOwner(self.id))
+            self.session.send(self.address, protocol.Bye(self.id))
         except Exception:
             pass
         self.closed = True
-        self._session.close(ClientClosed("the client closed before this run finished"))
-        for state in list(self._suspended.values()):
-            if state.directory is not None:
-                shutil.rmtree(state.directory, ignore_errors=True)
-        self._executor.shutdown(wait=False)
+        self.session.close(ClientClosed("the client closed before this run finished"))
+        for directory in self.suspensions.directories():
+            shutil.rmtree(directory, ignore_errors=True)
+        self.executor.shutdown(wait=False)
 
     def __enter__(self):
         return self

@@ -44,7 +44,7 @@ from ..errors import ClientClosed, CoordinatorLost, PathwaysError, ProgramError,
 from ..program.mesh import Mesh
 from . import checkpoint, fanout
 
-__all__ = ["Suspended", "resume", "suspend", "suspend_for_coordinator"]
+__all__ = ["Suspended", "Suspensions", "resume", "suspend", "suspend_for_coordinator"]
 
 log = logging.getLogger("pathways.client.suspension")
 
@@ -72,14 +72,56 @@ class Suspended:
                               " client.resume(mesh) to map it and its arrays onto devices again")
 
 
+class Suspensions:
+    """A client's slices suspended or being suspended, by slice id, and the lock that orders a
+    slice's suspension against runs starting on it: a run starts either before the slice is
+    marked (and the suspension waits for it) or after, and then raises ``SliceSuspended``."""
+
+    def __init__(self):
+        self.lock = threading.Lock()  # marking a slice suspended vs runs starting
+        self._slices: dict[int, Suspended] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._slices)
+
+    def get(self, slice_id) -> Suspended | None:
+        return self._slices.get(slice_id)
+
+    def begin(self, slice_id: int, reason: str) -> Suspended:
+        """Mark ``slice_id`` as being suspended; the caller holds ``lock``."""
+        if slice_id in self._slices:
+            raise PathwaysError(f"slice {slice_id} is already suspended")
+        state = self._slices[slice_id] = Suspended(reason)
+        return state
+
+    def discard(self, slice_id: int) -> None:
+        """The slice is live again (its suspension failed or was undone)."""
+        with self.lock:
+            self._slices.pop(slice_id, None)
+
+    def remove(self, slice_id: int) -> None:
+        """The slice was resumed."""
+        with self.lock:
+            del self._slices[slice_id]
+
+    def check(self, meshes) -> None:
+        """Raise ``SliceSuspended`` if any of ``meshes`` is on a suspended slice."""
+        for mesh in meshes:
+            state = self._slices.get(getattr(mesh, "slice_id", None))
+            if state is not None:
+                raise state.error(mesh.slice_id)
+
+    def directories(self) -> list[str]:
+        """Where the suspended slices' arrays are on disk."""
+        return [s.directory for s in list(self._slices.values()) if s.directory is not None]
+
+
 def suspend(client, slice_id: int, reason: str, timeout: float) -> None:
     """Suspend ``slice_id`` (module doc); blocks until its devices are free. A
     ``PathwaysError`` says what went wrong and in what state the slice was left."""
-    with client._suspend_lock:
-        if slice_id in client._suspended:
-            raise PathwaysError(f"slice {slice_id} is already suspended")
-        state = client._suspended[slice_id] = Suspended(reason)
-        running = [entry[0] for entry in client._inflight.values()]
+    with client.suspensions.lock:
+        state = client.suspensions.begin(slice_id, reason)
+        running = client.runs.statuses()
     try:
         arrays = _save(client, slice_id, state, running, timeout)
     except Exception as exc:
@@ -90,8 +132,8 @@ def suspend(client, slice_id: int, reason: str, timeout: float) -> None:
         _abandon(client, slice_id, state)
         raise
     try:
-        client._request(client.address, protocol.Suspend(None, client.id, slice_id)).result(
-            timeout)
+        client.session.request(client.address, protocol.Suspend(None, client.id, slice_id)
+                               ).result(timeout)
     except cf.TimeoutError:
         _roll_back(client, slice_id, state, arrays, timeout)
         return
@@ -133,12 +175,12 @@ def _save(client, slice_id, state: Suspended, running, timeout) -> dict:
         status.exception(timeout)
     # held while they are chosen and written: an array another thread deletes meanwhile is
     # freed once the save is done, never under the hosts writing it
-    candidates = [a for a in _live(client) if a.mesh.slice_id == slice_id]
-    client._hold(candidates)
+    candidates = [a for a in client.ledger.live() if a.mesh.slice_id == slice_id]
+    client.ledger.hold(candidates)
     try:
         # arrays still being made (a generate) are waited for; failed ones have nothing to
         # keep
-        arrays = [a for a in candidates if not a._deleted and a.exception(timeout) is None]
+        arrays = [a for a in candidates if not a.is_deleted() and a.exception(timeout) is None]
         state.directory = tempfile.mkdtemp(prefix=f"pathways-suspended-{slice_id}-",
                                            dir=client.suspend_dir)
         names = {str(i): a for i, a in enumerate(arrays)}
@@ -146,7 +188,7 @@ def _save(client, slice_id, state: Suspended, running, timeout) -> dict:
                                        names, held=True)
         state.saving.result(timeout)
     finally:
-        client._unhold(candidates)
+        client.ledger.unhold(candidates)
     return names
 
 
@@ -175,8 +217,8 @@ def _cancel(client, slice_id, state: Suspended, arrays: dict) -> None:
     """Ask the coordinator to undo the suspension (after the ``Suspend``: one client's
     messages keep their order); its answer settles the slice (``_settle``)."""
     try:
-        cancel = client._request(client.address,
-                                 protocol.CancelSuspend(None, client.id, slice_id))
+        cancel = client.session.request(client.address,
+                                        protocol.CancelSuspend(None, client.id, slice_id))
     except PathwaysError as exc:  # closed or lost meanwhile
         cancel = cf.Future()
         cancel.set_exception(exc)
@@ -201,9 +243,9 @@ def _settle(client, slice_id, state: Suspended, arrays: dict, answer: cf.Future)
 def _complete(client, state: Suspended, arrays: dict) -> None:
     """The coordinator confirmed the suspension: only now free the arrays' device memory."""
     for a in arrays.values():
-        if not a._deleted:
+        if not a.is_deleted():
             try:
-                client._release(a)
+                client.ledger.release(a)
             except PathwaysError:
                 pass  # closed or coordinator lost: the hosts free what the client owned
     state.arrays = [(weakref.ref(a), name) for name, a in arrays.items()]
@@ -222,8 +264,7 @@ def _abandon(client, slice_id, state: Suspended, keep_files: bool = False) -> No
             state.saving.add_done_callback(remove)
         else:
             remove()
-    with client._suspend_lock:
-        client._suspended.pop(slice_id, None)
+    client.suspensions.discard(slice_id)
     state.failed, state.doubt = True, None
     state.done.set()
 
@@ -239,28 +280,27 @@ def resume(client, mesh: Mesh, timeout: float) -> Mesh:
     slice_id = mesh.slice_id
     if slice_id is None:
         raise ProgramError("resume needs a mesh from client.mesh(...)")
-    state = client._suspended.get(slice_id)
+    state = client.suspensions.get(slice_id)
     if state is None:
         raise PathwaysError(f"slice {slice_id} is not suspended")
     if not state.done.wait(timeout):
         raise PathwaysError(f"slice {slice_id} is still being suspended after {timeout:g} s"
                             + (f" ({state.doubt})" if state.doubt else ""))
     if state.failed:  # its suspension failed or was undone: it is live with its arrays
-        return client._remapped(mesh)
+        return client.cluster.current(mesh)
     try:
-        sl = client._request(client.address, protocol.Resume(
+        sl = client.session.request(client.address, protocol.Resume(
             None, client.id, slice_id, float(timeout))).result(timeout + ANSWER_GRACE)
     except cf.TimeoutError:
         raise PathwaysError(f"the coordinator did not answer the resume of slice {slice_id}"
                             f" within {timeout + ANSWER_GRACE:g} s: it stays suspended"
                             ) from None
-    client._refresh_devices()
+    client.cluster.refresh()
     new = Mesh(mesh.axis_sizes, mesh.axis_names, sl.devices, sl.slice_id, sl.island,
                sl.version, client=client)
-    client._meshes[slice_id] = new
+    client.cluster.adopt(new)
     _read_back(client, state, new)
-    with client._suspend_lock:
-        del client._suspended[slice_id]
+    client.suspensions.remove(slice_id)
     return new
 
 
@@ -270,12 +310,13 @@ def _read_back(client, state: Suspended, new: Mesh) -> None:
     statuses = []
     for ref, name in state.arrays:
         a = ref()
-        if a is None or a._deleted:
+        if a is None or a.is_deleted():
             continue
-        a.id, a.mesh = client._new_array_id(), new
-        a._status = client._generate_into(a.id, checkpoint.reader(path, name), a.shape,
-                                          a.dtype, new, a.spec)
-        statuses.append(a._status)
+        array_id = client.shards.new_id()
+        status = client.shards.generate(array_id, checkpoint.reader(path, name), a.shape,
+                                        a.dtype, new, a.spec)
+        a.rebind(array_id, new, status)
+        statuses.append(status)
 
     def cleanup(error):
         if error is None:
@@ -286,19 +327,3 @@ def _read_back(client, state: Suspended, new: Mesh) -> None:
 
     fanout.when_all(statuses, cleanup)
 
-
-def check(client, meshes) -> None:
-    """Raise ``SliceSuspended`` if any of ``meshes`` is on a suspended slice."""
-    for mesh in meshes:
-        state = client._suspended.get(getattr(mesh, "slice_id", None))
-        if state is not None:
-            raise state.error(mesh.slice_id)
-
-
-def _live(client) -> list:
-    """The client's arrays alive now (the set may change while it is read: read again)."""
-    while True:
-        try:
-            return list(client._live)
-        except RuntimeError:
-            continue

@@ -25,9 +25,9 @@ TRANSFER_TID = 1_000_000  # thread ids of the transfer rows: device id + this
 def collect(client, since: dict | float | None = None, timeout: float = 10.0) -> list[dict]:
     """Every host's records that ended after ``since`` (per host, in its own clock; a number
     applies to every host), each with ``offset`` = client clock - host clock."""
-    futures = {h: client._request(a, protocol.Timeline(
+    futures = {h: client.session.request(a, protocol.Timeline(
                    None, since.get(h) if isinstance(since, dict) else since))
-               for h, a in client._hosts().items()}
+               for h, a in client.cluster.hosts().items()}
     out = []
     for h, f in futures.items():
         reply = f.result(timeout)

@@ -146,7 +146,7 @@ def test_remap_after_a_host_loss_and_a_late_host_adds_capacity():
             new = c.remap(mesh)
             assert new.shape == mesh.shape and new.version == mesh.version + 1
             assert set(new.ids) != set(mesh.ids)
-            assert all(d in c._device_info for d in new.ids)  # healthy devices only
+            assert all(d in c.cluster for d in new.ids)  # healthy devices only
             # the same program and array, built on the old mesh, now run on the new one
             np.testing.assert_allclose(twice(x).result(timeout=30), want)
             assert x.mesh == new

@@ -148,9 +148,9 @@ def test_a_client_that_went_silent_gets_a_clear_error(cluster):
         x = c.put(np.ones(8), mesh, P("d"))
         step = pw.shard_map(lambda v: v + 1.0, mesh, P("d"), P("d"))
         np.testing.assert_array_equal(step(x).result(timeout=30), np.full(8, 2.0))
-        c._session.closed = True  # stops its pings, as a frozen process would; sockets stay open
+        c.session.closed = True  # stops its pings, as a frozen process would; sockets stay open
         time.sleep(CLIENT_TIMEOUT + 1.5)
-        c._session.closed = False
+        c.session.closed = False
         with pytest.raises(pw.ClientGone, match="disconnected"):
             step(x).result(timeout=30)
     finally:

@@ -75,7 +75,7 @@ def test_python_control_flow_and_arithmetic_on_traced_values_are_refused(client)
 
 def test_exceeding_hbm_fails_at_once(pw_cluster, client):
     mesh = client.mesh((1,), ("d",))
-    hbm = client._device_info[mesh.ids[0]]["hbm"]
+    hbm = client.cluster.hbm(mesh.ids[0])
     assert hbm == 16 << 30
 
     with pytest.raises(pw.DeviceOutOfMemory, match="larger than the whole HBM"):

@@ -172,7 +172,7 @@ def test_a_buffer_deleted_under_a_queued_kernel_fails_it_and_devices_go_on(clien
     x = client.put(np.arange(8.0), mesh, P("d"))
     first = busy(client.put(np.zeros(8), mesh, P("d")))
     y = double(x)
-    client._release(x)  # what a buggy or hostile peer could send: bypasses the client's hold
+    client.ledger.release(x)  # what a buggy or hostile peer could send: bypasses the client's hold
     assert "deleted" in error_of(y)
     first.result(WAIT)
     z = client.put(np.ones(8), mesh, P("d"))
@@ -187,13 +187,13 @@ def test_a_host_answers_a_read_or_write_of_an_array_deleted_before_it_came(clien
     x = client.put(np.arange(8.0), mesh, P("d"))
     x.result(WAIT)
     d = mesh.ids[0]
-    address = client._data_address(d)
-    client._release(x)  # the delete goes first on this connection, so it is served first
+    address = client.cluster.data_address(d)
+    client.ledger.release(x)  # the delete goes first on this connection, so it is served first
     asks = [protocol.GetShard(None, x.id, d),
             protocol.SaveShard(None, x.id, d, str(tmp_path / "x"), (0,))]
     for ask in asks:
         with pytest.raises(pw.PathwaysError, match="deleted"):
-            client._request(address, ask).result(WAIT)
+            client.session.request(address, ask).result(WAIT)
     assert not (tmp_path / "x").exists()
 
 

@@ -190,10 +190,11 @@ def test_concurrent_clients_on_overlapping_slices_all_finish_correctly(pw_cluste
 
 
 def device_busy(client) -> dict:
-    addresses = sorted({d["data"] for d in client._device_info.values()})
+    addresses = sorted(client.cluster.data_addresses())
     out = {}
     for a in addresses:
-        for d, info in client._request(a, protocol.Status(None)).result(10)["devices"].items():
+        status = client.session.request(a, protocol.Status(None)).result(10)
+        for d, info in status["devices"].items():
             out[d] = info["busy_seconds"]
     return out
 

@@ -1,0 +1,103 @@
+"""An array's shards between a client and the hosts: put, made on the hosts, fetched, freed.
+
+Every shard goes straight to or from the host of its device (its data address, from the
+``ClusterView``), never through the coordinator. Array ids are the client's id and a count
+(what the hosts' object stores key shards by); shards are tagged with the client as owner, so
+the hosts free everything of a client that closes or is lost.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import itertools
+
+import numpy as np
+
+from plaque.shipping import ship
+
+from .. import protocol
+from ..errors import DeviceOutOfMemory, PathwaysError
+from ..program import sharding
+from . import fanout
+
+__all__ = ["Shards"]
+
+
+class Shards:
+    """The shard traffic of client ``client_id`` through ``session``, to the devices of
+    ``cluster`` (a ``ClusterView``); ``suspensions`` refuses a fetch from a suspended slice."""
+
+    def __init__(self, client_id, session, cluster, suspensions):
+        self._client_id = client_id
+        self._session, self._cluster, self._suspensions = session, cluster, suspensions
+        self._ids = itertools.count()
+
+    def new_id(self) -> tuple:
+        """The id of a new array of this client."""
+        return (self._client_id, next(self._ids))
+
+    def check_fits(self, nbytes: int, mesh, what: str) -> None:
+        """A shard larger than a device's whole HBM can never be stored: say so at once."""
+        for d in mesh.ids:
+            hbm = self._cluster.hbm(d)
+            if hbm is not None and nbytes > hbm:
+                raise DeviceOutOfMemory(f"{what}: a shard of {nbytes} bytes is larger than the"
+                                        f" whole HBM of device {d} ({hbm} bytes)")
+
+    def put(self, array_id, mesh, shards) -> None:
+        """Send each of ``shards`` to its device of ``mesh``, as array ``array_id``."""
+        for d, shard in zip(mesh.ids, shards):
+            self._session.send(self._cluster.data_address(d), protocol.PutShard(
+                array_id, d, shard, (self._client_id, None)))
+
+    def generate(self, array_id, fn, shape, dtype, mesh, spec,
+                 timeout: float | None = None) -> cf.Future:
+        """Have the hosts of ``mesh`` make the shards of ``array_id`` with ``fn``, each
+        waiting at most ``timeout`` seconds for HBM room (None: without bound); the future
+        resolves when all have, or fails with the first error."""
+        block = sharding.shard_shape(shape, mesh.axis_sizes, mesh.axis_names, spec)
+        self.check_fits(int(np.prod(block)) * dtype.itemsize, mesh, "generate")
+        blob = ship(fn, [fn])
+        futures = []
+        for i, d in enumerate(mesh.ids):
+            slices = sharding.device_slices(shape, mesh.axis_sizes, mesh.axis_names, spec, i)
+            futures.append(self._session.request(self._cluster.data_address(d), protocol.Generate(
+                None, array_id, d, blob, slices, block, dtype.str, (self._client_id, None),
+                timeout)))
+        return fanout.all_done(futures)
+
+    def fetch(self, array, timeout) -> np.ndarray:
+        """The global value of ``array``: one shard of each distinct part, from its host,
+        assembled (waits at most ``timeout`` seconds for each)."""
+        self._suspensions.check([array.mesh])
+        m = array.mesh
+        by_slice: dict[tuple, list[int]] = {}
+        for i in range(m.size):
+            sl = sharding.device_slices(array.shape, m.axis_sizes, m.axis_names, array.spec, i)
+            by_slice.setdefault(tuple((s.start, s.stop) for s in sl), []).append(i)
+        futures = {}
+        for members in by_slice.values():
+            d = m.ids[members[0]]
+            futures[members[0]] = self._session.request(self._cluster.data_address(d),
+                                                        protocol.GetShard(None, array.id, d))
+        shards = [None] * m.size
+        for members in by_slice.values():
+            try:
+                value = futures[members[0]].result(timeout)
+            except PathwaysError:  # freed meanwhile: say by what, if the user did it
+                self._suspensions.check([array.mesh])
+                if array.is_deleted():
+                    raise PathwaysError("this array was deleted while it was fetched") from None
+                raise
+            for i in members:
+                shards[i] = value
+        return sharding.assemble(shards, m.axis_sizes, m.axis_names, array.spec)
+
+    def delete(self, array) -> None:
+        """Free ``array``'s shards on every host still live (a lost host's went with it)."""
+        per_host: dict[str, list] = {}
+        for d in array.mesh.ids:
+            if d in self._cluster:
+                per_host.setdefault(self._cluster.data_address(d), []).append((array.id, d))
+        for address, keys in per_host.items():
+            self._session.send(address, protocol.DeleteShards(keys))

@@ -1,0 +1,131 @@
+"""The parts a ``Client`` is composed of, on their own, without a cluster: the runs in flight
+(``RunBook``), the slices' newest mappings (``ClusterView``), the arrays' holds and freeing
+(``ArrayLedger``, with real ``Array`` objects) and the suspended slices (``Suspensions``)."""
+
+import concurrent.futures as cf
+import gc
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from pathways.client.array import Array
+from pathways.client.cluster_view import ClusterView
+from pathways.client.ledger import ArrayLedger
+from pathways.client.runs import Run, RunBook
+from pathways.client.suspension import Suspensions
+from pathways.errors import PathwaysError, SliceSuspended
+from pathways.program.ir import Aval
+from pathways.program.mesh import Mesh
+from pathways.program.sharding import P
+
+
+def _run(program=("c", 0)) -> Run:
+    return Run(cf.Future(), (), (), program)
+
+
+def test_a_run_book_ends_each_run_once():
+    book = RunBook()
+    ids = [book.new_id() for _ in range(3)]
+    assert ids == [0, 1, 2]
+    runs = {i: _run(("c", i % 2)) for i in ids}
+    for i, run in runs.items():
+        book.add(i, run)
+    assert book.statuses() == [runs[i].status for i in ids]
+    assert book.pop(0) is runs[0] and book.pop(0) is None
+    assert book.pop_program(("c", 1)) == [runs[1]] and len(book) == 1
+    assert book.pop_all() == [runs[2]] and len(book) == 0 and book.pop_all() == []
+
+
+def test_a_cluster_view_maps_old_meshes_of_a_slice_onto_its_newest():
+    view = ClusterView(session=None, timeout=1.0)
+    old = Mesh((2,), ("d",), (0, 1), slice_id=7, version=0)
+    unsliced = Mesh((2,), ("d",), (0, 1))
+    assert view.current(old) is old and view.slice_versions() == ()
+    new = Mesh((2,), ("d",), (2, 3), slice_id=7, version=1)
+    view.adopt(new)
+    assert view.current(old) is new and view.current(new) is new
+    assert view.current(unsliced) is unsliced
+    assert view.slice_versions() == ((7, 1),)
+    assert 0 not in view and view.hbm(0) is None
+    with pytest.raises(PathwaysError, match="not on a live host"):
+        view.data_address(0)
+
+
+@pytest.fixture
+def ledger():
+    """A ledger whose ``free`` records the ids of what it frees, and a maker of real arrays
+    on it (each with an id of its own)."""
+    freed: list = []
+    book = ArrayLedger(lambda a: freed.append(a.id))
+    ids = iter(range(1000))
+    owner = SimpleNamespace(ledger=book)
+    mesh = Mesh.abstract((2,), ("d",))
+
+    def array(status: cf.Future | None = None) -> Array:
+        if status is None:
+            status = cf.Future()
+            status.set_result(None)
+        return Array(owner, ("c", next(ids)), Aval((4,), np.dtype("float64")), mesh, P("d"),
+                     status)
+
+    return book, freed, array
+
+
+def test_a_held_array_deleted_is_freed_by_its_last_holder(ledger):
+    book, freed, array = ledger
+    x = array()
+    assert book.live() == [x]
+    book.hold([x])
+    book.hold([x])
+    x.delete()
+    assert freed == []
+    book.unhold([x])
+    assert freed == []
+    book.unhold([x])
+    assert freed == [x.id]
+
+
+def test_a_held_array_not_deleted_stays(ledger):
+    book, freed, array = ledger
+    x = array()
+    book.hold([x])
+    book.unhold([x])
+    assert freed == [] and not x.is_deleted()
+
+
+def test_a_deleted_array_still_being_produced_is_freed_once_it_is(ledger):
+    book, freed, array = ledger
+    status: cf.Future = cf.Future()
+    x = array(status)
+    x.delete()
+    assert freed == []
+    status.set_result(None)
+    assert freed == [x.id]
+
+
+def test_an_array_collected_is_freed_and_leaves_the_live_set(ledger):
+    book, freed, array = ledger
+    x = array()
+    x_id = x.id
+    del x
+    gc.collect()
+    assert freed == [x_id] and book.live() == []
+
+
+def test_suspensions_mark_a_slice_once_and_refuse_its_meshes():
+    sus = Suspensions()
+    mesh = Mesh((2,), ("d",), (0, 1), slice_id=3)
+    assert not sus
+    with sus.lock:
+        state = sus.begin(3, "by this client")
+        with pytest.raises(PathwaysError, match="already suspended"):
+            sus.begin(3, "again")
+    assert sus and sus.get(3) is state
+    with pytest.raises(SliceSuspended, match="slice 3 is suspended"):
+        sus.check([Mesh((2,), ("d",), (4, 5), slice_id=2), mesh])
+    state.directory = "/somewhere"
+    assert sus.directories() == ["/somewhere"]
+    sus.discard(3)
+    sus.check([mesh])
+    assert not sus and sus.directories() == []
