@@ -6,6 +6,12 @@ any other: it is an arrow all the same. The rules (``RULES``): each package may 
 packages listed for it, so arrows point down the paper's picture, from the command line and
 the cluster launchers through the client, the control plane and the hosts to the program
 representation; ``circles`` lists every group of modules that import each other.
+
+Two more rules keep the seams in sight. ``private_reads``: no module reads a private name
+(``_x``, not a dunder) that only other modules define -- an attribute ``obj._x`` or an
+``import _x``; what modules share has a public name. ``import_registries``: no module changes
+another module's objects when it is imported (``REGISTRY[k] = v``, ``table.update(...)`` or
+``register(...)`` at the top level): a table is built where it is used, not filled by imports.
 """
 
 from __future__ import annotations
@@ -18,14 +24,16 @@ ROOT = Path(__file__).resolve().parent
 
 # package -> what its modules may import: packages, and top-level modules by name. Arrows
 # point down: program <- lowering, lib <- client, control, host (side by side) <- the
-# top-level launchers (cli, cluster, slurm, k8s), which may import anything.
+# top-level launchers (cli, cluster, slurm, k8s), which may import anything. The control
+# plane never sees the program representation: of the lowering it imports only the graph's
+# wire form (``lowering.wire``, which imports no program module).
 _IO = {"errors", "protocol", "service", "checkpoint_format", "checkpoint_metadata"}
 RULES: dict[str, set[str]] = {
     "program": {"program", "errors"},
     "lib": {"lib", "program", "errors"},
     "lowering": {"lowering", "program", "errors"},
     "client": {"client", "lowering", "program"} | _IO,
-    "control": {"control", "lowering", "program"} | _IO,
+    "control": {"control", "lowering"} | _IO,
     "host": {"host", "lowering", "program"} | _IO,
 }
 
@@ -129,6 +137,84 @@ def violations(edges: dict[str, set[str]]) -> list[str]:
     return out
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _defined(tree: ast.AST) -> set[str]:
+    """The private names a module defines: functions, classes, variables, attributes it
+    assigns and parameters."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Attribute, ast.Name)) and isinstance(node.ctx, ast.Store):
+            out.add(node.attr if isinstance(node, ast.Attribute) else node.id)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+    return {n for n in out if _private(n)}
+
+
+def private_reads(root: Path = ROOT) -> list[str]:
+    """Every read of a private name that only other modules of ``root`` define, as
+    ``module:line: name``. A name this module defines too (its own ``_lock``) is its own."""
+    trees = {name: ast.parse(path.read_text()) for name, path in modules(root).items()}
+    own = {name: _defined(tree) for name, tree in trees.items()}
+    anywhere = set().union(*own.values()) if own else set()
+    out = []
+    for name, tree in sorted(trees.items()):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                    continue
+                if node.attr in anywhere and node.attr not in own[name]:
+                    out.append(f"{name}:{node.lineno}: {node.attr}")
+            elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "")
+                                                       .split(".")[0] in (root.name,)):
+                out.extend(f"{name}:{node.lineno}: {a.name}" for a in node.names
+                           if _private(a.name))
+    return out
+
+
+_MUTATORS = {"update", "setdefault", "append", "add", "extend", "register", "insert"}
+
+
+def import_registries(root: Path = ROOT) -> list[str]:
+    """Top-level statements that change an object the module did not make (one it
+    imported) when the module is imported, as ``module:line``."""
+    out = []
+    for name, path in sorted(modules(root).items()):
+        tree = ast.parse(path.read_text())
+        made = {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                if isinstance(t, ast.Name)}
+        made |= {node.name for node in tree.body
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        for node in tree.body:
+            if _changes_foreign(node, made):
+                out.append(f"{name}:{node.lineno}")
+    return out
+
+
+def _changes_foreign(node: ast.stmt, made: set[str]) -> bool:
+    def foreign(expr) -> bool:
+        while isinstance(expr, (ast.Attribute, ast.Subscript)):
+            expr = expr.value
+        return isinstance(expr, ast.Name) and expr.id not in made
+
+    if isinstance(node, (ast.Assign, ast.AugAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return any(isinstance(t, (ast.Subscript, ast.Attribute)) and foreign(t)
+                   for t in targets)
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+        fn = node.value.func
+        return (isinstance(fn, ast.Attribute) and fn.attr in _MUTATORS and foreign(fn.value)) \
+            or (isinstance(fn, ast.Name) and "register" in fn.id)
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return any("register" in ast.unparse(d) for d in node.decorator_list)
+    return False
+
+
 def main() -> int:
     edges = graph()
     by_package: dict[str, set[str]] = {}
@@ -148,7 +234,12 @@ def main() -> int:
         print(f"against the layers: {line}")
     for group in loops:
         print(f"circle: {' <-> '.join(group)}")
-    return 1 if bad or loops else 0
+    reads, registries = private_reads(), import_registries()
+    for line in reads:
+        print(f"private name of another module: {line}")
+    for line in registries:
+        print(f"changed on import: {line}")
+    return 1 if bad or loops or reads or registries else 0
 
 
 if __name__ == "__main__":

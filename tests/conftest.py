@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 import plaque
-from pathways import protocol
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository
 
@@ -32,16 +31,6 @@ def tcp_cluster3():
         yield c
 
 
-def wait_until(predicate, timeout=5.0, interval=0.001):
-    """Poll a condition another thread or process will make true, until a deadline; fails
-    the test instead of hanging. Use a longer ``interval`` when checking costs a round trip."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition never became true")
-        time.sleep(interval)
-
-
 @pytest.fixture
 def threads():
     """Start helper threads (``threads(target, *args)``) that are always joined."""
@@ -60,32 +49,8 @@ def threads():
         assert not thread.is_alive()
 
 
-@pytest.fixture(scope="session")
-def pw_cluster():
-    """One island, 2 hosts x 4 emulated TPUs, shared by the test session: the in-process twin
-    (threads, same code paths); tests of processes, sockets and failures start their own."""
-    import pathways as pw
-
-    with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4,
-                          processes=False) as c:
-        yield c
-
-
-@pytest.fixture(scope="session")
-def pw_process_cluster():
-    """The same cluster as host processes over TCP with CURVE, shared by the test session."""
-    import pathways as pw
-
-    with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4) as c:
-        yield c
-
-
-@pytest.fixture
-def client(pw_cluster):
-    import pathways as pw
-
-    with pw.connect(pw_cluster.address) as c:
-        yield c
+# the session's twin cluster, its process twin and a client of it: pathways.testing's fixtures
+from pathways.testing.fixtures import client, pw_cluster, pw_process_cluster  # noqa: E402,F401
 
 
 def load_example(name: str):
@@ -166,22 +131,9 @@ def listening_ports(pid: int) -> set[int]:
 
 # ---- what the hosts' object stores hold, asked of the hosts themselves ------------------
 
-def host_stats(client):
-    """Object-store stats of every host, asked directly of the hosts."""
-    addresses = sorted({d["data"] for d in client._device_info.values()})
-    return [client._request(a, protocol.Status(None)).result(10)["store"] for a in addresses]
-
-
-def store_bytes(client) -> int:
-    return sum(sum(s["bytes"].values()) if isinstance(s.get("bytes"), dict) else 0
-               for s in host_stats(client))
-
-
-def wait_for_store_bytes(client, want, tries=100) -> int:
-    """Poll the hosts until their stores hold ``want`` bytes (frees travel asynchronously)."""
-    got = store_bytes(client)
-    while got != want and tries:
-        tries -= 1
-        threading.Event().wait(0.05)
-        got = store_bytes(client)
-    return got
+from pathways.testing import (  # noqa: E402,F401
+    host_stats,
+    store_bytes,
+    wait_for_store_bytes,
+    wait_until,
+)

@@ -12,7 +12,7 @@ from pathways import _imports
 def test_the_package_has_no_circle_and_no_arrow_against_the_layers():
     edges = _imports.graph()
     assert {"program.ir", "lowering.lower", "client.client", "control.coordinator",
-            "host.server", "lib.moe"} <= set(edges)
+            "host.process", "lib.moe"} <= set(edges)
     assert _imports.circles(edges) == []
     assert _imports.violations(edges) == []
 
@@ -45,14 +45,50 @@ def test_the_command_prints_the_graph_and_exits_zero():
 
 
 def test_lowered_nodes_name_host_operators_by_kind():
-    """Lowering makes nodes with HostOp(kind, spec); the host package fills the table, and a
-    kind nobody registered is a clear error, not an AttributeError on a host."""
+    """Lowering makes nodes with HostOp(kind, spec); a host hands its worker the table of
+    its operators (nothing is registered by importing), covering every kind lowering makes,
+    and a kind nobody knows is a clear error, not an AttributeError on a host."""
     import pytest
 
-    import pathways.host  # noqa: F401  (registers the host operators)
     from pathways.errors import PathwaysError
-    from pathways.lowering.specs import OPERATORS, HostOp
+    from pathways.host.operators import host_operators
+    from pathways.lowering.specs import KINDS, HostOp
 
-    assert set(OPERATORS) == {"kernel", "send", "route", "expert", "gather"}
+    assert set(host_operators()) == set(KINDS) == {"kernel", "send", "route", "expert", "gather"}
     with pytest.raises(PathwaysError, match="no 'teleport' operator"):
         HostOp("teleport", None)()
+
+
+def test_no_module_reads_another_modules_private_names_or_fills_a_table_on_import():
+    import plaque
+
+    assert _imports.private_reads() == []
+    assert _imports.import_registries() == []
+    plaque_root = _imports.Path(plaque.__file__).parent
+    assert _imports.private_reads(plaque_root) == []
+    assert _imports.import_registries(plaque_root) == []
+
+
+def test_the_checker_finds_private_reads_and_tables_filled_on_import(tmp_path):
+    pkg = tmp_path / "pathways"
+    (pkg / "host").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "host" / "__init__.py").write_text("")
+    (pkg / "host" / "table.py").write_text("OPS = {}\n_secret = 1\n\nclass Box:\n"
+                                           "    def __init__(self):\n        self._n = 0\n")
+    (pkg / "host" / "user.py").write_text(
+        "from . import table\nfrom .table import _secret\n\n"
+        "table.OPS['kernel'] = object\n\n"
+        "def peek(box):\n    return box._n\n\n"
+        "class Own:\n    def __init__(self):\n        self._n = 1\n\n"
+        "    def same(self, other):\n        return other._n\n")
+    (pkg / "host" / "fine.py").write_text("OPS = {}\nOPS['kernel'] = object\n")
+    reads = _imports.private_reads(pkg)
+    # the read in peek is found once user.py stops defining _n itself: it defines it here
+    assert reads == ["host.user:2: _secret"]
+    (pkg / "host" / "user.py").write_text(
+        "from . import table\n\ndef peek(box):\n    return box._n\n")
+    assert _imports.private_reads(pkg) == ["host.user:4: _n"]
+    (pkg / "host" / "user.py").write_text("from . import table\n\ntable.OPS['k'] = 1\n"
+                                          "table.OPS.update(x=1)\n")
+    assert _imports.import_registries(pkg) == ["host.user:3", "host.user:4"]
