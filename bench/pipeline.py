@@ -3,7 +3,7 @@
 A program is a chain of S small computations, each on a DIFFERENT device of a different host
 where possible, each stage's output feeding the next stage's input, so that every hop of the
 chain is a transfer between host processes. The same program runs with the two dispatch
-modes of ``pw.connect(..., dispatch=...)`` (DESIGN.md, mechanism 5):
+modes of ``pw.connect(..., dispatch=...)`` (docs/design.md, mechanism 5):
 
 - **parallel** (the default): when a run starts, every host enqueues every kernel of the run at
   once, with its inputs as object-store futures; the host-side work of stage k+1 is done before

@@ -25,6 +25,7 @@ __all__ = ["ArrayInfo", "Checkpoint", "open_array", "open_checkpoint"]
 
 @dataclass(frozen=True)
 class ArrayInfo:
+    """One array of a checkpoint, as its validated metadata describes it."""
     name: str
     shape: tuple
     dtype: str
@@ -34,6 +35,7 @@ class ArrayInfo:
 
 @dataclass(frozen=True)
 class Checkpoint:
+    """A checkpoint's validated metadata: its tree and each array's description."""
     names: object  # the saved tree, each leaf its array's name
     arrays: dict  # name -> ArrayInfo
 

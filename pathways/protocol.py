@@ -48,6 +48,7 @@ class ActsForClient(Message):
 
 
 class ActsForProgram(ActsForClient):
+    """A message acting for the client that owns program ``pid`` (its first element)."""
     __slots__ = ()
 
     @property
@@ -79,6 +80,7 @@ class Ping(Message):
 
 @message
 class ListDevices(Message):
+    """Every device of the cluster: id, island, host, kind, HBM, its host's data address."""
     req: object
 
 
@@ -178,17 +180,20 @@ class Refused(Message):
 
 @message
 class RunDone(Message):
+    """Run ``run_id`` of this client finished on every host."""
     run_id: int
 
 
 @message
 class RunFailed(Message):
+    """Run ``run_id`` of this client failed with ``error`` (its outputs fail with it)."""
     run_id: int
     error: object
 
 
 @message
 class InstallFailed(Message):
+    """Program ``pid`` could not be installed on the hosts: ``error`` says why."""
     pid: tuple
     error: object
 
@@ -213,6 +218,7 @@ class SuspendNotice(Message):
 
 @message
 class AssignDevices(Message):
+    """To a host that joined: the ids of the devices it emulates."""
     devices: list
 
 
@@ -256,6 +262,7 @@ class AbortGang(Message):
 
 @message
 class PutShard(Message):
+    """A client's shard of ``array_id`` for ``device``, stored as ``owner``'s."""
     array_id: object
     device: int
     value: object
@@ -283,11 +290,13 @@ class SaveShard(Message):
 
 @message
 class DeleteShards(Message):
+    """Free these buffers (``(array id, device)`` keys), now or once their readers are done."""
     keys: list
 
 
 @message
 class DeleteOwner(Message):
+    """Free every buffer ``owner`` (a client, or a client's program) holds on this host."""
     owner: object
 
 

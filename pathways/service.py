@@ -27,6 +27,8 @@ BATCH = 256  # requests handled before yielding to the loop
 
 
 class RouterService:
+    """A ROUTER socket served on an event loop: each request (batches unpacked) goes to
+    ``handle(ident, request)``; ``reply`` answers the connection it came from."""
     def __init__(self, ctx: zmq.Context, bind: str, handle, sender: int = protocol.CLIENT,
                  after_batch=None):
         self.sock = ctx.socket(zmq.ROUTER)

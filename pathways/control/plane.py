@@ -111,6 +111,10 @@ def _short(value) -> str:
 
 
 class ControlPlane:
+    """The coordinator's decisions without I/O: requests from clients, hosts joining and
+    leaving, installs and runs ending, and the time, all passed in; replies, messages to hosts,
+    installs and starts come out as commands (``take()``) for the adapter to carry out.
+    Holds the resource manager, one gang scheduler per island and the runs in flight."""
     def __init__(self, policy: str = "fifo", window: int = 8, client_timeout: float = 5.0,
                  check_every: float = 1.0, preempt_timeout: float = 60.0):
         if policy not in POLICIES:
