@@ -131,9 +131,13 @@ def device_time_by_client(timeline: dict, clients) -> tuple[dict, float]:
     >>> busy, seconds = device_time_by_client(client.timeline(), [client.id, other.id])
     """
     spans = client_spans(timeline, clients)
+    busy = dict.fromkeys(clients, 0.0)
+    if len(spans) < len(busy):  # a client ran nothing: there was no such interval
+        return busy, 0.0
     since = max(lo for lo, _ in spans.values())
     until = min(hi for _, hi in spans.values())
-    busy = dict.fromkeys(clients, 0.0)
+    if until <= since:
+        return busy, 0.0
     for records in timeline.values():
         for _, _, labels, start, end, _ in records:
             c = labels.get("client")

@@ -141,3 +141,13 @@ def test_device_time_by_client_counts_only_while_everyone_ran():
     assert client_spans(timeline, ["a", "b"]) == {"a": (0.0, 4.0), "b": (2.0, 10.0)}
     busy, seconds = device_time_by_client(timeline, ["a", "b"])
     assert seconds == 2.0 and busy == {"a": 1.0, "b": 1.0}  # the interval [2, 4]
+
+
+def test_device_time_by_client_when_a_client_ran_nothing_is_an_empty_interval():
+    from pathways.client.trace import device_time_by_client
+
+    one = {0: [(0, 0, {"client": 1}, 0.0, 1.0, False)]}
+    assert device_time_by_client({}, [1, 2]) == ({1: 0.0, 2: 0.0}, 0.0)
+    assert device_time_by_client(one, [1, 2]) == ({1: 0.0, 2: 0.0}, 0.0)
+    both = {0: [*one[0], (1, 0, {"client": 2}, 0.5, 2.0, False)]}
+    assert device_time_by_client(both, [1, 2]) == ({1: 0.5, 2: 0.5}, 0.5)
