@@ -33,6 +33,9 @@ class Admission:
         self.cancelled = True
 
 
+ADMITTED = Admission(None, 0, None)  # what an admission settled at once returns: nothing waits
+
+
 class Admissions:
     """The waits for HBM on one host's ``devices`` (device_id -> device, kept by reference:
     a host may add devices later). Thread-safe."""
@@ -54,6 +57,15 @@ class Admissions:
         if device is None:
             raise KeyError(f"no device {device_id!r} on this host "
                            f"(devices: {sorted(self._devices)})")
+        hbm = device.hbm
+        try:
+            fits = hbm.try_allocate(nbytes)
+        except DeviceOutOfMemory as exc:  # larger than the whole HBM
+            then(exc)
+            return ADMITTED
+        if fits:  # the common case, for every kernel's outputs: no wait to keep
+            then(HbmGrant(device_id, nbytes, hbm))
+            return ADMITTED
         admission = Admission(device, nbytes, then)
         self._try(admission)
         return admission

@@ -34,12 +34,13 @@ class Shard(Slot):
     """A kernel that left its device's queue (a ``Slot`` of its device's lane), with what
     running its body needs: waiting for inputs, running, parked or finishing."""
 
-    __slots__ = ("device", "keys", "pending", "glet", "error", "nbytes", "waiting", "deadline",
-                 "done", "limit_at", "grant")
+    __slots__ = ("device", "kernel", "keys", "pending", "glet", "error", "nbytes", "waiting",
+                 "deadline", "done", "limit_at", "grant")
 
     def __init__(self, device, lane: Lane, seq: int, kernel: DeviceWork, arrived: float):
         super().__init__(lane, seq, kernel, arrived)
         self.device = device
+        self.kernel = kernel  # its work, by the name kernels go by here (read ~7x a kernel)
         self.keys: list = []  # object-store keys of its inputs
         self.pending = 0  # inputs not resolved yet
         self.glet = None
@@ -50,10 +51,6 @@ class Shard(Slot):
         self.done = False  # the body has returned or raised
         self.limit_at = 0.0  # time.monotonic() past which the body is interrupted (0: never)
         self.grant = None  # the HBM taken for its outputs, once admitted
-
-    @property
-    def kernel(self) -> DeviceWork:
-        return self.work
 
 
 class BodyRunner:

@@ -205,7 +205,7 @@ class Executor:
 
     def body_done(self, shard: Shard) -> None:
         """``shard``'s body returned or raised: finish it at its modelled end."""
-        if self.timeline.finish(shard, self.now()) is not None:
+        if self.timeline.finish(shard, self.now()):
             self._finish(shard)
         else:
             self._changed()
@@ -277,7 +277,7 @@ class Executor:
         if inputs_at is None:
             inputs_at = max((self.store.arrival(k) for k in shard.keys), default=0.0)
         at = max(inputs_at, shard.kernel.not_before or 0.0)
-        if self.timeline.ready(shard, at, self.now()) is not None:
+        if self.timeline.ready(shard, at, self.now()):
             self.bodies.begin(shard)
         else:
             self._changed()

@@ -16,15 +16,18 @@ carries out the actions it returns:
 
     Lane.dispatch / Lane.skip                     a kernel's dispatch arrived / its seq dropped
     Lane.take()                -> Slot            the device is idle: its next seq leaves the queue
-    Timeline.ready(slot, at)   -> Start | None    its inputs are ready (modelled time ``at``)
-    Timeline.begin / ended     -> End | None      its body ran for some real time, returned
+    Timeline.ready(slot, at)   -> now?            its inputs are ready (modelled time ``at``)
+    Timeline.begin / ended                        its body went on the thread / returned
+    Timeline.finish(slot)      -> now?            its body is done for good
     Timeline.hold / admitted                      its outputs wait for HBM / got it
     Lane.release(slot)                            published: the device is free at its end
     Timeline.due(now)          -> [Start | End]   what was deferred and whose time has come
     Timeline.next_wake()       -> float | None    when to call ``due`` next
 
-``Start``: run the body now. ``End``: the modelled end has passed: take HBM for the outputs,
-then publish. The executor (``pathways.host.executor``) is the thin layer that does so.
+``ready`` and ``finish`` say True when their action is due at once (run the body now; the
+modelled end has passed: take HBM for the outputs, then publish), else they keep it for
+``due`` as a ``Start`` or an ``End`` (no object is made for the common case: this runs for
+every kernel). The executor (``pathways.host.executor``) is the thin layer that does so.
 """
 
 from __future__ import annotations
@@ -132,11 +135,12 @@ class Timeline:
         self._heap: list = []
         self._tick = itertools.count()  # ties: first scheduled, first due
 
-    def ready(self, slot: Slot, inputs_at: float, now: float) -> Start | None:
+    def ready(self, slot: Slot, inputs_at: float, now: float) -> bool:
         """Its inputs are ready at modelled time ``inputs_at``: it starts at the latest of
-        that, its dispatch arrival and its device's free time -- now, or later (``due``)."""
+        that, its dispatch arrival and its device's free time -- now (True), or later (a
+        ``Start`` from ``due``)."""
         slot.start = max(slot.lane.free_at, slot.arrived, inputs_at)
-        return self._at(slot.start, Start(slot), now)
+        return self._at(slot.start, Start, slot, now)
 
     def failed(self, slot: Slot) -> End:
         """It failed before it could start (a missing input): it takes no device time."""
@@ -154,9 +158,10 @@ class Timeline:
         slot.cursor += now - slot.segment
         slot.end = max(slot.cursor, slot.start + slot.waited + modelled)
 
-    def finish(self, slot: Slot, now: float) -> End | None:
-        """Its body is done for good: ``End`` now if its modelled end has passed, else later."""
-        return self._at(slot.end, End(slot), now)
+    def finish(self, slot: Slot, now: float) -> bool:
+        """Its body is done for good: True if its modelled end has passed, else an ``End``
+        from ``due`` later."""
+        return self._at(slot.end, End, slot, now)
 
     def hold(self, slot: Slot) -> None:
         """Its outputs do not fit in HBM yet: it keeps its device until ``admitted``."""
@@ -177,8 +182,8 @@ class Timeline:
     def next_wake(self) -> float | None:
         return self._heap[0][0] if self._heap else None
 
-    def _at(self, when: float, action, now: float):
+    def _at(self, when: float, action, slot: Slot, now: float) -> bool:
         if when <= now:
-            return action
-        heapq.heappush(self._heap, (when, next(self._tick), action))
-        return None
+            return True
+        heapq.heappush(self._heap, (when, next(self._tick), action(slot)))
+        return False

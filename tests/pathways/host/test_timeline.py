@@ -120,7 +120,8 @@ class Driver:
                 self._after(max(s.known, self.now), lambda slot=slot: self._ready(slot))
 
     def _ready(self, slot: Slot) -> None:
-        self._act(self.timeline.ready(slot, slot.work.inputs_at, self.now))
+        if self.timeline.ready(slot, slot.work.inputs_at, self.now):
+            self._act(Start(slot))
 
     def _act(self, action) -> None:
         if isinstance(action, Start):
@@ -140,7 +141,8 @@ class Driver:
 
     def _body_returned(self, slot: Slot) -> None:
         self.timeline.ended(slot, self.now, slot.work.modelled)
-        self._act(self.timeline.finish(slot, self.now))
+        if self.timeline.finish(slot, self.now):
+            self._act(End(slot))
 
     def _admitted(self, slot: Slot) -> None:
         self.timeline.admitted(slot, self.now)
