@@ -1,0 +1,131 @@
+"""Modelled message times for the simulated cluster: links with latency, bandwidth and FIFO
+order, a network of such links between named endpoints, and seeded faults.
+
+A ``Link`` carries one message's bytes at a time, then the message travels ``latency`` more
+(store and forward): a message of n bytes handed to the link at t goes on the wire when the
+previous one is off it (the link is busy while bytes are on it), stays n / bandwidth, and
+arrives ``latency`` later. Arrivals keep the order of sends: a message held up by a fault
+holds back those behind it, as on one TCP connection (ZeroMQ over tcp) -- none overtakes.
+
+Worked example, latency 0.5 s, 4 bytes/s: 2 bytes at t=0 are on the wire 0..0.5 and arrive at
+1.0; 4 bytes at t=0.25 wait for the wire, are on it 0.5..1.5 and arrive at 2.0.
+
+A ``Network`` gives each ordered pair of endpoints its own link (the default one unless
+``connect`` set another) and delivers through the ``Scheduler``: a message sent by a handler
+leaves at the handler's end. Faults are a hook, ``faults(src, dst, nbytes, rng) -> Fault``,
+drawn from the scheduler's seeded ``random`` when the message leaves: a dropped message never
+runs and does not occupy the link; a delayed one arrives that much later.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+from typing import NamedTuple
+
+from .scheduler import Actor, Handle, Scheduler
+
+__all__ = ["Fault", "FaultHook", "Link", "Network", "RandomFaults"]
+
+
+class Fault(NamedTuple):
+    """What befalls one message: lost (``drop``), or ``delay`` extra seconds in transit."""
+
+    drop: bool = False
+    delay: float = 0.0
+
+
+FaultHook = Callable[[str, str, int, random.Random], Fault]
+NO_FAULT = Fault()
+
+
+class Link:
+    """One direction between two endpoints: latency (s), bandwidth (bytes/s), FIFO."""
+
+    def __init__(self, latency: float, bandwidth: float = math.inf):
+        if not (latency >= 0 and bandwidth > 0):
+            raise ValueError(f"a link needs latency >= 0 and bandwidth > 0, not "
+                             f"{latency!r} and {bandwidth!r}")
+        self.latency, self.bandwidth = latency, bandwidth
+        self.free_at = 0.0  # when the last message's bytes are off the wire
+        self.last_arrival = 0.0
+        self.messages = self.bytes = 0
+
+    def transmit(self, t: float, nbytes: int, extra_delay: float = 0.0) -> float:
+        """Put ``nbytes`` on the link at ``t``; the time they arrive at the other end."""
+        start = max(t, self.free_at)
+        self.free_at = start + nbytes / self.bandwidth
+        arrival = max(self.free_at + self.latency + extra_delay, self.last_arrival)
+        self.last_arrival = arrival
+        self.messages += 1
+        self.bytes += nbytes
+        return arrival
+
+    def __repr__(self) -> str:
+        return f"Link(latency={self.latency!r}, bandwidth={self.bandwidth!r})"
+
+
+class RandomFaults:
+    """Seeded faults on every message: lost with probability ``drop``; else, with probability
+    ``delay``, late by uniform(0, ``max_delay``) seconds. Draws nothing when both are 0, so a
+    fault-free network leaves the random stream as it is."""
+
+    def __init__(self, drop: float = 0.0, delay: float = 0.0, max_delay: float = 0.0):
+        if not (0 <= drop <= 1 and 0 <= delay <= 1 and max_delay >= 0):
+            raise ValueError(f"probabilities in [0, 1] and max_delay >= 0, not {drop!r}, "
+                             f"{delay!r}, {max_delay!r}")
+        self.drop, self.delay, self.max_delay = drop, delay, max_delay
+
+    def __call__(self, src: str, dst: str, nbytes: int, rng: random.Random) -> Fault:
+        if not (self.drop or self.delay):
+            return NO_FAULT
+        # Always three draws, so changing one rate does not shift the others' stream.
+        lost, late, amount = rng.random(), rng.random(), rng.random()
+        if lost < self.drop:
+            return Fault(drop=True)
+        return Fault(delay=amount * self.max_delay) if late < self.delay else NO_FAULT
+
+
+class Network:
+    """Links between named endpoints, delivering through ``scheduler``. Unconnected pairs get
+    a fresh ``Link(latency, bandwidth)`` each (per direction)."""
+
+    def __init__(self, scheduler: Scheduler, latency: float = 0.0,
+                 bandwidth: float = math.inf, faults: FaultHook | None = None):
+        Link(latency, bandwidth)  # checks the default's arguments now
+        self.scheduler, self.faults = scheduler, faults
+        self.latency, self.bandwidth = latency, bandwidth
+        self.dropped = 0
+        self._links: dict[tuple[str, str], Link] = {}
+
+    def connect(self, a: str, b: str, latency: float, bandwidth: float = math.inf, *,
+                both: bool = True) -> None:
+        """Model a -> b (and b -> a if ``both``, as a separate link) with these figures."""
+        self._links[(a, b)] = Link(latency, bandwidth)
+        if both:
+            self._links[(b, a)] = Link(latency, bandwidth)
+
+    def link(self, src: str, dst: str) -> Link:
+        """The link src -> dst (the default one, created on first use)."""
+        found = self._links.get((src, dst))
+        if found is None:
+            found = self._links[(src, dst)] = Link(self.latency, self.bandwidth)
+        return found
+
+    def send(self, src: str, dst: Actor | str, nbytes: int, fn: Callable, *args,
+             cost: float | None = None, name: str | None = None) -> Handle:
+        """Send ``nbytes`` from endpoint ``src``; on arrival run ``fn(*args)`` on actor
+        ``dst``'s CPU, or as a timer when ``dst`` is a plain endpoint name. It leaves now, or
+        at the running handler's end."""
+        dst_name, actor = (dst, None) if isinstance(dst, str) else (dst.name, dst)
+
+        def route(departure: float) -> float | None:
+            fault = (self.faults(src, dst_name, nbytes, self.scheduler.random)
+                     if self.faults else NO_FAULT)
+            if fault.drop:
+                self.dropped += 1
+                return None
+            return self.link(src, dst_name).transmit(departure, nbytes, fault.delay)
+
+        return self.scheduler.transmit(actor, route, fn, *args, cost=cost, name=name)
