@@ -115,9 +115,8 @@ class Exchanges:
                 shard.waiting = None
                 self._parked.pop((key, me), None)
         got = [group.box[d] for d in devs]
-        shard.cursor = max([at] + [when for _, when in got])
-        shard.waited += shard.cursor - at
-        shard.segment = self.ex.now()
+        self.ex.timeline.leave_collective(shard, at, max((when for _, when in got), default=at),
+                                          self.ex.now())
         return group, [v for v, _ in got]
 
     def _group_of(self, key, plan) -> _Group:
@@ -186,8 +185,7 @@ class Exchanges:
         gang = key[0]
         if gang in self._failed_gangs:
             raise Abandoned(f"exchange {key!r} at {me!r} abandoned: {self._failed_gangs[gang]}")
-        shard.cursor += self.ex.now() - shard.segment
-        return shard.cursor
+        return self.ex.timeline.reach_collective(shard, self.ex.now())
 
     def _queue_remote(self, key, me, dsts, value, at: float) -> None:
         if self.ex.link is None:
@@ -211,9 +209,8 @@ class Exchanges:
         got = {s: box.pop(s) for s in need}
         if not box:
             self._mail.pop((key, me), None)
-        shard.cursor = max([at] + [when for _, when in got.values()])
-        shard.waited += shard.cursor - at
-        shard.segment = self.ex.now()
+        self.ex.timeline.leave_collective(shard, at, max((when for _, when in got.values()),
+                                                         default=at), self.ex.now())
         return {s: v for s, (v, _) in got.items()}
 
     def _park(self, shard, key, me) -> None:

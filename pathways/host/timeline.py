@@ -18,6 +18,7 @@ carries out the actions it returns:
     Lane.take()                -> Slot            the device is idle: its next seq leaves the queue
     Timeline.ready(slot, at)   -> now?            its inputs are ready (modelled time ``at``)
     Timeline.begin / ended                        its body went on the thread / returned
+    Timeline.reach_collective / leave_collective  its body waits for peers in a collective
     Timeline.finish(slot)      -> now?            its body is done for good
     Timeline.hold / admitted                      its outputs wait for HBM / got it
     Lane.release(slot)                            published: the device is free at its end
@@ -157,6 +158,20 @@ class Timeline:
         ``modelled``: it occupies the device for the longer of the two, plus its waits."""
         slot.cursor += now - slot.segment
         slot.end = max(slot.cursor, slot.start + slot.waited + modelled)
+
+    def reach_collective(self, slot: Slot, now: float) -> float:
+        """Its body reached a collective at real time ``now``: its virtual time there (the
+        real time on the thread since it last went on, added)."""
+        slot.cursor += now - slot.segment
+        return slot.cursor
+
+    def leave_collective(self, slot: Slot, at: float, last: float, now: float) -> None:
+        """It reached a collective at virtual time ``at`` and its peers' values were all there
+        at ``last``: it goes on from the later of the two (the difference counts as waiting,
+        which occupies its device), back on the thread at real time ``now``."""
+        slot.cursor = max(at, last)
+        slot.waited += slot.cursor - at
+        slot.segment = now
 
     def finish(self, slot: Slot, now: float) -> bool:
         """Its body is done for good: True if its modelled end has passed, else an ``End``

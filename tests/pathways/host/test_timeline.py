@@ -203,3 +203,17 @@ def test_a_skip_drops_a_queued_kernel_and_refuses_what_ran():
     lane.release(slot)
     lane.dispatch(3, "three", 0.5)
     assert lane.take().seq == 3  # 1 and 2 passed over
+
+
+def test_a_collective_moves_a_slot_to_its_last_peer_and_counts_the_wait():
+    timeline, lane = Timeline(), Lane()
+    lane.dispatch(0, "work", 0.0)
+    slot = lane.take()
+    assert timeline.ready(slot, 0.0, now=1.0)  # starts at 0.0 (dispatch), now is later
+    timeline.begin(slot, now=10.0)  # on the thread at real 10.0
+    at = timeline.reach_collective(slot, now=10.25)  # 0.25 s of body, real
+    assert at == 0.25
+    timeline.leave_collective(slot, at, last=1.0, now=10.5)  # peers' values at virtual 1.0
+    assert (slot.cursor, slot.waited) == (1.0, 0.75)
+    timeline.ended(slot, now=10.75, modelled=0.5)  # 0.25 s more on the thread
+    assert slot.end == max(1.25, 0.0 + 0.75 + 0.5)
