@@ -8,9 +8,9 @@ thread or a thread of its own), ``kernel`` and ``routing`` (the Plaque operators
 dispatch kernels, sends and routed rows), ``operators`` (the table of those operators by node
 kind, handed to a host's worker), ``services`` (``HostServices``: what an operator may call
 on its host), ``exchange`` and ``ici`` (collectives between devices, in memory and over
-ZeroMQ), ``object_store`` (the buffers of arrays and their use counts), ``admission`` (HBM
-taken without blocking the host's thread), ``alarm`` and ``watchdog`` (timers, kernel time
-limits).
+ZeroMQ), ``object_store`` (the buffers of arrays and their use counts), ``hbm`` (a device's
+HBM account and grants), ``admission`` (HBM taken without blocking the host's thread),
+``alarm`` and ``watchdog`` (timers, kernel time limits).
 
 Importing the package registers nothing: a host hands its worker the operator table
 (``operators.operator_table``) when it starts.

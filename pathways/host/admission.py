@@ -15,7 +15,8 @@ import threading
 from collections.abc import Callable
 
 from ..errors import DeviceOutOfMemory
-from .device import EmulatedDevice, HbmGrant
+from .device import EmulatedDevice
+from .hbm import HbmGrant
 
 __all__ = ["Admission", "Admissions"]
 

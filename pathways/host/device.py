@@ -17,8 +17,8 @@ its own.
   is occupied for ``max(real elapsed, modelled)`` from its start, and the kernel's optional
   ``on_done()`` runs once real time has reached that end: a kernel that publishes its outputs
   there makes them visible at the modelled end, not before.
-- **HBM.** ``device.hbm`` enforces capacity. An allocation that does not fit waits for
-  frees (back-pressure); one larger than the whole HBM fails at once.
+- **HBM.** ``device.hbm`` (``pathways.host.hbm``) enforces capacity. An allocation that does
+  not fit waits for frees (back-pressure); one larger than the whole HBM fails at once.
 
 A failing kernel is recorded and the device carries on with the next seq. Time comes from its
 executor's ``Clock`` (``pathways.host.clock``), so tests check the accounting on fake time.
@@ -27,14 +27,12 @@ executor's ``Clock`` (``pathways.host.clock``), so tests check the accounting on
 from __future__ import annotations
 
 import logging
-import operator
-import threading
 from collections import OrderedDict, deque
-from collections.abc import Callable
 from typing import NamedTuple
 
-from ..errors import DeviceOutOfMemory, PathwaysError
+from ..errors import PathwaysError
 from ..program.cost import DeviceSpec
+from .hbm import HbmAccount, HbmGrant
 from .timeline import Lane, Slot
 
 log = logging.getLogger("pathways.host.device")
@@ -97,134 +95,6 @@ class DeviceWork:
 
     def on_error(self, exc: BaseException) -> None:
         pass
-
-
-class HbmAccount:
-    """Bytes allocated in one device's HBM. Thread-safe; a full HBM makes allocations wait."""
-
-    def __init__(self, capacity: int, name: str = "device"):
-        if capacity < 0:
-            raise ValueError(f"HBM capacity must be >= 0, got {capacity!r}")
-        self.capacity = int(capacity)
-        self.name = name
-        self._used = 0
-        self._peak = 0
-        self._waiting = 0
-        self._closed = False
-        self._cond = threading.Condition(threading.Lock())  # not re-entered: a plain lock
-        self.on_free: Callable[[], object] | None = None  # told after every free
-        self.frees = 0  # how many frees so far (lets a failed try_allocate see one it missed)
-
-    def try_allocate(self, nbytes: int) -> bool:
-        """Take ``nbytes`` if they fit now; False if not. DeviceOutOfMemory if ``nbytes``
-        exceeds the whole capacity (it never fits)."""
-        nbytes = self._check_fits(nbytes)
-        with self._cond:
-            if self._closed or self._used + nbytes > self.capacity:
-                return False
-            self._used += nbytes
-            self._peak = max(self._peak, self._used)
-            return True
-
-    def _check_fits(self, nbytes) -> int:
-        nbytes = _check_nbytes(nbytes)
-        if nbytes > self.capacity:
-            raise DeviceOutOfMemory(f"{self.name}: cannot allocate {nbytes} bytes, more than "
-                                    f"its whole HBM capacity of {self.capacity} bytes")
-        return nbytes
-
-    def allocate(self, nbytes: int, timeout: float | None = None) -> None:
-        """Take ``nbytes``, waiting up to ``timeout`` seconds (None: forever) for room.
-
-        Raises DeviceOutOfMemory at once if ``nbytes`` exceeds the whole capacity, or when
-        the wait times out. Waiters are served first-fit, not first-come: a small request
-        that fits goes ahead of a large one still waiting, which avoids head-of-line
-        deadlocks but can starve a large request while small ones keep coming.
-        """
-        nbytes = self._check_fits(nbytes)
-        with self._cond:
-            if not self._closed and self._used + nbytes <= self.capacity:  # room: no wait
-                self._used += nbytes
-                self._peak = max(self._peak, self._used)
-                return
-            self._waiting += 1
-            try:
-                fits = self._cond.wait_for(
-                    lambda: self._closed or self._used + nbytes <= self.capacity, timeout)
-            finally:
-                self._waiting -= 1
-            if self._closed:
-                raise PathwaysError(f"{self.name} is closed; cannot allocate {nbytes} bytes")
-            if not fits:
-                raise DeviceOutOfMemory(
-                    f"{self.name}: timed out waiting {timeout}s for {nbytes} bytes of HBM "
-                    f"({self._used} of {self.capacity} bytes in use)")
-            self._used += nbytes
-            self._peak = max(self._peak, self._used)
-
-    def free(self, nbytes: int) -> None:
-        """Give back ``nbytes`` and wake waiting allocations. Freeing more than used is a bug."""
-        nbytes = _check_nbytes(nbytes)
-        with self._cond:
-            if nbytes > self._used:
-                raise AssertionError(f"{self.name}: freeing {nbytes} bytes but only "
-                                     f"{self._used} are allocated (double free?)")
-            self._used -= nbytes
-            self.frees += 1
-            if self._waiting:
-                self._cond.notify_all()
-        if self.on_free is not None:
-            self.on_free()
-
-    def close(self) -> None:
-        """Fail every waiting and future allocation; frees still work (for clean-up)."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-
-    @property
-    def used(self) -> int:
-        return self._used
-
-    @property
-    def peak(self) -> int:
-        return self._peak
-
-    @property
-    def waiting(self) -> int:
-        """Number of allocations blocked for room right now (lets tests wait for the wait)."""
-        return self._waiting
-
-
-class HbmGrant:
-    """HBM taken on one device (by ``ObjectStore.admit``) for buffers still to be put:
-    ``put(..., grant=)`` charges a value to it instead of allocating again. What is not spent
-    stays taken until ``give_back``."""
-
-    __slots__ = ("device_id", "nbytes", "_hbm")
-
-    def __init__(self, device_id: int, nbytes: int, hbm):
-        self.device_id, self.nbytes, self._hbm = device_id, nbytes, hbm
-
-    def __repr__(self) -> str:
-        return f"HbmGrant(device={self.device_id}, nbytes={self.nbytes})"
-
-    def check(self, key: tuple, nbytes: int) -> None:
-        """ValueError unless ``nbytes`` for ``key`` can be charged to this grant."""
-        if key[1] != self.device_id:
-            raise ValueError(f"object {key!r}: HBM granted on device {self.device_id}")
-        if nbytes > self.nbytes:
-            raise ValueError(f"object {key!r}: {nbytes} bytes, but only {self.nbytes} of the"
-                             " granted HBM are left")
-
-    def spend(self, nbytes: int) -> None:
-        self.nbytes -= nbytes
-
-    def give_back(self, nbytes: int | None = None) -> None:
-        """Free ``nbytes`` of the grant (all that is left by default)."""
-        nbytes = self.nbytes if nbytes is None else nbytes
-        self.nbytes -= nbytes
-        self._hbm.free(nbytes)
 
 
 def device_name(spec: DeviceSpec, device_id: int, name: str | None = None) -> str:
@@ -430,14 +300,3 @@ def report_error(kernel, error: BaseException) -> None:
         kernel.on_error(error)
     except Exception:
         log.exception("on_error of kernel %r raised", kernel)
-
-
-def _check_nbytes(nbytes) -> int:
-    """``nbytes`` as a plain int (numpy integers welcome); ValueError unless an int >= 0."""
-    try:
-        value = operator.index(nbytes)
-    except TypeError:
-        value = -1
-    if isinstance(nbytes, bool) or value < 0:
-        raise ValueError(f"a byte count must be an int >= 0, got {nbytes!r}")
-    return value

@@ -45,9 +45,10 @@ from ..program.cost import DeviceSpec
 from .admission import Admissions
 from .body_runner import BodyRunner, Shard, kernel_name
 from .clock import MONOTONIC, Clock
-from .device import EmulatedDevice, Finish, HbmGrant, KernelRecord, device_name, report_error
+from .device import EmulatedDevice, Finish, KernelRecord, device_name, report_error
 from .drivers import LoopDriver, ThreadDriver
 from .exchange import Exchanges
+from .hbm import HbmGrant
 from .timeline import End, Start, Timeline
 
 log = logging.getLogger("pathways.host.executor")

@@ -51,7 +51,8 @@ import numpy as np
 from ..protocol import key_client
 from .admission import Admission, Admissions
 from .clock import MONOTONIC, Clock
-from .device import EmulatedDevice, HbmGrant
+from .device import EmulatedDevice
+from .hbm import HbmGrant
 
 log = logging.getLogger("pathways.host.object_store")
 

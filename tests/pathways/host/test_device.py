@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from pathways.errors import CollectiveTimeout, DeviceOutOfMemory, PathwaysError
 from pathways.host.clock import Clock
-from pathways.host.device import DeviceWork, EmulatedDevice, HbmAccount
+from pathways.host.device import DeviceWork, EmulatedDevice
 from pathways.host.executor import Executor, standalone_device
+from pathways.host.hbm import HbmAccount
 from pathways.program.cost import (
     DCN,
     ICI,

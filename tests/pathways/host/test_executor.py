@@ -51,9 +51,10 @@ from pathways.errors import (
     ProgramError,
 )
 from pathways.host.clock import Clock
-from pathways.host.device import DeviceWork, HbmAccount
+from pathways.host.device import DeviceWork
 from pathways.host.exchange import ExecutorEnv
 from pathways.host.executor import Executor
+from pathways.host.hbm import HbmAccount
 from pathways.host.ici import decode, encode
 from pathways.host.object_store import ObjectStore
 from pathways.program.collectives import (
