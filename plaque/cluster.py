@@ -59,16 +59,22 @@ class Cluster:
 
     ``keys``: the directory of the CURVE keys its sockets require (default ``$PLAQUE_KEYS``;
     neither: plain sockets); the worker processes it starts get them too.
+
+    A simulation (``pathways.sim``) subclasses it through a few seams: ``_make_loop``,
+    ``_make_transport``, ``_new_worker_transport``, ``clock``, ``_start_loop``, ``_join_loop``
+    and ``_new_future``; their defaults here are the production behaviour.
     """
+
+    clock = staticmethod(time.monotonic)  # the time the endpoints tick with
 
     def __init__(self, bind: str = "tcp://127.0.0.1", heartbeat_timeout: float = 3.0,
                  keys: str | None = None):
         self._inproc = bind == "inproc"
         self.keys = keys
-        self._transport = InprocTransport() if self._inproc else ZmqTransport(bind, keys=keys)
+        self._transport = self._make_transport(bind, keys)
         self.address = self._transport.address
         self._core = CoordinatorCore(self.address, heartbeat_timeout=heartbeat_timeout)
-        self._loop = uvloop.new_event_loop()
+        self._loop = self._make_loop()
         # callback(value, error) of each install in progress (by graph id) and each run in
         # flight (by (graph id, timestamp))
         self._installs: dict[int, object] = {}
@@ -81,7 +87,26 @@ class Cluster:
         self._closed = False
         self.listeners: list = []  # called on the loop thread with every ``plaque.events``
         self._endpoint = Endpoint(self._core, self._transport, self._loop,
-                                  after_turn=self._dispatch_events)
+                                  after_turn=self._dispatch_events, clock=self.clock)
+        self._thread = None
+        self._start_loop()
+
+    # ---- seams (overridden by a simulated cluster) ------------------------------------------
+    def _make_transport(self, bind, keys):
+        return InprocTransport() if self._inproc else ZmqTransport(bind, keys=keys)
+
+    def _new_worker_transport(self):
+        return InprocTransport()
+
+    def _make_loop(self):
+        return uvloop.new_event_loop()
+
+    def _new_future(self) -> cf.Future:
+        """A future the caller may wait on (it is settled on the loop thread)."""
+        return cf.Future()
+
+    def _start_loop(self) -> None:
+        """Run the loop (and the coordinator's endpoint) on a thread of its own."""
         self._thread = threading.Thread(target=self._serve, name="plaque-coordinator",
                                         daemon=True)
         started = threading.Event()
@@ -89,6 +114,10 @@ class Cluster:
         self._thread.start()
         if not started.wait(10):
             raise PlaqueError("coordinator event loop did not start")
+
+    def _join_loop(self, timeout: float) -> None:
+        """Wait for the loop to finish the shutdown ``close`` scheduled on it."""
+        self._thread.join(timeout)
 
     # ---- loop thread ----------------------------------------------------------------------
     def _serve(self):
@@ -147,7 +176,7 @@ class Cluster:
         """Run ``fn`` on the loop thread, then a turn; return its result here."""
         if self._closed:
             raise ClusterClosed("the cluster is closed")
-        out: cf.Future = cf.Future()
+        out = self._new_future()
 
         def job():
             try:
@@ -218,13 +247,13 @@ class Cluster:
 
     def install(self, graph: Graph, timeout: float = 30.0) -> InstalledGraph:
         """Ship ``graph`` to its workers and wait until every one has installed it."""
-        fut: cf.Future = cf.Future()
+        fut = self._new_future()
         self._call(lambda: self.install_async(graph, _resolver(fut)))
         gid = fut.result(timeout)
         return InstalledGraph(self, gid, graph)
 
     def _run(self, gid, arg) -> cf.Future:
-        fut: cf.Future = cf.Future()
+        fut = self._new_future()
         if self._closed:
             fut.set_exception(ClusterClosed("the cluster is closed"))
             return fut
@@ -242,7 +271,7 @@ class Cluster:
 
     def counters(self, timeout: float = 10.0) -> dict:
         """Traffic counters of every live worker and of the coordinator (key -1)."""
-        fut: cf.Future = cf.Future()
+        fut = self._new_future()
 
         def job():
             req, want = self._core.request_counters()
@@ -264,9 +293,9 @@ class Cluster:
 
         def job():
             for _ in range(n):
-                t = InprocTransport()
+                t = self._new_worker_transport()
                 core = WorkerCore(t.address, self.address)
-                ep = Endpoint(core, t, self._loop)
+                ep = Endpoint(core, t, self._loop, clock=self.clock)
                 self._inproc_workers.append(ep)
                 ep.start()
 
@@ -317,7 +346,7 @@ class Cluster:
             self._loop.stop()
 
         self._loop.call_soon_threadsafe(shutdown)
-        self._thread.join(timeout)
+        self._join_loop(timeout)
         with self._member_cv:
             self._member_cv.notify_all()
 

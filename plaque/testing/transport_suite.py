@@ -6,8 +6,9 @@ carried as they are, control never queued behind bulk data, sends that never rai
 peer nor block the loop, KeyError for an unknown peer, idempotent close and re-pointing a peer
 with ``connect``. Subclass ``TransportConformance`` with a ``make_transport`` and name the
 subclass ``Test...``: pytest runs every test of the suite against it, each on a fresh uvloop
-loop, every transport closed and the loop closed even when the test fails; every wait has a
-deadline, so a lost message fails the test instead of hanging it.
+loop (or the loop the subclass's ``make_loop`` gives), every transport closed and the loop
+closed even when the test fails; every wait has a deadline, so a lost message fails the test
+instead of hanging it.
 
 >>> class TestMyTransport(TransportConformance):
 ...     def make_transport(self):
@@ -32,12 +33,13 @@ DEADLINE = 5.0  # seconds; generous, since everything here is local
 
 
 class TransportNet:
-    """Transports made by ``make`` on one loop, each with an ``inbox`` of ``(channel,
-    [bytes...])``; a context manager that closes them all, and the loop."""
+    """Transports made by ``make`` on one loop (a fresh uvloop unless ``loop`` is given), each
+    with an ``inbox`` of ``(channel, [bytes...])``; a context manager that closes them all,
+    and the loop."""
 
-    def __init__(self, make):
+    def __init__(self, make, loop=None):
         self.make = make
-        self.loop = uvloop.new_event_loop()
+        self.loop = uvloop.new_event_loop() if loop is None else loop
         # Exceptions inside loop callbacks (e.g. a transport's receive handler) are otherwise
         # only logged; collect them so that the test fails.
         self.loop_errors: list = []
@@ -142,8 +144,14 @@ class TransportConformance:
         """How many sends wait inside ``transport`` for room (None: it cannot tell)."""
         return None
 
+    def make_loop(self):
+        """The event loop a test's transports run on (default: a fresh uvloop loop); a
+        simulated transport gives its virtual-time loop. Called before any transport is made."""
+        return uvloop.new_event_loop()
+
     def net(self, make=None) -> TransportNet:
-        return TransportNet(make or self.make_transport)
+        loop = self.make_loop()
+        return TransportNet(make or self.make_transport, loop)
 
     # ---- ordering and integrity -----------------------------------------------------------
 
