@@ -4,11 +4,13 @@
 ``Scheduler`` is the discrete-event core: one event order, actors with virtual CPUs, a seeded
 ``random`` and a trace digest; ``Network`` times messages over ``Link``s, with seeded faults.
 ``SimNet``/``SimTransport`` carry Plaque's messages over such links on one ``VirtualTimeLoop``;
-``simulated_plaque_cluster`` runs a real Plaque coordinator and workers over them.
+``simulated_plaque_cluster`` runs a real Plaque coordinator and workers over them, each a
+role (``RoleLoop``) with its own virtual CPU.
 """
 
 from .network import Fault, Link, Network, RandomFaults
 from .plaque_cluster import SimPlaqueCluster, SimulationError, simulated_plaque_cluster
+from .roles import RoleLoop, Span
 from .scheduler import Actor, CausalityError, Handle, Scheduler, SchedulerError
 from .transport import Delivery, SimNet, SimTransport
 from .virtual_loop import SimulationStalled, VirtualTimeLoop, run
@@ -17,5 +19,5 @@ __all__ = [
     "Actor", "CausalityError", "Fault", "Handle", "Link", "Network", "RandomFaults", "Scheduler",
     "SchedulerError", "SimPlaqueCluster", "SimulationError", "simulated_plaque_cluster",
     "Delivery", "SimNet", "SimTransport", "SimulationStalled",
-    "VirtualTimeLoop", "run",
+    "VirtualTimeLoop", "run", "RoleLoop", "Span",
 ]

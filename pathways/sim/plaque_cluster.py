@@ -8,11 +8,31 @@ liveness timeouts count virtual seconds. There is no loop thread: the loop runs 
 thread while it waits, because every future this cluster hands out (``graph.run(arg)``,
 ``install``, ``counters``) drives the simulation from ``result``/``exception`` until it is
 settled, and their ``timeout`` is in virtual seconds. Nothing depends on real time, so a run is
-the same every time (up to ``cpu_charge``, off by default: handlers take no virtual time).
+the same every time (up to measured CPU, off by default: handlers take no virtual time).
 
+Each endpoint is a role with its own virtual CPU (``pathways.sim.roles``): the coordinator
+("coordinator") and each worker ("worker-0", ...) schedule on their own ``RoleLoop`` view of
+the loop, so a message to a role is handled at max(arrival, that role's CPU free), the role's
+ticks and heartbeats queue on the same CPU, and what a handler sends leaves at its end.
+``cpu="measured"`` charges each handler the thread CPU time it used, ``cpu="fixed"`` a fixed
+cost (``cost``, or ``costs[role]``) for bit-for-bit replay; ``None`` charges nothing. The
+driver's calls into the coordinator (install, run, counters) are coordinator handlers too, as
+they run on the coordinator's loop thread in a real cluster. (``cpu_charge``, the older
+whole-loop charge, puts every role on one CPU; it cannot be combined with ``cpu``.)
+
+>>> from plaque import Graph, Operator
+>>> class Source(Operator):
+...     def on_complete(self, ctx, t):
+...         ctx.emit(ctx.arg)
+>>> class Double(Operator):
+...     def on_input(self, ctx, t, port, value):
+...         ctx.output(2 * value)
+>>> g = Graph("demo")
+>>> _ = g.edge(g.node("src", Source, 1, placement=[0]), g.node("double", Double, 1, placement=[1]))
 >>> with simulated_plaque_cluster(workers=2, latency=1e-3) as cluster:
-...     result = cluster.install(graph).run(10).result(timeout=60)
-...     cluster.clock()  # virtual seconds when the result came back
+...     result = cluster.install(g).run(21).result(timeout=60)
+...     print(result.outputs["double"], round(cluster.clock(), 6) > 0)
+{0: [42]} True
 """
 
 from __future__ import annotations
@@ -21,13 +41,16 @@ import asyncio
 import concurrent.futures as cf
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from plaque.cluster import Cluster
+from plaque.endpoint import Endpoint
 from plaque.errors import PlaqueError
 from plaque.events import Membership
+from plaque.worker import WorkerCore
 
 from .network import FaultHook
+from .roles import RoleLoop
 from .transport import SimNet
 from .virtual_loop import CpuCharge, VirtualTimeLoop
 
@@ -62,21 +85,36 @@ class SimPlaqueCluster(Cluster):
     ``SimNet`` (links, faults, recorded deliveries), ``clock()`` its virtual time.
 
     ``wait_limit``: virtual seconds a wait given no timeout may last (then TimeoutError).
+    ``roles``: each role's ``RoleLoop`` by name (its CPU, and its handlers' spans when
+    ``record``); ``cpu``, ``cost``, ``costs``: how handlers are charged (module text).
     """
 
     def __init__(self, *, seed: int = 0, latency: float = 0.0, bandwidth: float = math.inf,
                  heartbeat_timeout: float = 3.0, faults: FaultHook | None = None,
                  record: bool = True, cpu_charge: CpuCharge | None = None,
-                 wait_limit: float = WAIT_LIMIT):
+                 cpu: str | None = None, cost: float = 0.0,
+                 costs: Mapping[str, float] | None = None, wait_limit: float = WAIT_LIMIT):
+        if cpu_charge is not None and cpu is not None:
+            raise ValueError("cpu_charge charges the whole loop; it excludes per-role cpu")
         loop = VirtualTimeLoop(cpu_charge=cpu_charge)
         self.net = SimNet(loop, latency, bandwidth, seed=seed, faults=faults, record=record)
         self.clock = loop.time
         self.wait_limit = wait_limit
+        self.roles: dict[str, RoleLoop] = {}
+        self._cpu, self._cost, self._costs, self._record = cpu, cost, dict(costs or {}), record
         super().__init__("inproc", heartbeat_timeout=heartbeat_timeout)
+
+    def _role(self, name: str) -> RoleLoop:
+        role = RoleLoop(self.net.loop, name, self._cpu, self._costs.get(name, self._cost),
+                        record=self._record)
+        self.roles[name] = role
+        return role
 
     # ---- the seams of plaque.Cluster ---------------------------------------------------------
     def _make_loop(self):
-        return self.net.loop
+        # the cluster's own loop is the coordinator's CPU: its endpoint and the driver's
+        # calls into it run there, as on the coordinator's loop thread of a real cluster
+        return self._role("coordinator")
 
     def _make_transport(self, bind, keys):
         return self.net.transport()
@@ -86,6 +124,27 @@ class SimPlaqueCluster(Cluster):
 
     def _new_future(self) -> cf.Future:
         return _DrivenFuture(self._drive)
+
+    def add_inproc_workers(self, n: int) -> None:
+        """Start ``n`` workers, each a role ("worker-<index>") with its own virtual CPU."""
+
+        def job():
+            for _ in range(n):
+                t = self._new_worker_transport()
+                role = self._role(f"worker-{len(self._inproc_workers)}")
+                ep = Endpoint(WorkerCore(t.address, self.address), t, role, clock=self.clock)
+                self._inproc_workers.append(ep)
+                role.call_soon(ep.start)  # its first tick on its own CPU, not the caller's
+
+        self._call(job)
+
+    def worker_role(self, worker: int) -> RoleLoop:
+        """The role of the worker with id ``worker`` (ids follow the order of joining, which
+        need not be the order the roles were made in)."""
+        for ep in self._inproc_workers:
+            if ep.core.id == worker:
+                return ep.loop
+        raise KeyError(f"no in-process worker with id {worker}")
 
     def _start_loop(self) -> None:
         self._endpoint.start()  # its timers and deliveries run whenever the caller waits
@@ -160,12 +219,15 @@ class SimPlaqueCluster(Cluster):
 def simulated_plaque_cluster(workers: int = 2, seed: int = 0, latency: float = 0.0,
                              bandwidth: float = math.inf, *, heartbeat_timeout: float = 3.0,
                              faults: FaultHook | None = None, record: bool = True,
-                             cpu_charge: CpuCharge | None = None, timeout: float = 30.0):
+                             cpu_charge: CpuCharge | None = None, cpu: str | None = None,
+                             cost: float = 0.0, costs: Mapping[str, float] | None = None,
+                             timeout: float = 30.0):
     """A ``SimPlaqueCluster`` with ``workers`` in-process workers that have joined (within
     ``timeout`` virtual seconds); closed on exit."""
     cluster = SimPlaqueCluster(seed=seed, latency=latency, bandwidth=bandwidth,
                                heartbeat_timeout=heartbeat_timeout, faults=faults,
-                               record=record, cpu_charge=cpu_charge)
+                               record=record, cpu_charge=cpu_charge, cpu=cpu, cost=cost,
+                               costs=costs)
     try:
         cluster.add_inproc_workers(workers)
         cluster.wait_for_workers(workers, timeout)

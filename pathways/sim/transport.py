@@ -11,6 +11,10 @@ queued behind bulk data, and a control message overtakes a flood of data. Frames
 send, as a socket would. Messages that arrive at the same virtual time are delivered in send
 order (a sequence number breaks ties; asyncio's timer heap alone would not keep FIFO).
 
+Started on a role's view of the loop (``pathways.sim.roles.RoleLoop``), an endpoint runs on
+that role's virtual CPU: each delivered message is a handler of its own, it starts at
+max(arrival, the role's CPU free), and what the handler sends leaves at its end.
+
 ``heard_until`` is the arrival time of the oldest message that has arrived but is not yet
 delivered (the loop was busy past it), else ``now``: a message still on the wire is not in our
 inbox, so it is not our fault that we have not heard it.
@@ -102,9 +106,11 @@ class SimNet:
     def _unregister(self, address: str) -> None:
         self._endpoints.pop(address, None)
 
-    def post(self, src: str, dst: str, channel: int, frames: list) -> None:
-        """Send ``frames`` from ``src`` to the endpoint at ``dst`` now (loop thread only);
-        lost, like a socket's, when nobody is there or a fault drops it."""
+    def post(self, src: str, dst: str, channel: int, frames: list,
+             departure: float | None = None) -> None:
+        """Send ``frames`` from ``src`` to the endpoint at ``dst`` at ``departure`` (default
+        now; loop thread only); lost, like a socket's, when nobody is there or a fault drops
+        it."""
         target = self._endpoints.get(dst)
         if target is None:
             return
@@ -114,7 +120,8 @@ class SimNet:
         if fault.drop:
             self.dropped += 1
             return
-        arrival = self.link(src, dst, channel).transmit(self.loop.time(), nbytes, fault.delay)
+        at = self.loop.time() if departure is None else departure
+        arrival = self.link(src, dst, channel).transmit(at, nbytes, fault.delay)
         target._arrive(arrival, next(self._order), src, channel, copies)
 
     def _delivered(self, src: str, dst: str, channel: int, frames: list) -> None:
@@ -139,12 +146,15 @@ class SimTransport(Transport):
         self._closed = False
         self._inbox: list = []  # heap of (arrival, order, src, channel, frames)
         self._timer: asyncio.TimerHandle | None = None
+        self._loop = None  # what ``start`` was given: the net's loop, or a role's view of it
+        self._role = None  # that ``RoleLoop``, if it was one
 
     def start(self, loop, on_message) -> None:
-        if loop is not self.net.loop:
+        if loop is not self.net.loop and getattr(loop, "loop", None) is not self.net.loop:
             raise ValueError("a SimTransport runs on its SimNet's loop (one virtual clock)")
+        self._loop, self._role = loop, (None if loop is self.net.loop else loop)
         self._on_message = on_message
-        loop.call_soon(self._deliver_due)  # what arrived before start, as a socket queues it
+        self._arm()  # what arrived before start, as a socket queues it (nothing: no handler)
 
     def connect(self, peer, address) -> None:
         self._peers[peer] = address.split("|")[0]
@@ -153,7 +163,13 @@ class SimTransport(Transport):
         self._peers.pop(peer, None)
 
     def send(self, peer, channel, frames) -> None:
-        self.net.post(self.address, self._peers[peer], channel, frames)
+        dst = self._peers[peer]
+        if self._role is None or not self._role.in_handler:
+            self.net.post(self.address, dst, channel, frames)
+            return
+        # on a role's CPU: the message leaves when the handler sending it ends
+        copies = [bytes(f) for f in frames]
+        self._role.at_end(lambda end: self.net.post(self.address, dst, channel, copies, end))
 
     def thread_sender(self, address):
         """Any thread: the send is handed to the loop, and leaves at its virtual time."""
@@ -194,7 +210,7 @@ class SimTransport(Transport):
             self._timer.cancel()
             self._timer = None
         if self._inbox and self._on_message is not None:
-            self._timer = self.net.loop.call_at(self._inbox[0][0], self._deliver_due)
+            self._timer = self._loop.call_at(self._inbox[0][0], self._deliver_due)
 
     def _deliver_due(self) -> None:
         self._timer = None
@@ -204,6 +220,8 @@ class SimTransport(Transport):
                 _, _, src, channel, frames = heapq.heappop(self._inbox)
                 self.net._delivered(src, self.address, channel, frames)
                 self._on_message(channel, frames)
+                if self._role is not None:
+                    break  # on a role's CPU, each message is a handler of its own
         finally:
             if not self._closed:
                 self._arm()

@@ -1,0 +1,197 @@
+"""Each role of a simulated cluster its own virtual CPU, on one shared ``VirtualTimeLoop``.
+
+A ``RoleLoop`` is one role's (the coordinator's, a worker's) view of the shared loop. The
+role's code schedules on it as on any asyncio loop (``call_soon``, ``call_later``,
+``call_at``, ``call_soon_threadsafe``); everything else (``time``, ``create_future``,
+``run_until_complete``...) is the shared loop's. Each callback is one *handler* of the role:
+it becomes ready at its time (a message's arrival, a timer's deadline) and starts at
+max(ready, the role's CPU free), in (ready, submission) order, one at a time. The role's CPU is
+then busy for the handler's cost: the thread CPU time it used (``cpu="measured"``), a fixed
+``cost`` (``"fixed"``, for bit-for-bit replay) or nothing (``None``). So a busy coordinator
+delays only its own later work, as on a cluster where each process has its own core.
+
+The shared clock never moves for a handler: while it runs, ``time()`` is its start, and other
+roles' events between its start and its end still run at their own times. What it schedules
+counts from its *end* (start + cost, known only afterwards): ``call_soon`` is ready at the end,
+``call_later(d)`` at end + d, and work handed to ``at_end`` (a ``SimTransport``'s sends) runs
+then with the end time, so a message leaves when the handler is done. That is the rule of the
+``Scheduler`` (``pathways.sim.scheduler``), applied to asyncio callbacks.
+
+Why this and not the ``Scheduler``'s actors: the Plaque roles are asyncio code on one
+``VirtualTimeLoop`` already; a per-role run queue with one loop timer (armed at
+max(head's ready time, CPU free)) adds per-role CPUs without a second event order, and the
+loop's own timers, futures and waits keep working unchanged.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+__all__ = ["RoleLoop", "Span", "CPU_MODES"]
+
+log = logging.getLogger("pathways.sim.roles")
+CPU_MODES = (None, "measured", "fixed")
+
+
+class Span(NamedTuple):
+    """One handler of a role: when it was ready, when it started and ended (virtual s)."""
+
+    ready: float
+    start: float
+    end: float
+    name: str
+
+
+class RoleHandle:
+    """A scheduled handler of a role; ``cancel()`` keeps it from running."""
+
+    __slots__ = ("fn", "args", "cancelled")
+
+    def __init__(self, fn: Callable, args: tuple):
+        self.fn, self.args, self.cancelled = fn, args, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class RoleLoop:
+    """Role ``name``'s virtual CPU on the shared ``loop`` (see the module's text).
+
+    ``cpu``: ``None`` (handlers take no time), ``"measured"`` (``meter`` seconds, thread CPU
+    time by default) or ``"fixed"`` (``cost`` seconds each; settable later). ``busy_until``:
+    when the CPU is next free; ``cpu_used``: total charged; ``spans``: every handler's
+    ``Span`` when ``record``.
+    """
+
+    def __init__(self, loop, name: str, cpu: str | None = None, cost: float = 0.0, *,
+                 meter: Callable[[], float] = time.thread_time, record: bool = False):
+        if cpu not in CPU_MODES:
+            raise ValueError(f"cpu must be one of {CPU_MODES}, not {cpu!r}")
+        if not cost >= 0:
+            raise ValueError(f"a handler's cost must be >= 0, not {cost!r}")
+        self.loop, self.name, self.cpu, self.cost = loop, name, cpu, cost
+        self.busy_until = loop.time()
+        self.cpu_used = 0.0
+        self.handled = 0
+        self.spans: list[Span] | None = [] if record else None
+        self._meter = meter
+        self._queue: list[tuple[float, int, RoleHandle]] = []
+        self._order = itertools.count()
+        self._timer = None  # the shared loop's timer that runs our next handler
+        self._outbox: list[tuple[str, float, object]] | None = None  # while a handler runs
+
+    def time(self) -> float:
+        """The shared virtual clock (inside a handler: its start)."""
+        return self.loop.time()
+
+    # ---- the asyncio scheduling calls the role's code makes -----------------------------------
+    def call_soon(self, fn: Callable, *args, context=None) -> RoleHandle:
+        return self._submit("later", 0.0, fn, args)
+
+    def call_later(self, delay: float, fn: Callable, *args, context=None) -> RoleHandle:
+        return self._submit("later", max(delay, 0.0), fn, args)
+
+    def call_at(self, when: float, fn: Callable, *args, context=None) -> RoleHandle:
+        return self._submit("at", when, fn, args)
+
+    def call_soon_threadsafe(self, fn: Callable, *args, context=None) -> RoleHandle:
+        """Any thread: the handler is queued from the loop's thread, ready when it gets there."""
+        handle = RoleHandle(fn, args)
+        self.loop.call_soon_threadsafe(self._push, self.loop.time, handle)
+        return handle
+
+    @property
+    def in_handler(self) -> bool:
+        """True while one of this role's handlers runs."""
+        return self._outbox is not None
+
+    def at_end(self, fn: Callable[[float], None]) -> None:
+        """Run ``fn(end)`` when the running handler ends (now, with the current time, when
+        none runs): how a send leaves at the handler's end."""
+        if self._outbox is None:
+            fn(self.loop.time())
+        else:
+            self._outbox.append(("end", 0.0, fn))
+
+    def __getattr__(self, attr):  # everything else is the shared loop's
+        return getattr(self.loop, attr)
+
+    def __repr__(self) -> str:
+        return f"RoleLoop({self.name!r}, cpu={self.cpu!r}, busy_until={self.busy_until!r})"
+
+    # ---- the run queue ------------------------------------------------------------------------
+    def _submit(self, kind: str, when: float, fn: Callable, args: tuple) -> RoleHandle:
+        handle = RoleHandle(fn, args)
+        if self._outbox is not None:  # inside a handler: counts from its end
+            self._outbox.append((kind, when, handle))
+        else:
+            self._push(self.loop.time() + when if kind == "later" else when, handle)
+        return handle
+
+    def _push(self, ready, handle: RoleHandle) -> None:
+        if callable(ready):  # call_soon_threadsafe: ready when the loop's thread gets here
+            ready = ready()
+        heapq.heappush(self._queue, (ready, next(self._order), handle))
+        self._arm()
+
+    def _arm(self) -> None:
+        while self._queue and self._queue[0][2].cancelled:
+            heapq.heappop(self._queue)
+        if not self._queue:
+            return
+        at = max(self._queue[0][0], self.busy_until)
+        if self._timer is not None:
+            if self._timer.when() == at:
+                return
+            self._timer.cancel()
+        self._timer = self.loop.call_at(at, self._wake)
+
+    def _wake(self) -> None:
+        self._timer = None
+        now = self.loop.time()
+        while self._queue and self._queue[0][2].cancelled:
+            heapq.heappop(self._queue)
+        if self._queue and self._queue[0][0] <= now and self.busy_until <= now:
+            ready, _, handle = heapq.heappop(self._queue)
+            self._run(ready, now, handle)
+        self._arm()
+
+    def _run(self, ready: float, start: float, handle: RoleHandle) -> None:
+        outbox: list = []
+        self._outbox = outbox
+        begin = self._meter() if self.cpu == "measured" else 0.0
+        try:
+            handle.fn(*handle.args)
+        except Exception as exc:  # as asyncio does for a callback: report, go on
+            self.loop.call_exception_handler({
+                "message": f"exception in a handler of role {self.name}",
+                "exception": exc, "handle": handle})
+        finally:  # a handler that raised still used its CPU and sent what it sent
+            used = self._charge(begin)
+            end = start + used
+            self._outbox = None
+            self.busy_until, self.cpu_used = end, self.cpu_used + used
+            self.handled += 1
+            if self.spans is not None:
+                self.spans.append(Span(ready, start, end, _name(handle.fn)))
+            for kind, when, item in outbox:
+                if kind == "end":
+                    item(end)
+                else:
+                    self._push(end + when if kind == "later" else when, item)
+
+    def _charge(self, begin: float) -> float:
+        if self.cpu == "measured":
+            return max(self._meter() - begin, 0.0)
+        return self.cost if self.cpu == "fixed" else 0.0
+
+
+def _name(fn: Callable) -> str:
+    """A name stable across runs (never a repr, which holds an address)."""
+    fn = getattr(fn, "func", fn)
+    return getattr(fn, "__qualname__", None) or type(fn).__qualname__
