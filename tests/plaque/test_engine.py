@@ -14,40 +14,7 @@ import zmq
 
 import plaque
 from plaque import BROADCAST, KEYED, ONE_TO_ONE, Graph, Operator
-
-
-class Source(Operator):
-    """Emits ``arg`` tuples (shard, i) when the run starts."""
-
-    def on_complete(self, ctx, t):
-        for i in range(ctx.arg):
-            ctx.emit((ctx.shard, i))
-
-
-class Forward(Operator):
-    def on_input(self, ctx, t, port, value):
-        ctx.emit(value)
-
-
-class Route(Operator):
-    """Keyed exchange: value (s, i) goes to shard i % 3; values with i % 5 == 4 go nowhere."""
-
-    def on_input(self, ctx, t, port, value):
-        if value[1] % 5 != 4:
-            ctx.emit(value, shard=value[1] % 3)
-
-
-class Collect(Operator):
-    """Outputs the sorted list of what it received, once its input is complete."""
-
-    def __init__(self):
-        self.got = {}
-
-    def on_input(self, ctx, t, port, value):
-        self.got.setdefault(t, []).append(value)
-
-    def on_complete(self, ctx, t):
-        ctx.output(sorted(self.got.pop(t, [])))
+from plaque.testing.operators import Collect, Forward, Route, Source
 
 
 def sparse_graph(src_shards=4, dst_shards=6):

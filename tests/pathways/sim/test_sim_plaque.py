@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 
 import plaque
 from pathways.sim import RandomFaults, SimulationError, simulated_plaque_cluster
-from plaque import KEYED, Graph, Operator
+from plaque import KEYED, Graph
 from plaque.events import Membership
 from plaque.heartbeat import HEARTBEAT_INTERVAL
+from plaque.testing.operators import Collect, Forward, Route, Source
 from plaque.wire import CONTROL
 
 pytestmark = pytest.mark.timeout(60)
@@ -19,38 +20,8 @@ pytestmark = pytest.mark.timeout(60)
 TICK = 0.1  # plaque.endpoint's tick interval
 
 
-class Source(Operator):
-    """Emits ``arg`` tuples (shard, i) when the run starts."""
-
-    def on_complete(self, ctx, t):
-        for i in range(ctx.arg):
-            ctx.emit((ctx.shard, i))
 
 
-class Forward(Operator):
-    def on_input(self, ctx, t, port, value):
-        ctx.emit(value)
-
-
-class Route(Operator):
-    """Keyed exchange: (s, i) goes to shard i % 3; values with i % 5 == 4 go nowhere."""
-
-    def on_input(self, ctx, t, port, value):
-        if value[1] % 5 != 4:
-            ctx.emit(value, shard=value[1] % 3)
-
-
-class Collect(Operator):
-    """Outputs the sorted list of what it received, once its input is complete."""
-
-    def __init__(self):
-        self.got = {}
-
-    def on_input(self, ctx, t, port, value):
-        self.got.setdefault(t, []).append(value)
-
-    def on_complete(self, ctx, t):
-        ctx.output(sorted(self.got.pop(t, [])))
 
 
 def chain(crossings: int, workers: int = 2) -> Graph:

@@ -18,6 +18,7 @@ from pathways.sim import (
     simulated_plaque_cluster,
 )
 from plaque import Graph, Operator
+from plaque.testing.operators import Forward, Source
 from plaque.wire import DATA
 
 pytestmark = pytest.mark.timeout(60)
@@ -187,15 +188,6 @@ def test_no_handler_before_its_arrival_and_no_overlap_on_a_role(costs, latency, 
 
 # ---- the Plaque cluster: each endpoint a role ---------------------------------------------
 
-class Source(Operator):
-    def on_complete(self, ctx, t):
-        for i in range(ctx.arg):
-            ctx.emit((ctx.shard, i))
-
-
-class Forward(Operator):
-    def on_input(self, ctx, t, port, value):
-        ctx.emit(value)
 
 
 class Burn(Operator):
