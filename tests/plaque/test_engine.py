@@ -14,26 +14,14 @@ import zmq
 
 import plaque
 from plaque import BROADCAST, KEYED, ONE_TO_ONE, Graph, Operator
-from plaque.testing.operators import Collect, Forward, Route, Source
-
-
-def sparse_graph(src_shards=4, dst_shards=6):
-    g = Graph("sparse")
-    s = g.node("src", Source, src_shards)
-    r = g.node("router", Route, src_shards)
-    c = g.node("collect", Collect, dst_shards)
-    g.edge(s, r, ONE_TO_ONE)
-    g.edge(r, c, KEYED)
-    return g
-
-
-def expected_sparse(n, src_shards=4, dst_shards=6):
-    want = {d: [] for d in range(dst_shards)}
-    for s in range(src_shards):
-        for i in range(n):
-            if i % 5 != 4:
-                want[i % 3].append((s, i))
-    return {d: [sorted(v)] for d, v in want.items()}
+from plaque.testing.operators import (
+    Collect,
+    Forward,
+    Route,
+    Source,
+    expected_sparse,
+    sparse_graph,
+)
 
 
 def test_graph_is_compact_whatever_the_shard_count():

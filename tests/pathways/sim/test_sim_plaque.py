@@ -9,51 +9,14 @@ from hypothesis import strategies as st
 
 import plaque
 from pathways.sim import RandomFaults, SimulationError, simulated_plaque_cluster
-from plaque import KEYED, Graph
 from plaque.events import Membership
 from plaque.heartbeat import HEARTBEAT_INTERVAL
-from plaque.testing.operators import Collect, Forward, Route, Source
+from plaque.testing.operators import chain, expected_sparse, sparse_graph
 from plaque.wire import CONTROL
 
 pytestmark = pytest.mark.timeout(60)
 
 TICK = 0.1  # plaque.endpoint's tick interval
-
-
-
-
-
-
-def chain(crossings: int, workers: int = 2) -> Graph:
-    """src -> f0 -> ... -> collect, one shard each, every Forward on the next worker: the
-    tuples cross workers ``crossings`` times (collect sits with the last Forward)."""
-    g = Graph("chain")
-    prev = g.node("src", Source, 1, placement=[0])
-    for i in range(crossings):
-        node = g.node(f"f{i}", Forward, 1, placement=[(i + 1) % workers])
-        g.edge(prev, node)
-        prev = node
-    g.edge(prev, g.node("collect", Collect, 1, placement=[crossings % workers]))
-    return g
-
-
-def sparse_graph(src_shards=4, dst_shards=6):
-    g = Graph("sparse")
-    s = g.node("src", Source, src_shards)
-    r = g.node("router", Route, src_shards)
-    c = g.node("collect", Collect, dst_shards)
-    g.edge(s, r)
-    g.edge(r, c, KEYED)
-    return g
-
-
-def expected_sparse(n, src_shards=4, dst_shards=6):
-    want = {d: [] for d in range(dst_shards)}
-    for s in range(src_shards):
-        for i in range(n):
-            if i % 5 != 4:
-                want[i % 3].append((s, i))
-    return {d: [sorted(v)] for d, v in want.items()}
 
 
 def timed_run(cluster, graph, arg):

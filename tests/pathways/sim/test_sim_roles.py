@@ -17,12 +17,11 @@ from pathways.sim import (
     VirtualTimeLoop,
     simulated_plaque_cluster,
 )
-from plaque import Graph, Operator
-from plaque.testing.operators import Forward, Source
+from plaque import Operator
+from plaque.testing.operators import chain
 from plaque.wire import DATA
 
 pytestmark = pytest.mark.timeout(60)
-
 
 
 class Tracked(SimTransport):
@@ -189,7 +188,6 @@ def test_no_handler_before_its_arrival_and_no_overlap_on_a_role(costs, latency, 
 # ---- the Plaque cluster: each endpoint a role ---------------------------------------------
 
 
-
 class Burn(Operator):
     """Burns ``BURN`` seconds of this thread's CPU for each value, then forwards it."""
 
@@ -200,28 +198,6 @@ class Burn(Operator):
         while time.thread_time() - begin < self.BURN:
             pass
         ctx.emit(value)
-
-
-class Collect(Operator):
-    def __init__(self):
-        self.got = {}
-
-    def on_input(self, ctx, t, port, value):
-        self.got.setdefault(t, []).append(value)
-
-    def on_complete(self, ctx, t):
-        ctx.output(sorted(self.got.pop(t, [])))
-
-
-def chain(crossings: int, workers: int = 2, middle=Forward) -> Graph:
-    g = Graph("chain")
-    prev = g.node("src", Source, 1, placement=[0])
-    for i in range(crossings):
-        node = g.node(f"f{i}", middle, 1, placement=[(i + 1) % workers])
-        g.edge(prev, node)
-        prev = node
-    g.edge(prev, g.node("collect", Collect, 1, placement=[crossings % workers]))
-    return g
 
 
 def check_roles(cluster):
