@@ -27,7 +27,7 @@ import numpy as np
 from plaque import security
 
 from .. import protocol
-from ..errors import ClientClosed, PathwaysError, ProgramError, received
+from ..errors import ClientClosed, PathwaysError, ProgramError, SliceSuspended, received
 from ..lowering.lower import Placement
 from ..program import sharding, tree
 from ..program.compiled import Aval, CompiledFunction
@@ -343,6 +343,9 @@ class Client:
             if self.cluster.current(a.mesh) is not a.mesh:
                 self._move(i, a, self.cluster.current(a.mesh))
         program = self.programs.retarget(program)
+        meshes = [a.mesh for a in arrays] + [getattr(e.fn, "mesh", None) for e in program.eqns]
+        if self.suspensions:  # refused before any output exists (re-checked under the lock)
+            self.suspensions.check(meshes)
         placements = tuple(Placement(a.mesh.ids, tuple(a.spec), a.mesh.axis_sizes,
                                      a.mesh.axis_names) for a in arrays)
         pid, out_places = self.programs.install(program, placements)
@@ -359,9 +362,12 @@ class Client:
         arg = RunArg(self.id, run_id, self.dispatch,
                      {v.id: a.id for v, a in zip(program.inputs, arrays)}, out_ids, {})
         with self.suspensions.lock:  # a slice is suspended either before this run or after it
-            if self.suspensions:
-                self.suspensions.check([a.mesh for a in arrays] +
-                                       [getattr(e.fn, "mesh", None) for e in program.eqns])
+            try:
+                if self.suspensions:
+                    self.suspensions.check(meshes)
+            except SliceSuspended as exc:  # a suspension came meanwhile: the outputs made for
+                status.set_exception(exc)  # this call end failed, never pending (a suspension
+                raise  # waits for the arrays of its slice still being made)
             self.ledger.hold(arrays)
             self.runs.add(run_id, Run(status, tuple(arrays), tuple(outputs), pid))
             self.session.send(self.address, protocol.RunProgram(pid, run_id, arg))

@@ -104,3 +104,23 @@ def test_a_preempting_client_of_equal_priority_shares_instead(small):
         b.mesh((4,), ("d",), preempt=True)  # no one of lower priority: an ordinary slice
         np.testing.assert_array_equal(pw.shard_map(lambda v: v, mesh, P("d"), P("d"))(x)
                                       .result(timeout=30), np.arange(4.0))
+
+
+def test_a_call_refused_on_a_suspended_slice_leaves_nothing_a_later_suspension_waits_for(
+        small, tmp_path):
+    """A call on a suspended slice raises SliceSuspended; it used to leave output arrays whose
+    run never started, pending for ever, so the next suspension of the slice waited for them
+    (a preempted training loop stalled its preemptor 1 run in 8). The refused call's traceback
+    is kept here, which keeps whatever it made alive."""
+    with pw.connect(small.address, suspend_dir=str(tmp_path)) as c:
+        mesh = c.mesh((4,), ("d",))
+        step = pw.shard_map(lambda v: v + 1.0, mesh, P("d"), P("d"))
+        x = c.put(np.zeros(8), mesh, P("d"))
+        c.suspend(mesh, timeout=30)
+        with pytest.raises(pw.SliceSuspended) as refused:
+            step(x)
+        mesh = c.resume(mesh, timeout=30)
+        c.suspend(mesh, timeout=5)  # nothing of the refused call to wait for
+        mesh = c.resume(mesh, timeout=30)
+        assert step(x).result(timeout=30).tolist() == [1.0] * 8
+        assert refused.value is not None
