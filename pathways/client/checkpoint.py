@@ -56,7 +56,7 @@ def save(client, path, values, overwrite: bool = False, held: bool = False) -> c
     except BaseException:
         client.ledger.unhold(arrays)
         raise
-    done: cf.Future = cf.Future()
+    done = client.session.future()
 
     def finish(error):
         client.ledger.unhold(arrays)

@@ -39,7 +39,7 @@ from .cluster_view import ClusterView
 from .ledger import ArrayLedger
 from .program_cache import ProgramCache
 from .runs import Run, RunBook
-from .session import Session, refuse_stopped
+from .session import open_session, refuse_stopped, split_address
 from .shards import Shards
 from .trace import Tracing, collect
 
@@ -66,7 +66,7 @@ class Client:
             raise ValueError(f"weight must be > 0, got {weight!r}")
         # "tcp://HOST:PORT?keys=DIR" names the cluster's keys; keys= and then $PLAQUE_KEYS
         # are the other ways to give them (checked now: a bad directory would only time out)
-        self.address, named = security.split_address(address)
+        self.address, named = split_address(address)
         self.dispatch, self.timeout = dispatch, timeout
         self.keys = str(keys) if keys is not None else named or security.keys_dir()
         if self.keys is not None:
@@ -74,12 +74,12 @@ class Client:
         self.runs = RunBook()
         self.ledger = ArrayLedger(self._free)
         self.suspensions = suspension.Suspensions()
-        # blocking work off the loop thread: awaiting an array, committing a checkpoint
-        self.executor = cf.ThreadPoolExecutor(2, thread_name_prefix="pathways-await")
         self.suspend_dir = suspend_dir
         self.closed = False
-        self.session = Session(self.address, self.keys, coordinator_timeout,
-                               set(self._MESSAGES), self._on_message, self._fail_runs)
+        self.session = open_session(self.address, self.keys, coordinator_timeout,
+                                    set(self._MESSAGES), self._on_message, self._fail_runs)
+        # blocking work off the loop thread: awaiting an array, committing a checkpoint
+        self.executor = self.session.blocking_executor()
         self.cluster = ClusterView(self.session, timeout)
         self.weight, self.priority = float(weight), int(priority)
         wait = timeout if connect_timeout is None else connect_timeout
@@ -350,7 +350,7 @@ class Client:
                                      a.mesh.axis_names) for a in arrays)
         pid, out_places = self.programs.install(program, placements)
         run_id = self.runs.new_id()
-        status: cf.Future = cf.Future()
+        status = self.session.future()
         outputs, out_ids = [], {}
         for v in program.outputs:
             if v in program.inputs:
@@ -370,7 +370,14 @@ class Client:
                 raise  # waits for the arrays of its slice still being made)
             self.ledger.hold(arrays)
             self.runs.add(run_id, Run(status, tuple(arrays), tuple(outputs), pid))
-            self.session.send(self.address, protocol.RunProgram(pid, run_id, arg))
+            try:
+                self.session.send(self.address, protocol.RunProgram(pid, run_id, arg))
+            except BaseException as exc:  # not sent (closed, lost): nothing stays held
+                if self.runs.pop(run_id) is not None:
+                    self.ledger.unhold(arrays)
+                if not status.done():
+                    status.set_exception(exc)
+                raise
         return outputs[0] if program.single_output else tuple(outputs)
 
     # ---- after a host loss: the same virtual slices on healthy devices ---------------------

@@ -12,9 +12,10 @@ import concurrent.futures as cf
 __all__ = ["all_done", "when_all"]
 
 
-def all_done(futures) -> cf.Future:
-    """A future that gets None once every one of ``futures`` succeeded, or the first error."""
-    out: cf.Future = cf.Future()
+def all_done(futures, new_future=cf.Future) -> cf.Future:
+    """A future (made by ``new_future``) that gets None once every one of ``futures``
+    succeeded, or the first error."""
+    out: cf.Future = new_future()
     left = [len(futures)]
 
     def one(f):

@@ -22,8 +22,8 @@ import itertools
 import logging
 import os
 import threading
-import time
 from collections import deque
+from collections.abc import Callable
 
 import uvloop
 import zmq
@@ -99,16 +99,43 @@ class Contact:
         return "a connection was made but its handshake never finished"
 
 
+def split_address(address: str) -> tuple[str, str | None]:
+    """``plaque.security.split_address``, and a simulated cluster's ``sim://N`` (which names
+    no keys: nothing outside its process reaches it)."""
+    if str(address).startswith("sim://"):
+        return str(address), None
+    return security.split_address(address)
+
+
 def refuse_stopped(address: str, keys: str | None = None) -> None:
     """Raise ``CoordinatorLost`` if ``address`` names a key directory (``?keys=DIR``) that is
     gone and no other ``keys`` are given: the cluster that printed the address has stopped,
     since a local cluster removes its keys when it stops. That is the news, not missing keys."""
-    endpoint, named = security.split_address(address)
+    endpoint, named = split_address(address)
     if keys is None and named is not None and not os.path.exists(named):
         raise CoordinatorLost(
             f"the cluster at {endpoint} has stopped: the key directory its address names"
             f" ({named}) is gone, as a local cluster's is once it stops (or this machine"
             " does not see it); start the cluster again and use the address it prints")
+
+
+# address scheme -> what opens a session at such an address, for clusters not reached over
+# ZeroMQ: a simulated cluster (``pathways.sim``) registers "sim" when it starts
+OPENERS: dict[str, Callable[..., Session]] = {}
+
+
+def open_session(address: str, keys: str | None, coordinator_timeout: float, for_client,
+                 on_message, on_lost) -> Session:
+    """A ``Session`` with the coordinator at ``address`` (arguments as ``Session``'s), or
+    the one its scheme's opener makes (``OPENERS``)."""
+    scheme = address.split("://", 1)[0]
+    opener = OPENERS.get(scheme)
+    if opener is None and scheme == "sim":
+        raise CoordinatorLost(f"no simulated cluster at {address} in this process: a"
+                              " simulated cluster lives in the process that started it"
+                              " (pw.local_cluster(simulate=True)), only while it runs")
+    return (opener or Session)(address, keys, coordinator_timeout, for_client, on_message,
+                               on_lost)
 
 
 class Session:
@@ -124,8 +151,6 @@ class Session:
         self.coordinator_timeout = coordinator_timeout
         self._for_client, self._on_message = tuple(for_client), on_message
         self._on_lost = on_lost
-        self.ctx, self._own_ctx = context_for(address)
-        self.loop = uvloop.new_event_loop()
         self._socks: dict[str, zmq.Socket] = {}
         self._pending: dict[int, tuple[cf.Future, str]] = {}  # request -> (future, sent to)
         self._lost_hosts: dict[str, Exception] = {}  # data address of a lost host -> why
@@ -134,31 +159,48 @@ class Session:
         self._flush_posted = False
         self.closed = False
         self.lost: CoordinatorLost | None = None  # set when the coordinator went silent
-        self._heard = time.monotonic()
         self.contact = Contact(keys, monitored=not security.in_process(address))
         self._monitor: zmq.Socket | None = None  # on the coordinator's socket until it answers
         self._client_id = None
+        self._open()
+        self._heard = self.loop.time()
+
+    def _open(self) -> None:
+        """Make ``loop`` and start serving it (here: ZeroMQ sockets on a thread of its own;
+        a simulated session, ``pathways.sim``, overrides this, ``_send_now`` and ``close``)."""
+        self.ctx, self._own_ctx = context_for(self.address)
+        self.loop = uvloop.new_event_loop()
         self._thread = threading.Thread(target=self._serve, name="pathways-client",
                                         daemon=True)
         self._thread.start()
 
+    def future(self) -> cf.Future:
+        """A new future for what the user will wait on (replies, runs, saves)."""
+        return cf.Future()
+
+    def blocking_executor(self) -> cf.Executor:
+        """Where the client does blocking work off the loop thread (awaiting an array,
+        committing a checkpoint)."""
+        return cf.ThreadPoolExecutor(2, thread_name_prefix="pathways-await")
+
     # ---- any thread -----------------------------------------------------------------------
     def call(self, fn, *args) -> None:
         """Run ``fn(*args)`` on the loop thread; fails at once once closed or lost."""
+        self.check_open()
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def check_open(self) -> None:
+        """``ClientClosed`` once closed, the ``CoordinatorLost`` error once lost."""
         if self.closed:
             raise ClientClosed("this client is closed")
         if self.lost is not None:
             raise self.lost
-        self.loop.call_soon_threadsafe(fn, *args)
 
     def send(self, address, payload) -> None:
         """Send ``payload`` to ``address``. Messages sent back to back (a loop of calls, a
         burst of deletes) leave together, one message per address, with one wake of the
         loop thread."""
-        if self.closed:
-            raise ClientClosed("this client is closed")
-        if self.lost is not None:
-            raise self.lost
+        self.check_open()
         self._outbox.append((address, payload))
         if not self._flush_posted:
             self._flush_posted = True
@@ -168,7 +210,7 @@ class Session:
         """Send the request ``msg`` (its ``req`` filled in here); the future gets the value
         of its ``Answer``, or the error it was ``Refused`` with."""
         req = next(self._req_ids)
-        fut: cf.Future = cf.Future()
+        fut = self.future()
         lost = self._lost_hosts.get(address)
         if lost is not None:
             fut.set_exception(lost)
@@ -261,7 +303,7 @@ class Session:
             except zmq.Again:
                 return
             if s is self._socks.get(self.address):
-                self._heard = time.monotonic()
+                self._heard = self.loop.time()
                 self._unmonitor()
             try:
                 for reply in protocol.unbatch(protocol.unpack(frames)):
@@ -295,7 +337,7 @@ class Session:
         for its ``--client-timeout``)."""
         if self.closed or self.lost is not None:
             return
-        silent = time.monotonic() - self._heard
+        silent = self.loop.time() - self._heard
         if silent > self.coordinator_timeout:
             self._coordinator_lost(f"no word from the coordinator at {self.address} for"
                                    f" {silent:.1f} s")

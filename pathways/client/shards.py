@@ -64,7 +64,7 @@ class Shards:
             futures.append(self._session.request(self._cluster.data_address(d), protocol.Generate(
                 None, array_id, d, blob, slices, block, dtype.str, (self._client_id, None),
                 timeout)))
-        return fanout.all_done(futures)
+        return fanout.all_done(futures, self._session.future)
 
     def fetch(self, array, timeout) -> np.ndarray:
         """The global value of ``array``: one shard of each distinct part, from its host,

@@ -33,14 +33,35 @@ log = logging.getLogger("pathways.control.coordinator")
 
 class Coordinator:
     """``bind``: ``tcp://HOST`` (``port`` 0: a free one) or ``"inproc"`` (the in-process
-    twin: Plaque and clients within this process)."""
+    twin: Plaque and clients within this process).
+
+    Seams (a simulated cluster, ``pathways.sim``, overrides them): ``_make_cluster`` (the
+    Plaque cluster, whose loop everything here runs on), ``_make_service`` (the clients'
+    socket) and ``_now`` (the time client liveness is counted in)."""
 
     def __init__(self, bind: str = "tcp://127.0.0.1", heartbeat_timeout: float = 3.0,
                  policy: str = "fifo", window: int = 8, client_timeout: float = 5.0,
                  port: int = 0):
         self._check_every = min(1.0, client_timeout / 4)
         self.plane = ControlPlane(policy, window, client_timeout, self._check_every)
-        self.cluster = plaque.Cluster(bind, heartbeat_timeout=heartbeat_timeout)
+        self.ctx = None  # the ZeroMQ context of the clients' socket, if it has one
+        self._own_ctx = False
+        self.cluster = self._make_cluster(bind, heartbeat_timeout)
+        try:
+            self.service = self._make_service(bind, port)
+        except BaseException:
+            self.cluster.close()
+            raise
+        self.address = self.service.address
+        self.plane.addresses = {"plaque": self.cluster.address, "clients": self.address}
+        self.cluster.listeners.append(self._on_cluster_event)
+        self.cluster.call_soon(lambda: self.service.start(self.cluster.loop))
+        self.cluster.call_soon(self._check_clients)
+
+    def _make_cluster(self, bind: str, heartbeat_timeout: float) -> plaque.Cluster:
+        return plaque.Cluster(bind, heartbeat_timeout=heartbeat_timeout)
+
+    def _make_service(self, bind: str, port: int) -> RouterService:
         if bind == "inproc":
             self.ctx, self._own_ctx = context_for("inproc://")
             where = "inproc://pathways-coordinator/"
@@ -48,13 +69,11 @@ class Coordinator:
             self.ctx, self._own_ctx = zmq.Context(), True
             where = bind if bind.startswith("tcp://") else "tcp://127.0.0.1"
             where = f"{where}:{port}" if port else where  # else a free port
-        self.service = RouterService(self.ctx, where, self._on_request, sender=-1,
-                                     after_batch=self.cluster.soon)
-        self.address = self.service.address
-        self.plane.addresses = {"plaque": self.cluster.address, "clients": self.address}
-        self.cluster.listeners.append(self._on_cluster_event)
-        self.cluster.call_soon(lambda: self.service.start(self.cluster.loop))
-        self.cluster.call_soon(self._check_clients)
+        return RouterService(self.ctx, where, self._on_request, sender=-1,
+                             after_batch=self.cluster.soon)
+
+    def _now(self) -> float:
+        return time.monotonic()
 
     def close(self):
         try:
@@ -63,13 +82,14 @@ class Coordinator:
             pass
         self.cluster.close()
         self.service.close()
-        security.release(self.ctx)
-        if self._own_ctx:
-            self.ctx.term()
+        if self.ctx is not None:
+            security.release(self.ctx)
+            if self._own_ctx:
+                self.ctx.term()
 
     # ---- inputs (all on the cluster's loop) -------------------------------------------------
     def _on_request(self, ident, req) -> None:
-        self.plane.request(ident, req, time.monotonic())
+        self.plane.request(ident, req, self._now())
         self._carry_out()
 
     def _on_cluster_event(self, ev) -> None:
@@ -82,7 +102,7 @@ class Coordinator:
     def _check_clients(self) -> None:
         """Every second or so: time passes for the plane. Silence counts only while we could
         hear: up to the last time nothing waited unread on the client socket."""
-        now = time.monotonic()
+        now = self._now()
         self.plane.tick(now, self.service.drained_at if self.service.waiting() else now)
         self._carry_out()
         self.cluster.loop.call_later(self._check_every, self._check_clients)

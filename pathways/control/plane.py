@@ -449,9 +449,10 @@ class ControlPlane:
 
     def _host_lost(self, error: plaque.WorkerLost) -> HostLost:
         info = self.hosts.get(error.worker) or self._departed.get(error.worker, {})
+        pid = info.get("pid", "?")
+        where = info.get("hostname", "?") + ("" if pid is None else f" pid {pid}")
         return HostLost(f"host {error.worker} (island {info.get('island', '?')}, devices"
-                        f" {info.get('device_ids', '?')}, {info.get('hostname', '?')} pid"
-                        f" {info.get('pid', '?')}) was lost: {error}")
+                        f" {info.get('device_ids', '?')}, {where}) was lost: {error}")
 
     def _finished(self, run: _Run) -> None:
         """The run is over: its programs leave the schedulers' windows."""

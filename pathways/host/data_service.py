@@ -10,9 +10,9 @@ with the error that stopped it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
-import zmq
 
 from plaque.logutil import dropped
 
@@ -36,11 +36,15 @@ def _refusal(exc: Exception) -> PathwaysError:
 
 
 class DataService:
-    """The host's client-facing socket: put, get (answered when ready), delete."""
+    """The host's client-facing socket: put, get (answered when ready), delete.
 
-    def __init__(self, host: Host, bind: str, ctx: zmq.Context):
+    ``serve(handle)`` makes the socket that hands it requests: ``router(ctx, bind)`` gives
+    a ZeroMQ ROUTER (``pathways.service.RouterService``); a simulated host gives its own, with
+    the same members (``start``, ``reply``, ``close``, ``address``)."""
+
+    def __init__(self, host: Host, serve: Callable[[Callable], RouterService]):
         self.host = host
-        self.service = RouterService(ctx, bind, self._handle)
+        self.service = serve(self._handle)
         self.address = self.service.address
 
     def start(self, loop) -> None:

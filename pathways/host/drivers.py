@@ -11,7 +11,9 @@ when it needs the next one (``Executor.next_deadline``). A driver calls it:
   thread that waits in ``select`` on a wake pipe and the ICI socket between turns.
 
 Both are woken from any thread (``wake``) and both, on a fake clock (``Clock.sleep``), move
-the clock to the next deadline instead of waiting for it.
+the clock to the next deadline instead of waiting for it. On a clock that is its loop's own
+(``Clock.on_loop``: a simulated host), ``LoopDriver`` waits with the loop's timers, at the
+deadline's exact time, and a link without a file descriptor wakes it itself (``wake``).
 """
 
 from __future__ import annotations
@@ -129,7 +131,7 @@ class LoopDriver:
         self._alarm = Alarm.make() if ex.clock.real else None  # armed in real time
         if self._alarm is not None:
             loop.add_reader(self._alarm.fd, self._on_alarm)
-        if ex.link is not None:
+        if ex.link is not None and ex.link.fd is not None:
             loop.add_reader(ex.link.fd, self._soon)
         self._soon()
 
@@ -197,6 +199,8 @@ class LoopDriver:
             return
         elif self._alarm is not None:
             self._alarm.set(deadline)
+        elif ex.clock.on_loop:  # the loop's own time: its timer, at the exact deadline
+            self.loop.call_at(deadline, self._soon)
         elif not ex.clock.real:
             ex.clock.sleep(deadline - ex.now())  # fake time: moved, not waited for
             self._soon()
@@ -209,7 +213,7 @@ class LoopDriver:
         self._closed = True
         ex = self.ex
         for fd in ([self._alarm.fd] if self._alarm is not None else []) + (
-                [ex.link.fd] if ex.link is not None else []):
+                [ex.link.fd] if ex.link is not None and ex.link.fd is not None else []):
             try:
                 self.loop.remove_reader(fd)
             except Exception:

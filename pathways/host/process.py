@@ -27,13 +27,15 @@ from .. import protocol
 from ..lowering.specs import OPERATORS_SERVICE
 from ..program import jax_body
 from ..program.cost import DeviceSpec
+from ..service import RouterService
+from .clock import MONOTONIC, Clock
 from .data_service import DataService
 from .executor import KERNEL_LIMIT
 from .host import Host
 from .ici import IciLink
 from .operators import operator_table
 
-__all__ = ["serve_host", "SWITCH_INTERVAL"]
+__all__ = ["build_host", "serve_host", "SWITCH_INTERVAL"]
 
 SWITCH_INTERVAL = 0.0005
 
@@ -56,6 +58,35 @@ def _coordinator_info(address: str, ctx: zmq.Context, timeout: float = 30.0) -> 
     return reply.value
 
 
+def build_host(island: int, num_devices: int, spec: DeviceSpec | None,
+               kernel_limit: float | None, loop, *, link, serve, address: str, plaque: str,
+               coordinator_timeout: float, clock: Clock = MONOTONIC,
+               hostname: str | None = None) -> tuple[Host, DataService, WorkerCore]:
+    """A host wired to run on ``loop``'s thread: the ``Host`` (its devices' executor runs on
+    the loop), its ICI link (``link(worker_of)``), its data service (``serve(handle)`` makes
+    its socket, started here) and the Plaque ``WorkerCore`` (at transport ``address``, joining
+    the Plaque coordinator at ``plaque``) whose operators are the host's, not yet started.
+    ``serve_host`` gives it ZeroMQ sockets and real time; a simulated cluster its own
+    sockets, virtual time (``clock``) and a ``hostname`` of its own (then no pid: it is no
+    process)."""
+    host = Host(island, num_devices, spec, kernel_limit, clock)
+    host.loop = loop
+    host.ici = host.executor.link = link(host.worker_of)
+    host.executor.run_on(loop)  # one thread: the loop runs the devices too
+    data = DataService(host, serve)
+    core = WorkerCore(address, plaque,
+                      info={"role": "host", "island": island, "devices": num_devices,
+                            "data": data.address, "ici": host.ici.address,
+                            "pid": os.getpid() if hostname is None else None,
+                            "hostname": hostname or socket.gethostname(), "spec": host.spec},
+                      coordinator_timeout=coordinator_timeout,
+                      services={OPERATORS_SERVICE: operator_table(host)})
+    core.on_user = host.on_user
+    host.core = core
+    data.start(loop)
+    return host, data, core
+
+
 async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
                      spec: DeviceSpec | None = None, coordinator_timeout: float = 10.0,
                      kernel_limit: float | None = KERNEL_LIMIT) -> str:
@@ -75,21 +106,13 @@ async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
         jax_body.on_host()
     ctx, own_ctx = context_for(coordinator)
     info = await loop.run_in_executor(None, _coordinator_info, coordinator, ctx)
-    host = Host(island, num_devices, spec, kernel_limit)
-    host.loop = loop
-    host.ici = host.executor.link = IciLink(ctx, bind, host.worker_of)
-    host.executor.run_on(loop)  # one thread: the loop runs the devices too
-    data = DataService(host, bind, ctx)
     transport = InprocTransport() if in_process else ZmqTransport(bind, context=ctx)
-    core = WorkerCore(transport.address, info["plaque"],
-                      info={"role": "host", "island": island, "devices": num_devices,
-                            "data": data.address, "ici": host.ici.address, "pid": os.getpid(),
-                            "hostname": socket.gethostname(), "spec": host.spec},
-                      coordinator_timeout=coordinator_timeout,
-                      services={OPERATORS_SERVICE: operator_table(host)})
-    core.on_user = host.on_user
-    host.core = core
-    data.start(loop)
+    host, data, core = build_host(
+        island, num_devices, spec, kernel_limit, loop,
+        link=lambda worker_of: IciLink(ctx, bind, worker_of),
+        serve=lambda handle: RouterService(ctx, bind, handle),
+        address=transport.address, plaque=info["plaque"],
+        coordinator_timeout=coordinator_timeout)
     try:
         return await serve_worker_core(core, transport)
     finally:
