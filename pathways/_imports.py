@@ -37,6 +37,10 @@ RULES: dict[str, set[str]] = {
     "host": {"host", "lowering", "program"} | _IO,
     # the simulator's core knows nothing of the runtime it will run: time, events, links
     "sim": {"sim", "errors"},
+    # the real roles on the simulator: a launcher like the twin, for the client, control
+    # plane and hosts on the simulator's core
+    "simulated": {"simulated", "sim", "client", "control", "host", "lowering", "program"}
+    | _IO,
 }
 
 

@@ -1,5 +1,5 @@
 """``pathways`` command line: ``up``, ``coordinator``, ``host``, ``status``, ``trace``,
-``plot``, ``keys``, ``k8s render`` and ``slurm``."""
+``plot``, ``keys``, ``k8s render``, ``slurm`` and ``simulate``."""
 
 from __future__ import annotations
 
@@ -230,6 +230,33 @@ def _keys(args) -> int:
     return 0
 
 
+def _simulate(args) -> int:
+    """Run a script with every ``pw.local_cluster`` it starts simulated (``pathways.simulated``)."""
+    import runpy
+
+    from . import cluster
+    from .simulated.faults import parse_faults
+
+    try:
+        plan = parse_faults(args.faults)
+    except ValueError as exc:
+        raise PathwaysError(f"--faults: {exc}") from None
+    if not os.path.isfile(args.script):
+        raise PathwaysError(f"no script at {args.script}")
+    cluster.simulation_defaults = {
+        "seed": args.seed, "cpu": None if args.cpu == "none" else args.cpu, "cost": args.cost,
+        "latency": args.latency, "faults": plan}
+    sys.argv = [args.script, *args.args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
+    try:
+        runpy.run_path(args.script, run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        cluster.simulation_defaults = None
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     """The ``pathways`` command line: every option with its help and default."""
     fmt = argparse.ArgumentDefaultsHelpFormatter
@@ -334,6 +361,22 @@ def parser() -> argparse.ArgumentParser:
     sl.add_argument("run", nargs=argparse.REMAINDER, metavar="COMMAND",
                     help="what to run against the cluster (after --); its exit status is"
                          " this command's; none: serve until the job ends or Ctrl-C")
+    si = command("simulate", "run a Python script with every pw.local_cluster it starts"
+                             " simulated: the real roles in virtual time in this process, each"
+                             " with its own virtual CPU, replayed from a seed")
+    si.add_argument("--seed", type=int, default=0, help="draws every chance (message faults)")
+    si.add_argument("--cpu", choices=("measured", "fixed", "none"), default="measured",
+                    help="what a handler costs its role: the thread CPU it used, --cost"
+                         " each (bit-for-bit replay), or nothing")
+    si.add_argument("--cost", type=float, default=2e-5, metavar="SECONDS",
+                    help="a handler's cost with --cpu fixed")
+    si.add_argument("--latency", type=float, default=50e-6, metavar="SECONDS",
+                    help="each control or client message's network latency")
+    si.add_argument("--faults", default="", metavar="PLAN",
+                    help="comma-separated: kill:host-N@T, freeze:ROLE@T+S, drop:P, delay:P:MAX"
+                         " (times in virtual seconds after the cluster is up)")
+    si.add_argument("script", help="the Python script to run")
+    si.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     pl = command("plot", "draw a trace as a PNG timeline (needs the [plot] extra)")
     pl.add_argument("trace", help="a trace JSON from pathways trace or client.trace")
     pl.add_argument("-o", "--output", default="timeline.png", help="the PNG file to write")
@@ -351,7 +394,7 @@ def main(argv=None) -> int:
                         f" pid={os.getpid()} %(levelname)s %(name)s: %(message)s")
     handler = {"up": _up, "coordinator": _coordinator, "host": _host, "status": _status,
                "trace": _trace, "plot": _plot, "keys": _keys, "k8s": _k8s,
-               "slurm": _slurm}
+               "slurm": _slurm, "simulate": _simulate}
     try:
         return handler[args.command](args)
     except PathwaysError as exc:  # one line; the traceback with -v

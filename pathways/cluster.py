@@ -15,6 +15,10 @@ from .client.client import Client
 from .errors import PathwaysError
 from .twin import Twin
 
+# what ``pathways simulate`` runs a script with: every local_cluster it starts is simulated,
+# with these options of pathways.simulated.SimCluster (None: as asked)
+simulation_defaults: dict | None = None
+
 # PYTHONHASHSEED of every host, unless the caller set one: a fixed value, so a host started by
 # hand (``pathways host`` re-execs itself with it) hashes text as the cluster's hosts do
 HASH_SEED = "0"
@@ -169,7 +173,7 @@ def stop_processes(processes, grace: float = 5.0) -> None:
 def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_timeout=3.0,
                   verbose=0, timeout=60.0, policy="fifo", window=8, client_timeout=5.0,
                   hbm_gib=16.0, keys=None, insecure=False, kernel_limit=30.0,
-                  processes=True):
+                  processes=True, simulate=None, seed=None, **simulation):
     """Start a coordinator and ``islands * hosts_per_island`` host processes on this machine.
 
     ``policy`` orders the gangs of several clients on each island: "fifo", "share" (device
@@ -193,10 +197,47 @@ def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_t
     start-up, no TCP, no keys (nothing outside this process can reach it); quick to start,
     for tests and notebooks, but every host shares this process's GIL, so not for measuring.
 
+    ``simulate=True`` starts the same roles as one deterministic simulation in virtual time
+    in this process instead (``pathways.simulated``): every role has its own virtual CPU, so
+    figures are the modelled cluster's, not this machine's; ``seed`` draws every chance
+    (faults), and ``simulation`` takes ``SimCluster``'s options (``cpu``, ``cost``,
+    ``latency``, ``bandwidth``, ``faults``, ``record``). ``timeout`` is then virtual seconds,
+    and ``cluster.clock()`` reads the virtual time. Under ``pathways simulate`` every cluster
+    is simulated unless it asks for ``simulate=False`` or ``processes=False``.
+
     >>> with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4) as cluster:
     ...     with pw.connect(cluster.address) as client:
     ...         print(client.devices())
     """
+    if simulate is None and simulation_defaults is not None and processes:
+        # under ``pathways simulate``: keys and kernel limits mean nothing in a simulation
+        simulate, simulation = True, {**simulation_defaults, **simulation}
+        keys, insecure, kernel_limit = None, False, 30.0
+    if simulate:
+        if keys is not None or insecure or not processes or kernel_limit != 30.0:
+            raise ValueError("a simulated cluster takes no keys, insecure, processes or"
+                             " kernel_limit: it has no socket outside this process, and kernel"
+                             " time limits (which stop a real thread) are off in it")
+        from .simulated import SimCluster
+
+        simulation.setdefault("seed", 0)
+        if seed is not None:
+            simulation["seed"] = seed
+        sim = SimCluster(islands, hosts_per_island, devices_per_host,
+                         heartbeat_timeout=heartbeat_timeout, policy=policy, window=window,
+                         client_timeout=client_timeout, hbm_gib=hbm_gib, timeout=timeout,
+                         **simulation)
+        try:
+            yield sim
+        finally:
+            sim.close()
+            if simulation_defaults is not None:  # under pathways simulate: say what it took
+                print(f"pathways simulate: {sim.summary()}", file=sys.stderr)
+        return
+    if simulation or seed is not None:
+        given = sorted(simulation) + (["seed"] if seed is not None else [])
+        raise TypeError(f"{', '.join(given)}: options of a simulated cluster,"
+                        " given without simulate=True")
     cluster = LocalCluster(islands, hosts_per_island, devices_per_host, heartbeat_timeout,
                            verbose, policy, window, client_timeout, hbm_gib, keys, insecure,
                            kernel_limit, processes=processes)

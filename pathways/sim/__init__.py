@@ -9,14 +9,20 @@ role (``RoleLoop``) with its own virtual CPU.
 """
 
 from .network import Fault, Link, Network, RandomFaults
-from .plaque_cluster import SimPlaqueCluster, SimulationError, simulated_plaque_cluster
+from .plaque_cluster import (
+                             DrivenFuture,
+                             SimPlaqueCluster,
+                             SimulationError,
+                             simulated_plaque_cluster,
+)
 from .roles import RoleLoop, Span
 from .scheduler import Actor, CausalityError, Handle, Scheduler, SchedulerError
 from .transport import Delivery, SimNet, SimTransport
 from .virtual_loop import SimulationStalled, VirtualTimeLoop, run
 
 __all__ = [
-    "Actor", "CausalityError", "Fault", "Handle", "Link", "Network", "RandomFaults", "Scheduler",
+    "Actor", "CausalityError", "DrivenFuture", "Fault", "Handle", "Link", "Network",
+    "RandomFaults", "Scheduler",
     "SchedulerError", "SimPlaqueCluster", "SimulationError", "simulated_plaque_cluster",
     "Delivery", "SimNet", "SimTransport", "SimulationStalled",
     "VirtualTimeLoop", "run", "RoleLoop", "Span",

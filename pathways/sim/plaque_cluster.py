@@ -54,7 +54,7 @@ from .roles import RoleLoop
 from .transport import SimNet
 from .virtual_loop import CpuCharge, VirtualTimeLoop
 
-__all__ = ["SimPlaqueCluster", "SimulationError", "simulated_plaque_cluster"]
+__all__ = ["DrivenFuture", "SimPlaqueCluster", "SimulationError", "simulated_plaque_cluster"]
 
 WAIT_LIMIT = 3600.0  # virtual seconds a wait without a timeout may last
 
@@ -63,20 +63,20 @@ class SimulationError(PlaqueError):
     """The simulation cannot do what was asked (e.g. wait on a result from inside itself)."""
 
 
-class _DrivenFuture(cf.Future):
+class DrivenFuture(cf.Future):
     """A ``concurrent.futures.Future`` whose ``result``/``exception`` run the simulation
     until it is settled or ``timeout`` virtual seconds have passed."""
 
     def __init__(self, drive: Callable[[cf.Future, float | None], None]):
         super().__init__()
-        self._drive = drive
+        self.drive = drive
 
     def result(self, timeout=None):
-        self._drive(self, timeout)
+        self.drive(self, timeout)
         return super().result(0)
 
     def exception(self, timeout=None):
-        self._drive(self, timeout)
+        self.drive(self, timeout)
         return super().exception(0)
 
 
@@ -85,6 +85,9 @@ class SimPlaqueCluster(Cluster):
     ``SimNet`` (links, faults, recorded deliveries), ``clock()`` its virtual time.
 
     ``wait_limit``: virtual seconds a wait given no timeout may last (then TimeoutError).
+    ``net``: a ``SimNet`` to join (a simulated Pathways cluster's, shared with its other
+    roles) instead of a new one made from ``seed``, ``latency``, ``bandwidth``, ``faults``,
+    ``record`` and ``cpu_charge``.
     ``roles``: each role's ``RoleLoop`` by name (its CPU, and its handlers' spans when
     ``record``); ``cpu``, ``cost``, ``costs``: how handlers are charged (module text).
     """
@@ -93,18 +96,22 @@ class SimPlaqueCluster(Cluster):
                  heartbeat_timeout: float = 3.0, faults: FaultHook | None = None,
                  record: bool = True, cpu_charge: CpuCharge | None = None,
                  cpu: str | None = None, cost: float = 0.0,
-                 costs: Mapping[str, float] | None = None, wait_limit: float = WAIT_LIMIT):
+                 costs: Mapping[str, float] | None = None, wait_limit: float = WAIT_LIMIT,
+                 net: SimNet | None = None):
         if cpu_charge is not None and cpu is not None:
             raise ValueError("cpu_charge charges the whole loop; it excludes per-role cpu")
-        loop = VirtualTimeLoop(cpu_charge=cpu_charge)
-        self.net = SimNet(loop, latency, bandwidth, seed=seed, faults=faults, record=record)
+        if net is None:
+            loop = VirtualTimeLoop(cpu_charge=cpu_charge)
+            net = SimNet(loop, latency, bandwidth, seed=seed, faults=faults, record=record)
+        self.net, loop = net, net.loop
         self.clock = loop.time
         self.wait_limit = wait_limit
         self.roles: dict[str, RoleLoop] = {}
         self._cpu, self._cost, self._costs, self._record = cpu, cost, dict(costs or {}), record
         super().__init__("inproc", heartbeat_timeout=heartbeat_timeout)
 
-    def _role(self, name: str) -> RoleLoop:
+    def new_role(self, name: str) -> RoleLoop:
+        """A new role of this simulation, charged as its other roles are."""
         role = RoleLoop(self.net.loop, name, self._cpu, self._costs.get(name, self._cost),
                         record=self._record)
         self.roles[name] = role
@@ -114,7 +121,7 @@ class SimPlaqueCluster(Cluster):
     def _make_loop(self):
         # the cluster's own loop is the coordinator's CPU: its endpoint and the driver's
         # calls into it run there, as on the coordinator's loop thread of a real cluster
-        return self._role("coordinator")
+        return self.new_role("coordinator")
 
     def _make_transport(self, bind, keys):
         return self.net.transport()
@@ -123,7 +130,7 @@ class SimPlaqueCluster(Cluster):
         return self.net.transport()
 
     def _new_future(self) -> cf.Future:
-        return _DrivenFuture(self._drive)
+        return DrivenFuture(self.drive)
 
     def add_inproc_workers(self, n: int) -> None:
         """Start ``n`` workers, each a role ("worker-<index>") with its own virtual CPU."""
@@ -131,12 +138,17 @@ class SimPlaqueCluster(Cluster):
         def job():
             for _ in range(n):
                 t = self._new_worker_transport()
-                role = self._role(f"worker-{len(self._inproc_workers)}")
+                role = self.new_role(f"worker-{len(self._inproc_workers)}")
                 ep = Endpoint(WorkerCore(t.address, self.address), t, role, clock=self.clock)
                 self._inproc_workers.append(ep)
                 role.call_soon(ep.start)  # its first tick on its own CPU, not the caller's
 
         self._call(job)
+
+    def add_endpoint(self, endpoint: Endpoint) -> None:
+        """An endpoint of a worker made elsewhere (a simulated host), to be stopped with the
+        cluster and found by ``worker_role``; the caller starts it."""
+        self._inproc_workers.append(endpoint)
 
     def worker_role(self, worker: int) -> RoleLoop:
         """The role of the worker with id ``worker`` (ids follow the order of joining, which
@@ -159,7 +171,9 @@ class SimPlaqueCluster(Cluster):
                 loop.close()
 
     # ---- waiting: the simulation runs while the caller waits ---------------------------------
-    def _drive(self, fut: cf.Future, timeout: float | None) -> None:
+    def drive(self, fut: cf.Future, timeout: float | None) -> None:
+        """Run the simulation until ``fut`` is settled or ``timeout`` virtual seconds passed
+        (what a ``DrivenFuture``'s ``result`` does)."""
         if fut.done():
             return
         waiter = self._loop.create_future()
@@ -169,9 +183,9 @@ class SimPlaqueCluster(Cluster):
                 waiter.set_result(None)
 
         fut.add_done_callback(settled)
-        self._run_until(waiter, timeout)
+        self.run_until(waiter, timeout)
 
-    def _run_until(self, waiter: asyncio.Future, timeout: float | None) -> None:
+    def run_until(self, waiter: asyncio.Future, timeout: float | None) -> None:
         """Run the loop until ``waiter`` is done or ``timeout`` virtual seconds passed."""
         loop = self._loop
         if loop.is_running():
@@ -201,7 +215,7 @@ class SimPlaqueCluster(Cluster):
 
             self.listeners.append(on_event)
             try:
-                self._run_until(waiter, timeout)
+                self.run_until(waiter, timeout)
             finally:
                 self.listeners.remove(on_event)
         members = self.workers()
@@ -212,7 +226,7 @@ class SimPlaqueCluster(Cluster):
 
     def run_for(self, seconds: float) -> None:
         """Let ``seconds`` of virtual time pass (heartbeats, timers, messages in flight)."""
-        self._run_until(self._loop.create_future(), seconds)
+        self.run_until(self._loop.create_future(), seconds)
 
 
 @contextlib.contextmanager

@@ -84,10 +84,37 @@ class RoleLoop:
         self._order = itertools.count()
         self._timer = None  # the shared loop's timer that runs our next handler
         self._outbox: list[tuple[str, float, object]] | None = None  # while a handler runs
+        self._begin = 0.0  # the meter's reading when the running handler began
 
     def time(self) -> float:
         """The shared virtual clock (inside a handler: its start)."""
         return self.loop.time()
+
+    def now(self) -> float:
+        """The role's own time: inside a handler, its start plus the CPU it has used so far
+        (measured: what a clock on the role's own core would read); else ``time()``. A
+        simulated host's clock reads this, so a kernel body's compute counts as a real
+        host's does."""
+        if self._outbox is None or self.cpu != "measured":
+            return self.loop.time()
+        return self.loop.time() + max(self._meter() - self._begin, 0.0)
+
+    def run_in_executor(self, executor, fn: Callable, *args):
+        """A role has no threads: ``fn(*args)`` runs as a handler of its own, on the role's
+        CPU, and the returned (asyncio) future settles when that handler ends."""
+        fut = self.loop.create_future()
+
+        def job():
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # the caller gets it, as from a thread
+                error = exc
+                self.at_end(lambda _end: fut.cancelled() or fut.set_exception(error))
+            else:
+                self.at_end(lambda _end: fut.cancelled() or fut.set_result(result))
+
+        self.call_soon(job)
+        return fut
 
     # ---- the asyncio scheduling calls the role's code makes -----------------------------------
     def call_soon(self, fn: Callable, *args, context=None) -> RoleHandle:
@@ -104,6 +131,14 @@ class RoleLoop:
         handle = RoleHandle(fn, args)
         self.loop.call_soon_threadsafe(self._push, self.loop.time, handle)
         return handle
+
+    def freeze(self, seconds: float) -> None:
+        """The role's process stops for ``seconds`` from now (a SIGSTOP, a swap storm): its
+        CPU is busy, so its handlers, ticks and heartbeats wait; messages keep arriving."""
+        if not seconds >= 0:
+            raise ValueError(f"a freeze lasts >= 0 seconds, not {seconds!r}")
+        self.busy_until = max(self.busy_until, self.loop.time()) + seconds
+        self._arm()
 
     @property
     def in_handler(self) -> bool:
@@ -164,7 +199,7 @@ class RoleLoop:
     def _run(self, ready: float, start: float, handle: RoleHandle) -> None:
         outbox: list = []
         self._outbox = outbox
-        begin = self._meter() if self.cpu == "measured" else 0.0
+        begin = self._begin = self._meter() if self.cpu == "measured" else 0.0
         try:
             handle.fn(*handle.args)
         except Exception as exc:  # as asyncio does for a callback: report, go on

@@ -53,18 +53,21 @@ class Delivery(NamedTuple):
 class SimNet:
     """The simulated network of one cluster, on ``loop`` (a ``VirtualTimeLoop``).
 
-    Pairs without their own figures (``connect``) get ``Link(latency, bandwidth)`` per
-    direction and channel. ``faults(src, dst, nbytes, rng) -> Fault`` (``pathways.sim``'s
+    Pairs without their own figures (``connect``) get those ``model(src, dst)`` gives, if
+    given and not None, else ``Link(latency, bandwidth)``, per direction and channel.
+    ``faults(src, dst, nbytes, rng) -> Fault`` (``pathways.sim``'s
     hook) is drawn from ``random`` (seeded by ``seed``) as each message leaves. With
     ``record``, ``deliveries`` lists every ``Delivery`` in the order they happened.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, latency: float = 0.0,
                  bandwidth: float = math.inf, *, seed: int = 0,
-                 faults: FaultHook | None = None, record: bool = False):
+                 faults: FaultHook | None = None, record: bool = False,
+                 model: Callable[[str, str], tuple[float, float] | None] | None = None):
         Link(latency, bandwidth)  # checks the figures now
         self.loop = loop
         self.latency, self.bandwidth = latency, bandwidth
+        self.model = model  # (src, dst) -> (latency, bandwidth), or None for the default
         self.random = random.Random(seed)
         self.faults = faults
         self.dropped = 0
@@ -92,7 +95,8 @@ class SimNet:
         """The link src -> dst on ``channel`` (created on first use)."""
         found = self._links.get((src, dst, channel))
         if found is None:
-            figures = self._figures.get((src, dst), (self.latency, self.bandwidth))
+            figures = self._figures.get((src, dst)) or (
+                self.model and self.model(src, dst)) or (self.latency, self.bandwidth)
             found = self._links[(src, dst, channel)] = Link(*figures)
         return found
 

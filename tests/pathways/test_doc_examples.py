@@ -1,4 +1,5 @@
-"""Every ``>>>`` example in pathways' docstrings runs, as a doctest, against the in-process twin.
+"""Every ``>>>`` example in pathways' docstrings runs, as a doctest, against the in-process twin
+and against a simulated cluster (``simulate=True``: the same roles in virtual time).
 
 Each docstring runs in a small world of its own: a connected ``client`` (and ``other``, a
 second client), a 2x4 ``mesh``, an
@@ -40,11 +41,12 @@ def _docstring_tests():
 DOCTESTS = _docstring_tests()
 
 
-@pytest.fixture(scope="module")
-def doc_cluster():
-    """Two islands (the examples ask for island 1) of 2 hosts x 4 devices, in threads."""
-    with pw.local_cluster(islands=2, hosts_per_island=2, devices_per_host=4,
-                          processes=False) as cluster:
+@pytest.fixture(scope="module", params=["twin", "simulated"])
+def doc_cluster(request):
+    """Two islands (the examples ask for island 1) of 2 hosts x 4 devices, in threads, or
+    simulated."""
+    how = {"processes": False} if request.param == "twin" else {"simulate": True}
+    with pw.local_cluster(islands=2, hosts_per_island=2, devices_per_host=4, **how) as cluster:
         yield cluster
 
 

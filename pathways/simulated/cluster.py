@@ -1,0 +1,257 @@
+"""A simulated Pathways cluster: the real coordinator, hosts and clients in virtual time.
+
+``SimCluster`` runs the real roles of a cluster as roles of ONE discrete-event simulation in
+the caller's thread (``pathways.sim``): the coordinator (its control plane and Plaque
+cluster) and each host (executor, object store, data service, Plaque worker) with their own
+virtual CPU, clients on the same clock. Their messages are the real encoded frames over a
+``SimNet``: control and client traffic over the host network (``latency`` seconds and
+``bandwidth`` bytes/s per link, DCN-like by default), ICI values between hosts at no extra
+cost, since the device model books a collective's ICI time in its kernels. Devices keep their
+timelines, in virtual time. Nothing runs while the caller does not wait: each call of a
+client catches the simulation up to the caller's time, and each wait runs it until what is
+waited for is settled (``pathways.simulated.session``).
+
+``pw.local_cluster(simulate=True, seed=S)`` starts one; its ``address`` (``sim://N``) is
+what ``pw.connect`` takes, in this process. ``cpu``: how a handler's CPU is charged to its
+role: ``"measured"`` (thread CPU time, the default: each role as if on its own core),
+``"fixed"`` (``cost`` seconds each, the same every run: bit-for-bit replay) or ``None``
+(free). The same ``seed`` and script give the same events in the same order. ``faults``: a
+``FaultPlan`` or its text (``pathways.simulated.faults``: kills, freezes, lost and late
+messages), or a message-fault hook of ``pathways.sim``.
+
+Not simulated yet (a clear error, not a wrong answer): kernel time limits (they interrupt a
+real thread: off here), suspend/resume, host processes of their own.
+
+>>> import numpy as np, pathways as pw
+>>> from pathways import P
+>>> with pw.local_cluster(hosts_per_island=2, devices_per_host=2, simulate=True) as cluster:
+...     with pw.connect(cluster.address) as client:
+...         mesh = client.mesh((4,), ("x",))
+...         total = pw.shard_map(lambda a: pw.psum(a, "x"), mesh, P("x"), P())
+...         print(total(client.put(np.arange(4.0), mesh, P("x"))).result())
+[6.]
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import threading
+import time
+
+from plaque.endpoint import Endpoint
+
+from ..client import session as client_session
+from ..control.coordinator import Coordinator
+from ..errors import PathwaysError
+from ..host.clock import Clock
+from ..host.process import build_host
+from ..program.cost import DCN, DeviceSpec
+from ..sim import DrivenFuture, SimNet, SimPlaqueCluster, SimulationError, VirtualTimeLoop
+from .faults import FaultPlan, parse_faults
+from .session import SimSession, UserCpu
+from .sockets import COORDINATOR, SimIciLink, SimService
+
+__all__ = ["COORDINATOR", "SimCluster", "SimCoordinator", "HOST_NETWORK"]
+
+log = logging.getLogger("pathways.simulated.cluster")
+
+HOST_NETWORK = DCN  # control and client messages: latency + bytes / bandwidth per link
+_NUMBERS = itertools.count()
+_RUNNING: dict[str, SimCluster] = {}  # address -> the simulated cluster running there
+
+
+def _open_session(address, *args) -> SimSession:
+    """``pathways.client.session.OPENERS["sim"]``: a session with the cluster at ``address``."""
+    cluster = _RUNNING.get(address)
+    if cluster is None:
+        from ..errors import CoordinatorLost
+
+        raise CoordinatorLost(f"no simulated cluster at {address}: it has stopped, or was"
+                              " started in another process (a simulated cluster lives in the"
+                              " process that started it)")
+    return SimSession(cluster, address, *args)
+
+
+def _ici_figures(src: str, dst: str):
+    """ICI values between hosts take no network time: their kernels' model books it."""
+    return (0.0, math.inf) if src.endswith("/ici") else None
+
+
+class SimCoordinator(Coordinator):
+    """The real coordinator on the simulation ``sim``: its Plaque cluster is a
+    ``SimPlaqueCluster`` on the simulation's net, its clients' port a ``SimService``, its
+    time virtual."""
+
+    def __init__(self, sim: SimCluster, **kwargs):
+        self.sim = sim
+        super().__init__("inproc", **kwargs)
+
+    def _make_cluster(self, bind, heartbeat_timeout):
+        return SimPlaqueCluster(net=self.sim.net, heartbeat_timeout=heartbeat_timeout,
+                                cpu=self.sim.cpu, cost=self.sim.cost,
+                                record=self.sim.record)
+
+    def _make_service(self, bind, port):
+        return SimService(self.sim.net, self.cluster.loop, COORDINATOR, self._on_request,
+                          sender=-1, after_batch=self.cluster.soon)
+
+    def _now(self) -> float:
+        return self.cluster.clock()
+
+
+class SimCluster:
+    """A simulated cluster (see the module's text): ``islands * hosts_per_island`` hosts of
+    ``devices_per_host`` devices. ``clock()``: its virtual time; ``wall()``: real seconds
+    since it started; ``roles``: each role's ``RoleLoop`` (CPU used, spans when ``record``);
+    ``net``: its ``SimNet``."""
+
+    def __init__(self, islands: int = 1, hosts_per_island: int = 2, devices_per_host: int = 4,
+                 *, seed: int = 0, cpu: str | None = "measured", cost: float = 0.0,
+                 latency: float = HOST_NETWORK.latency,
+                 bandwidth: float = HOST_NETWORK.bandwidth, heartbeat_timeout: float = 3.0,
+                 policy: str = "fifo", window: int = 8, client_timeout: float = 5.0,
+                 hbm_gib: float = 16.0, faults=None, record: bool = False,
+                 timeout: float = 60.0):
+        self._started = time.perf_counter()
+        self.thread = threading.current_thread()  # the one thread that drives it
+        self.cpu, self.cost, self.record, self.hbm_gib = cpu, cost, record, hbm_gib
+        self.closed = False
+        self.address = f"sim://{next(_NUMBERS)}"
+        self.clients = itertools.count()  # numbers the clients' roles: client-0, client-1...
+        plan = parse_faults(faults) if isinstance(faults, str) else faults
+        if isinstance(plan, FaultPlan):
+            faults = plan.messages()
+        loop = VirtualTimeLoop()
+        self.net = SimNet(loop, latency, bandwidth, seed=seed, faults=faults, record=record,
+                          model=_ici_figures)
+        self.hosts: list = []  # (host, data service, endpoint) of each host
+        self.stopped: dict[str, str] = {}  # host role -> why it stopped
+        self.coordinator = SimCoordinator(self, heartbeat_timeout=heartbeat_timeout,
+                                          policy=policy, window=window,
+                                          client_timeout=client_timeout)
+        self.plaque = self.coordinator.cluster
+        self.roles = self.plaque.roles
+        self.clock = self.plaque.clock
+        self.user = UserCpu(loop, self._run_to, cpu, cost)
+        try:
+            for island in range(islands):
+                for _ in range(hosts_per_island):
+                    self.add_host(island, devices_per_host)
+            self.wait_ready(islands * hosts_per_island * devices_per_host, timeout)
+            if isinstance(plan, FaultPlan):
+                plan.apply(self)
+        except BaseException:
+            self.close()
+            raise
+        _RUNNING[self.address] = self
+        client_session.OPENERS.setdefault("sim", _open_session)
+
+    # ---- hosts ------------------------------------------------------------------------------
+    def add_host(self, island: int, devices: int):
+        """One more host in ``island``, as role ``host-<n>``; its ``Host``."""
+        name = f"host-{len(self.hosts)}"
+        net, role = self.net, self.plaque.new_role(name)
+        transport = net.transport(f"{name}/plaque")
+        host, data, core = build_host(
+            island, devices, DeviceSpec(hbm_bytes=int(self.hbm_gib * 2**30)), None, role,
+            link=lambda worker_of: SimIciLink(net, role, f"{name}/ici", worker_of),
+            serve=lambda handle: SimService(net, role, f"{name}/data", handle),
+            address=transport.address, plaque=self.plaque.address,
+            coordinator_timeout=10.0, clock=Clock(role.now, on_loop=True), hostname=name)
+        host.ici.on_arrival = host.executor.wake
+
+        def exited(reason: str) -> None:
+            self.stopped[name] = reason
+            host.close()
+            data.service.close()
+
+        endpoint = Endpoint(core, transport, role, clock=self.clock, on_exit=exited)
+        self.plaque.add_endpoint(endpoint)
+        role.call_soon(endpoint.start)
+        self.hosts.append((host, data, endpoint))
+        return host
+
+    def wait_ready(self, num_devices: int, timeout: float = 60.0) -> None:
+        """Run the simulation until ``num_devices`` devices have joined (virtual seconds)."""
+        self.plaque.wait_for_workers(len(self.hosts), timeout)
+        deadline = self.clock() + timeout
+        while len(self.coordinator.devices()) < num_devices:
+            if self.clock() > deadline:
+                raise PathwaysError(f"only {len(self.coordinator.devices())} of {num_devices}"
+                                    f" simulated devices joined within {timeout:g} virtual s")
+            self.run_for(0.01)
+        self.user.resumed()
+
+    # ---- faults -----------------------------------------------------------------------------
+    def at(self, when: float, fn) -> None:
+        """Run ``fn()`` at virtual time ``when`` (now if past), outside every role's CPU."""
+        self.net.loop.call_at(max(when, self.clock()), fn)
+
+    def kill_host(self, index: int, at: float | None = None) -> None:
+        """Host ``index`` (in start order) dies at virtual time ``at`` (default: now): its
+        sockets close and it never answers again, as a killed process; the coordinator
+        finds out from its silence."""
+        _, _, endpoint = self.hosts[index]
+        self.at(self.clock() if at is None else at, lambda: endpoint.stop("killed"))
+
+    def freeze(self, role: str, seconds: float, at: float | None = None) -> None:
+        """Role ``role`` ("host-1", "coordinator", "client-0") is frozen for ``seconds`` of
+        virtual time from ``at`` (default: now), as a stopped process."""
+        frozen = self.roles[role]
+        self.at(self.clock() if at is None else at, lambda: frozen.freeze(seconds))
+
+    # ---- time -------------------------------------------------------------------------------
+    def future(self) -> DrivenFuture:
+        """A future whose ``result``/``exception`` run the simulation until it settles (its
+        timeout in virtual seconds), the caller's CPU charged first."""
+        return DrivenFuture(self._drive)
+
+    def check_thread(self) -> None:
+        """``SimulationError`` unless called from the thread that started the simulation:
+        what another thread does happens at no simulated time, so it cannot take part."""
+        if threading.current_thread() is not self.thread:
+            raise SimulationError(
+                f"a simulated cluster runs in the thread that started it"
+                f" ({self.thread.name}), but {threading.current_thread().name} called into"
+                " it: the simulator cannot time what a thread of its own does; make the"
+                " calls from that thread (or use a real cluster)")
+
+    def _drive(self, fut, timeout) -> None:
+        if fut.done():
+            return
+        self.check_thread()
+        self.user.catch_up()
+        self.plaque.drive(fut, timeout)
+        self.user.resumed()
+
+    def _run_to(self, t: float) -> None:
+        loop = self.net.loop
+        if t <= loop.time() or loop.is_closed():
+            return
+        waiter = loop.create_future()
+        loop.call_at(t, lambda: waiter.done() or waiter.set_result(None))
+        self.plaque.run_until(waiter, None)
+
+    def run_for(self, seconds: float) -> None:
+        """Let ``seconds`` of virtual time pass."""
+        self._run_to(self.clock() + seconds)
+
+    def wall(self) -> float:
+        return time.perf_counter() - self._started
+
+    def summary(self) -> str:
+        """Virtual time against real time, and the CPU charged to each role."""
+        busiest = sorted(self.roles.values(), key=lambda r: -r.cpu_used)[:4]
+        roles = ", ".join(f"{r.name} {r.cpu_used:.3f} s" for r in busiest)
+        return (f"simulated {self.clock():.3f} virtual s in {self.wall():.2f} real s; CPU"
+                f" charged: user {self.user.used:.3f} s, {roles}")
+
+    def close(self) -> None:
+        """Stop every role; the simulation's loop closes."""
+        if self.closed:
+            return
+        self.closed = True
+        _RUNNING.pop(self.address, None)
+        self.coordinator.close()
