@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 
 import plaque
@@ -86,7 +87,10 @@ class _Program:
     islands: list  # island of each gang
     gid: int | None = None
     error: Exception | None = None
-    waiting: list = field(default_factory=list)  # runs that arrived before the install ended
+
+    @property
+    def installing(self) -> bool:
+        return self.gid is None and self.error is None
 
 
 @dataclass
@@ -123,6 +127,8 @@ class ControlPlane:
         self.rm = ResourceManager()
         self.schedulers: dict[int, IslandScheduler] = {}
         self.runs: dict[tuple, _Run] = {}  # (pid, run_id) -> a run waiting or running
+        # client -> its runs held, in order, behind one whose program is being installed
+        self._held: dict[int, deque] = {}
         self.client_info: dict[int, dict] = {}  # weight, priority
         self.client_timeout = client_timeout
         self._listening = Listening(GRACE_TIMEOUTS * client_timeout, interval=check_every)
@@ -352,18 +358,35 @@ class ControlPlane:
         prog.gid, prog.error = gid, error
         if error is not None:
             self._reply(prog.ident, m.InstallFailed(pid, error))
-        for ident, msg in prog.waiting:
-            self._run(ident, msg)
-        prog.waiting.clear()
+        self._release_held(prog.client)
 
     def _run(self, ident, msg):
+        """A client's run. It is numbered once its program is installed; until then it and
+        every later run of the client wait, in order (``_held``): a later run may take this
+        one's outputs as inputs, and numbered first on the same devices it would wait there
+        for them forever."""
+        prog = self.programs.get(msg.pid)
+        if prog is not None and (prog.installing or prog.client in self._held):
+            self._held.setdefault(prog.client, deque()).append((ident, msg))
+            return
+        self._number(ident, msg)
+
+    def _release_held(self, client) -> None:
+        """Number the client's held runs, in order, up to the next whose program is still
+        being installed."""
+        held = self._held.get(client)
+        while held:
+            prog = self.programs.get(held[0][1].pid)
+            if prog is not None and prog.installing:
+                return
+            self._number(*held.popleft())
+        self._held.pop(client, None)
+
+    def _number(self, ident, msg):
         pid, run_id, arg = msg.pid, msg.run_id, msg.arg
         prog = self.programs.get(pid)
         if prog is None:
             self._reply(ident, m.RunFailed(run_id, plaque.GraphError(f"no program {pid}")))
-            return
-        if prog.gid is None and prog.error is None:
-            prog.waiting.append((ident, msg))
             return
         if prog.error is not None:
             self._reply(ident, m.RunFailed(run_id, prog.error))
@@ -481,6 +504,7 @@ class ControlPlane:
         self._last_seen.pop(client, None)
         self._client_of.pop(ident, None)
         self.rm.release_client(client)
+        self._held.pop(client, None)  # nobody waits for their ends any more
         self._to_hosts(m.ClientLeft(client, reason))
         self._replies(self.preemptions.forget(client))
         self._abort([run for run in self.runs.values()

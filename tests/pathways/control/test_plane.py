@@ -70,6 +70,50 @@ def test_meshes_runs_and_their_ends(plane):
     assert plane.take() == [Reply(b"c", m.RunDone(5))]
 
 
+def test_a_clients_runs_are_numbered_in_the_order_it_made_them_across_an_install(plane):
+    """A run of a program still being installed holds back the client's later runs, even of
+    installed programs: the later one may take its output as input, and numbered first it
+    would wait on its devices for a value that only a kernel queued behind it can make (found
+    by the fault simulation: seed 2 of test_sim_faults, with late messages)."""
+    plane.request(b"c", m.AllocateMesh(2, 0, (4,), None), now=0.1)
+    gangs = [tuple(plane.take()[0].msg.value.devices)]
+    step, chain = (0, 0), (0, 1)
+    for pid in (step, chain):
+        plane.request(b"c", m.InstallProgram(pid, [], [], b"", gangs, [0]), now=0.2)
+    plane.take()
+    plane.installed(step, 41, None)
+    run = {i: RunArg(0, i, "parallel", {}, {}, {}) for i in range(4)}
+    plane.request(b"c", m.RunProgram(step, 0, run[0]), now=0.3)  # installed: starts
+    plane.request(b"c", m.RunProgram(chain, 1, run[1]), now=0.3)  # waits for its install
+    plane.request(b"c", m.RunProgram(step, 2, run[2]), now=0.3)  # must wait behind it
+    assert [s.key for s in of(plane.take(), StartRun)] == [(step, 0)]
+    plane.installed(chain, 42, None)
+    starts = of(plane.take(), StartRun)
+    assert [s.key for s in starts] == [(chain, 1), (step, 2)]
+    device = gangs[0][0]
+    assert starts[0].arg.seqs[0][device] < starts[1].arg.seqs[0][device]
+    plane.request(b"c", m.RunProgram(step, 3, run[3]), now=0.4)  # nothing held: at once
+    assert [s.key for s in of(plane.take(), StartRun)] == [(step, 3)]
+
+
+def test_runs_held_behind_a_failed_install_go_on_and_the_failed_ones_fail(plane):
+    plane.request(b"c", m.AllocateMesh(2, 0, (4,), None), now=0.1)
+    gangs = [tuple(plane.take()[0].msg.value.devices)]
+    good, bad = (0, 0), (0, 1)
+    for pid in (good, bad):
+        plane.request(b"c", m.InstallProgram(pid, [], [], b"", gangs, [0]), now=0.2)
+    plane.take()
+    plane.installed(good, 41, None)
+    plane.request(b"c", m.RunProgram(bad, 0, RunArg(0, 0, "parallel", {}, {}, {})), now=0.3)
+    plane.request(b"c", m.RunProgram(good, 1, RunArg(0, 1, "parallel", {}, {}, {})), now=0.3)
+    assert of(plane.take(), StartRun) == []
+    plane.installed(bad, None, plaque.GraphError("no room"))
+    out = plane.take()
+    assert [s.key for s in of(out, StartRun)] == [(good, 1)]
+    failed = [r.msg for r in of(out, Reply) if isinstance(r.msg, m.RunFailed)]
+    assert [f.run_id for f in failed] == [0]
+
+
 def test_a_run_lost_with_its_host_names_the_host_and_frees_the_other_devices(plane):
     plane.request(b"c", m.AllocateMesh(2, 0, (4,), None), now=0.1)
     mesh = plane.take()[0].msg.value
