@@ -246,9 +246,11 @@ class SkipSeqs(Message):
 
 @message
 class AbortGangs(Message):
-    """Fail these gangs' collectives and waiting kernels (their runs failed)."""
+    """Fail these gangs' collectives and waiting kernels (their runs failed), and the
+    readers of those runs' ``outputs`` (array ids) not made yet: nobody will make them."""
     gangs: list
     reason: str
+    outputs: list
 
 
 @message

@@ -386,10 +386,10 @@ class ControlPlane:
         pid, run_id, arg = msg.pid, msg.run_id, msg.arg
         prog = self.programs.get(pid)
         if prog is None:
-            self._reply(ident, m.RunFailed(run_id, plaque.GraphError(f"no program {pid}")))
+            self._refuse_run(ident, run_id, arg, plaque.GraphError(f"no program {pid}"))
             return
         if prog.error is not None:
-            self._reply(ident, m.RunFailed(run_id, prog.error))
+            self._refuse_run(ident, run_id, arg, prog.error)
             return
         if prog.client not in self.clients:
             self._reply(ident, m.RunFailed(run_id, ClientGone(
@@ -404,6 +404,14 @@ class ControlPlane:
         spans = len(run.programs) > 1
         for island, gangs in run.programs.items():
             self._released(self._scheduler(island).submit(gangs, spans_islands=spans))
+
+    def _refuse_run(self, ident, run_id, arg, error) -> None:
+        """A run that will never start: its client is told, and the hosts, where a reader
+        (a save, a kernel of a later run) may already wait for one of its outputs."""
+        self._reply(ident, m.RunFailed(run_id, error))
+        outputs = list((getattr(arg, "outputs", None) or {}).values())
+        if outputs:
+            self._to_hosts(m.AbortGangs([], f"its run failed: {error}", outputs))
 
     def _scheduler(self, island: int) -> IslandScheduler:
         sched = self.schedulers.get(island)
@@ -457,8 +465,9 @@ class ControlPlane:
         """Fail the gangs of these runs on every host (collectives and waiting kernels)."""
         gangs = [(run.prog.client, run.run_id, e) for run in runs
                  for e in range(len(run.prog.gangs))]
+        outputs = [aid for run in runs for aid in run.arg.outputs.values()]
         if gangs:
-            self._to_hosts(m.AbortGangs(gangs, reason))
+            self._to_hosts(m.AbortGangs(gangs, reason, outputs))
 
     def _explain(self, error):
         """What a client should see: a lost Plaque worker is a lost host, named; a kernel's

@@ -62,6 +62,9 @@ class Host:
         self.started = clock.time()
         self.ici = None  # IciLink, set when serving
         self.transfers: deque = deque(maxlen=TRANSFERS_KEPT)  # (device, name, labels, start, end)
+        # clients' shards that arrived before the coordinator told this host its devices (a
+        # client learns where devices are from the coordinator, on another path)
+        self._early_puts: list = []
 
     # ---- devices and kernels (called from the loop or the executor thread) ---------------
     def enqueue(self, device: int, seq: int, kernel) -> None:
@@ -119,12 +122,21 @@ class Host:
         # their devices: fail the run's buffers nobody has produced yet
         err = RemoteError(f"the run failed: {msg.reason}")
         self.store.fail_awaited(lambda key: protocol.key_run(key) in runs, err)
+        # nor may a reader of an output these runs will never make (a save, a fetch, a
+        # kernel of a later run) wait for it, now or later
+        self.store.doom([(aid, d) for aid in msg.outputs for d in self.devices], err)
 
     def _assign_devices(self, msg) -> None:
         for d in msg.devices:
             if d not in self.devices:
                 self.devices[d] = self.executor.add_device(d, self.spec, name=f"tpu{d}")
         log.info("host %s owns devices %s", self.core.id, sorted(self.devices))
+        early, self._early_puts = self._early_puts, []
+        for put in early:  # a client's shards that overtook this message
+            try:
+                self.put(*put)
+            except Exception as exc:
+                log.warning("a shard sent before this host knew its devices: %s", exc)
 
     def _topology(self, msg) -> None:
         self.worker_of.clear()
@@ -151,6 +163,9 @@ class Host:
         (``ObjectStore.admit``): the host's one thread must never block waiting for memory.
         A buffer larger than the whole HBM is failed with ``DeviceOutOfMemory``."""
         if key[1] not in self.devices:
+            if not self.devices:  # it came before AssignDevices: kept until they are known
+                self._early_puts.append((key, value, owner, arrival))
+                return
             self.store.put(key, value, owner)  # raises, naming the devices this host has
             return
 

@@ -107,6 +107,7 @@ class ObjectStore:
         # failed run while other shards are still being written): freed as soon as they come
         self._deleted_early: OrderedDict[Key, None] = OrderedDict()
         self._gone: OrderedDict[Key, None] = OrderedDict()  # deleted after they existed
+        self._doomed: OrderedDict[Key, BaseException] = OrderedDict()  # never to be made
         self._retired: set = set()  # clients gone: whatever they still produce is dropped
         self._uses: dict = {}  # buffer key -> users done with it so far
         self.admissions = Admissions(devices)  # waits for HBM that must not block a thread
@@ -316,6 +317,20 @@ class ObjectStore:
             n += 1
         return n
 
+    def doom(self, keys, error: BaseException) -> int:
+        """Nobody will make these keys (the run that would have failed): fail the readers
+        waiting for them, and tell a reader that comes later at once (a bounded number of
+        keys are remembered). Keys already made are left as they are; a producer that comes
+        after all stores its key as usual. Returns how many waiting keys were failed."""
+        keys = set(keys)
+        with self._lock:
+            for key in keys:
+                if key not in self._entries:
+                    self._doomed[key] = error
+            while len(self._doomed) > EARLY_DELETES_KEPT:
+                self._doomed.popitem(last=False)
+        return self.fail_awaited(keys.__contains__, error)
+
     def retire_client(self, client_id: Hashable, error: BaseException) -> int:
         """A client is gone: delete what it owns, drop whatever is still produced for it, and
         fail readers waiting for its buffers that nobody has produced yet (a kernel of its
@@ -384,6 +399,8 @@ class ObjectStore:
                 raise KeyError(f"object {key!r} belongs to a client that is gone")
             if key in self._gone:
                 raise KeyError(f"object {key!r} was deleted before this reader asked for it")
+            if key in self._doomed:
+                raise self._doomed[key]
             entry = self._entries[key] = _Entry(awaited=True)
         elif entry.deleted:
             raise KeyError(f"object {key!r} was deleted")

@@ -343,3 +343,22 @@ def test_buffer_keys_say_whose_and_which_run_they_are():
     assert [key_client(k) for k in (named, temp, moved)] == [3, 3, 3]
     assert [key_run(k) for k in (named, temp, moved)] == [None, (3, 9), (3, 9)]
     assert key_client((None, 0)) is None and key_run((None, 0)) is None  # no known form
+
+
+def test_keys_nobody_will_make_fail_their_readers_now_and_later(store):
+    """A run failed: its outputs not made yet are doomed. A reader waiting for one (a save, a
+    kernel of a later run) fails now, one that comes later fails at once instead of waiting
+    forever, and an output already made is left alone (found by the fault simulation)."""
+    waiting, later, made = (("c1", 7), 0), (("c1", 7), 1), (("c1", 8), 0)
+    store.put(made, array(4, 2), OWNER)
+    seen = []
+    store.add_done_callback(waiting, seen.append)
+    err = RuntimeError("the run failed: host 3 was lost")
+    assert store.doom([waiting, later, made], err) == 1
+    assert seen == [waiting]
+    with pytest.raises(RuntimeError, match="host 3 was lost"):
+        store.get(later, timeout=WAIT)
+    with pytest.raises(RuntimeError, match="host 3 was lost"):
+        store.add_done_callback(later, seen.append)
+    assert store.get(made, timeout=WAIT)[0] == 2
+    store.delete(made)

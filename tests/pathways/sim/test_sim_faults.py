@@ -1,10 +1,12 @@
-"""Fault simulation: seeded random workloads of two clients on a simulated cluster, with random
+"""Fault simulation: seeded random workloads of two clients on a simulated cluster (puts,
+computations, chained programs, fetches, deletes, saves, loads, suspend and resume), with random
 faults (a host killed, a role frozen, messages late), checked against invariants. A failing
 seed is printed with its plan and replays bit for bit (``cpu="fixed"``): run ``replay(seed)``.
 
 Invariants: every value equals ``pw.reference`` (or the numpy it stands for) or the call fails
 with a clear ``PathwaysError``; no wait lasts past its (virtual) bound; once the clients close,
-every surviving host's store is empty; a checkpoint that committed loads back equal.
+every host still running holds nothing (a host lost to the coordinator, frozen past the
+heartbeat timeout, leaves by itself); a checkpoint that committed loads back equal.
 """
 
 import random
@@ -16,9 +18,10 @@ import pathways as pw
 from pathways import P
 from pathways.errors import PathwaysError
 
-SEEDS = range(10)
-OPS = 24
+SEEDS = range(30)
+OPS = 40
 WAIT = 30.0  # virtual seconds any one wait may last
+ZOMBIE = 35.0  # virtual seconds a host the coordinator lost may take to leave by itself
 
 
 class Checked:
@@ -41,7 +44,8 @@ class Checked:
 
     def op(self) -> None:
         rng = self.rng
-        kind = rng.choice(["put", "step", "chain", "fetch", "delete", "save", "load"])
+        kind = rng.choice(["put", "step", "chain", "fetch", "delete", "save", "load",
+                           "suspend"])
         if kind == "put" or not self.live:
             v = np.array([rng.randint(-9, 9) for _ in range(self.n)], dtype=np.float64)
             self.live.append((self.client.put(v, self.mesh, P("d")), v))
@@ -72,6 +76,9 @@ class Checked:
             except PathwaysError:
                 return  # a host of the mesh is lost: a clear error
             check(loaded["a"], v)
+        elif kind == "suspend":  # its arrays to disk and back, possibly onto other devices
+            self.client.suspend(self.mesh, timeout=WAIT)
+            self.mesh = self.client.resume(self.mesh, timeout=WAIT)
 
     def finish(self) -> None:
         for a, v in self.live:
@@ -132,9 +139,11 @@ def replay(seed: int, tmp) -> str:
                     pass  # a clear refusal (a lost host's slice, a closed client)
             for user in users:
                 user.finish()
-        cluster.run_for(5.0)  # the clients' goodbyes reach every host
+        # the clients' goodbyes reach every host; a host the coordinator gave up for lost
+        # (frozen past the heartbeat timeout) hears nothing more and leaves by itself
+        cluster.run_for(ZOMBIE)
         for host, _, endpoint in cluster.hosts:
-            if endpoint.exit_reason is None:  # a survivor: nothing of the clients is left
+            if endpoint.exit_reason is None:  # a member: nothing of the clients is left
                 stats = host.store.stats()
                 assert sum(stats["entries"].values()) == 0, (plan, stats)
     return plan

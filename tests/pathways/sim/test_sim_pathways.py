@@ -277,3 +277,21 @@ def test_a_fault_plan_that_cannot_be_read_is_named(tmp_path):
         parse_faults("drop:2")
     bad = run_simulate(tmp_path, "--faults", "explode:now")
     assert bad.returncode == 1 and "--faults: fault 'explode:now'" in bad.stderr
+
+
+def test_shards_that_overtake_the_hosts_device_assignment_are_kept():
+    """A client learns where devices are from the coordinator, while each host learns its
+    devices from the coordinator over Plaque: a put can reach a host first. It used to be
+    dropped there (the fault simulation found it: seed 124)."""
+    from pathways.sim import Fault
+
+    def slow_to_hosts(src, dst, nbytes, rng):  # everything to the hosts' Plaque workers
+        return Fault(delay=0.5) if dst.endswith("/plaque") else Fault()
+
+    with pw.local_cluster(hosts_per_island=2, devices_per_host=2, simulate=True,
+                          faults=slow_to_hosts, heartbeat_timeout=5.0) as cluster:
+        with pw.connect(cluster.address) as client:
+            mesh = client.mesh((4,), ("d",))
+            x = client.put(np.arange(4.0), mesh, P("d"))
+            total = pw.shard_map(lambda v: pw.psum(v, "d"), mesh, P("d"), P())
+            np.testing.assert_array_equal(total(x).result(timeout=30), [6.0])
