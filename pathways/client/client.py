@@ -73,13 +73,13 @@ class Client:
             security.check(self.keys)
         self.runs = RunBook()
         self.ledger = ArrayLedger(self._free)
-        self.suspensions = suspension.Suspensions()
         self.suspend_dir = suspend_dir
         self.closed = False
         self.session = open_session(self.address, self.keys, coordinator_timeout,
                                     set(self._MESSAGES), self._on_message, self._fail_runs)
         # blocking work off the loop thread: awaiting an array, committing a checkpoint
         self.executor = self.session.blocking_executor()
+        self.suspensions = suspension.Suspensions(self.session.future)
         self.cluster = ClusterView(self.session, timeout)
         self.weight, self.priority = float(weight), int(priority)
         wait = timeout if connect_timeout is None else connect_timeout

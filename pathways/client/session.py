@@ -178,6 +178,11 @@ class Session:
         """A new future for what the user will wait on (replies, runs, saves)."""
         return cf.Future()
 
+    def spawn(self, fn, name: str) -> None:
+        """Run ``fn()`` (blocking work the loop thread must not wait for, e.g. a suspension
+        the coordinator asked for) on a thread of its own."""
+        threading.Thread(target=fn, name=name, daemon=True).start()
+
     def blocking_executor(self) -> cf.Executor:
         """Where the client does blocking work off the loop thread (awaiting an array,
         committing a checkpoint)."""

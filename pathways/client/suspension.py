@@ -55,7 +55,7 @@ ANSWER_GRACE = 10.0  # seconds past a resume's own wait for the coordinator's an
 class Suspended:
     """A slice being suspended or suspended: where its arrays went."""
     reason: str
-    done: threading.Event = field(default_factory=threading.Event)  # settled, either way
+    done: cf.Future = field(default_factory=cf.Future)  # settled (None), either way
     directory: str | None = None
     failed: bool = False  # settled as not suspended: the slice is live with its arrays
     arrays: list = field(default_factory=list)  # (weak reference to the Array, its name)
@@ -77,7 +77,8 @@ class Suspensions:
     slice's suspension against runs starting on it: a run starts either before the slice is
     marked (and the suspension waits for it) or after, and then raises ``SliceSuspended``."""
 
-    def __init__(self):
+    def __init__(self, new_future=cf.Future):
+        self.new_future = new_future  # what a suspension's ``done`` is (the session's kind)
         self.lock = threading.Lock()  # marking a slice suspended vs runs starting
         self._slices: dict[int, Suspended] = {}
 
@@ -91,7 +92,7 @@ class Suspensions:
         """Mark ``slice_id`` as being suspended; the caller holds ``lock``."""
         if slice_id in self._slices:
             raise PathwaysError(f"slice {slice_id} is already suspended")
-        state = self._slices[slice_id] = Suspended(reason)
+        state = self._slices[slice_id] = Suspended(reason, self.new_future())
         return state
 
     def discard(self, slice_id: int) -> None:
@@ -165,7 +166,21 @@ def suspend_for_coordinator(client, slice_id: int, reason: str, timeout: float) 
         except Exception as exc:
             log.warning("could not suspend slice %s for the coordinator: %s", slice_id, exc)
 
-    threading.Thread(target=run, name=f"pathways-suspend-{slice_id}", daemon=True).start()
+    client.session.spawn(run, f"pathways-suspend-{slice_id}")
+
+
+def _settled(done: cf.Future, timeout) -> bool:
+    """Whether ``done`` settles within ``timeout`` seconds."""
+    try:
+        done.result(timeout)
+    except cf.TimeoutError:
+        return False
+    return True
+
+
+def _mark_settled(done: cf.Future) -> None:
+    if not done.done():
+        done.set_result(None)
 
 
 def _save(client, slice_id, state: Suspended, running, timeout) -> dict:
@@ -198,7 +213,7 @@ def _roll_back(client, slice_id, state: Suspended, arrays: dict, timeout) -> Non
     ``PathwaysError`` if it was undone or the answer is still awaited after ``timeout``."""
     state.doubt = f"the coordinator did not answer its Suspend within {timeout:g} s"
     _cancel(client, slice_id, state, arrays)
-    if not state.done.wait(timeout):
+    if not _settled(state.done, timeout):
         raise PathwaysError(
             f"the coordinator did not answer the suspension of slice {slice_id} within"
             f" {timeout:g} s, nor its cancellation within {timeout:g} s more: the slice is in"
@@ -250,7 +265,7 @@ def _complete(client, state: Suspended, arrays: dict) -> None:
                 pass  # closed or coordinator lost: the hosts free what the client owned
     state.arrays = [(weakref.ref(a), name) for name, a in arrays.items()]
     state.doubt = None
-    state.done.set()
+    _mark_settled(state.done)
 
 
 def _abandon(client, slice_id, state: Suspended, keep_files: bool = False) -> None:
@@ -266,7 +281,7 @@ def _abandon(client, slice_id, state: Suspended, keep_files: bool = False) -> No
             remove()
     client.suspensions.discard(slice_id)
     state.failed, state.doubt = True, None
-    state.done.set()
+    _mark_settled(state.done)
 
 
 def _said(exc: Exception, timeout) -> str:
@@ -283,7 +298,7 @@ def resume(client, mesh: Mesh, timeout: float) -> Mesh:
     state = client.suspensions.get(slice_id)
     if state is None:
         raise PathwaysError(f"slice {slice_id} is not suspended")
-    if not state.done.wait(timeout):
+    if not _settled(state.done, timeout):
         raise PathwaysError(f"slice {slice_id} is still being suspended after {timeout:g} s"
                             + (f" ({state.doubt})" if state.doubt else ""))
     if state.failed:  # its suspension failed or was undone: it is live with its arrays

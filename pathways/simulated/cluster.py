@@ -40,6 +40,8 @@ import math
 import threading
 import time
 
+import greenlet
+
 from plaque.endpoint import Endpoint
 
 from ..client import session as client_session
@@ -116,6 +118,7 @@ class SimCluster:
                  timeout: float = 60.0):
         self._started = time.perf_counter()
         self.thread = threading.current_thread()  # the one thread that drives it
+        self._spawned: dict = {}  # greenlet -> the role it runs on (``spawn``)
         self.cpu, self.cost, self.record, self.hbm_gib = cpu, cost, record, hbm_gib
         self.closed = False
         self.address = f"sim://{next(_NUMBERS)}"
@@ -218,10 +221,44 @@ class SimCluster:
                 " it: the simulator cannot time what a thread of its own does; make the"
                 " calls from that thread (or use a real cluster)")
 
+    def spawn(self, fn, role) -> None:
+        """Run ``fn()`` as work of ``role`` that may wait (what a real client runs on a thread
+        of its own): a greenlet, started by a handler of the role; while it waits on a future
+        it is parked and the simulation goes on, and it resumes in a handler of the role once
+        the future settles (or its timeout passes)."""
+        def run():
+            try:
+                fn()
+            finally:
+                self._spawned.pop(glet, None)
+
+        glet = greenlet.greenlet(run)
+        self._spawned[glet] = role
+        role.call_soon(glet.switch)
+
+    def _park(self, glet, fut, timeout) -> None:
+        """A spawned greenlet waits for ``fut``: back to the simulation until it settles."""
+        loop, role, woken = self.net.loop, self._spawned[glet], []
+
+        def wake(*_):
+            if not woken:
+                woken.append(True)
+                role.call_soon(glet.switch)
+
+        fut.add_done_callback(lambda _f: loop.call_soon_threadsafe(wake))
+        timer = loop.call_later(timeout, wake) if timeout is not None else None
+        glet.parent.switch()
+        if timer is not None:
+            timer.cancel()
+
     def _drive(self, fut, timeout) -> None:
         if fut.done():
             return
         self.check_thread()
+        glet = greenlet.getcurrent()
+        if glet in self._spawned:
+            self._park(glet, fut, timeout)
+            return
         self.user.catch_up()
         self.plaque.drive(fut, timeout)
         self.user.resumed()

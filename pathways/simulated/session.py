@@ -5,7 +5,8 @@ Everything the client does with the cluster (requests, sends, pings, replies) is
 ``client-<n>`` of the simulation (no thread), its socket a ``SimSocket``, its futures
 ``DrivenFuture``s: waiting on one (``result()``, ``block_until_ready()``) runs the simulation in
 the caller's thread until it settles. Blocking work the client hands off (a checkpoint's commit)
-runs at once, on the caller's thread.
+runs at once, on the caller's thread; what it would run on a thread of its own (a suspension the
+coordinator asks for) runs on the client's role as a greenlet that parks while it waits.
 
 The user's thread is the client's CPU (``UserCpu``): whenever the script calls into the
 cluster or waits, the thread CPU it used since it last did is charged (``cpu="measured"``; a
@@ -100,6 +101,11 @@ class SimSession(Session):
 
     def blocking_executor(self) -> cf.Executor:
         return InlineExecutor()
+
+    def spawn(self, fn, name: str) -> None:
+        """No thread: ``fn`` runs on this session's role as a greenlet, parked while it
+        waits (``SimCluster.spawn``)."""
+        self.sim.spawn(fn, self.loop)
 
     def call(self, fn, *args) -> None:
         """Run ``fn(*args)`` on the session's role, after what the user queued before it."""

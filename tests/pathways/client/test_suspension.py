@@ -13,11 +13,14 @@ from pathways import P
 pytest.importorskip("zarr")
 
 
-@pytest.fixture(scope="module")
-def small():
-    """2 hosts x 2 devices in threads: one 4-device slice covers the whole island."""
+@pytest.fixture(scope="module", params=["twin", "simulated"])
+def small(request):
+    """2 hosts x 2 devices in threads, or simulated: one 4-device slice covers the whole
+    island. (On the simulated cluster, a suspension the coordinator asks for runs on the
+    client's role as a greenlet instead of a thread.)"""
+    how = {"processes": False} if request.param == "twin" else {"simulate": True}
     with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=2,
-                          processes=False) as cluster:
+                          **how) as cluster:
         yield cluster
 
 
