@@ -325,7 +325,8 @@ class ObjectStore:
         keys = set(keys)
         with self._lock:
             for key in keys:
-                if key not in self._entries:
+                entry = self._entries.get(key)
+                if entry is None or entry.awaited:
                     self._doomed[key] = error
             while len(self._doomed) > EARLY_DELETES_KEPT:
                 self._doomed.popitem(last=False)
