@@ -94,6 +94,14 @@ class Client:
         self.session.start_pings(self.id)
         self.cluster.refresh()
 
+    def clock(self) -> float:
+        """Seconds on the client's clock, the one its traces are drawn in: monotonic time,
+        or a simulated cluster's virtual time.
+
+        >>> t0 = client.clock(); step(x).block_until_ready(); took = client.clock() - t0
+        """
+        return self.session.clock()
+
     # ---- the session's loop thread: runs ending, notices --------------------------------
     @property
     def lost(self):

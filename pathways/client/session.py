@@ -22,6 +22,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -177,6 +178,10 @@ class Session:
     def future(self) -> cf.Future:
         """A new future for what the user will wait on (replies, runs, saves)."""
         return cf.Future()
+
+    def clock(self) -> float:
+        """The client's time in seconds (monotonic; a simulated session's is virtual)."""
+        return time.perf_counter()
 
     def spawn(self, fn, name: str) -> None:
         """Run ``fn()`` (blocking work the loop thread must not wait for, e.g. a suspension

@@ -15,7 +15,6 @@ far below a kernel on another host).
 from __future__ import annotations
 
 import json
-import time
 
 from .. import protocol
 
@@ -32,7 +31,7 @@ def collect(client, since: dict | float | None = None, timeout: float = 10.0) ->
     for h, f in futures.items():
         reply = f.result(timeout)
         reply["host"] = h
-        reply["offset"] = time.perf_counter() - reply["now"]
+        reply["offset"] = client.clock() - reply["now"]
         out.append(reply)
     return out
 
@@ -100,7 +99,7 @@ class Tracing:
 
     def __enter__(self):
         self._since = marks(self.client)
-        self._begin = time.perf_counter()
+        self._begin = self.client.clock()
         return self
 
     def __exit__(self, *exc):

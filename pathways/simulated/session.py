@@ -102,6 +102,12 @@ class SimSession(Session):
     def blocking_executor(self) -> cf.Executor:
         return InlineExecutor()
 
+    def clock(self) -> float:
+        """Virtual time where the user's thread is: its CPU since its last call is charged
+        and the simulation caught up to it first."""
+        self.sim.check_thread()
+        return self.sim.user.catch_up()
+
     def spawn(self, fn, name: str) -> None:
         """No thread: ``fn`` runs on this session's role as a greenlet, parked while it
         waits (``SimCluster.spawn``)."""

@@ -295,3 +295,20 @@ def test_shards_that_overtake_the_hosts_device_assignment_are_kept():
             x = client.put(np.arange(4.0), mesh, P("d"))
             total = pw.shard_map(lambda v: pw.psum(v, "d"), mesh, P("d"), P())
             np.testing.assert_array_equal(total(x).result(timeout=30), [6.0])
+
+
+def test_the_clients_clock_and_its_traces_are_in_virtual_time(tmp_path):
+    with pw.local_cluster(hosts_per_island=2, devices_per_host=1, simulate=True, cpu=None,
+                          latency=0.01) as cluster:
+        with pw.connect(cluster.address) as client:
+            mesh = client.mesh((2,), ("d",))
+            f = pw.shard_map(lambda v: pw.psum(v, "d"), mesh, P("d"), P(), cost=0.25)
+            x = client.put(np.ones(2), mesh, P("d"))
+            t0 = client.clock()
+            with client.trace(tmp_path / "trace.json") as tr:
+                f(x).block_until_ready()
+            assert client.clock() - t0 >= 0.25 + 3 * 0.01  # the kernel and the hops
+            assert client.clock() == cluster.clock()  # nothing of the user's CPU charged
+            kernels = [e for e in tr.trace["traceEvents"] if e.get("cat") == "kernel"]
+            assert len(kernels) == 2
+            assert all(abs(e["dur"] - 0.25e6) < 1e3 for e in kernels)  # microseconds
