@@ -193,7 +193,8 @@ class SimCluster:
         self.net.loop.call_at(max(when, self.clock()), fn)
 
     def kill_host(self, index: int, at: float | None = None) -> None:
-        """Host ``index`` (in start order) dies at virtual time ``at`` (default: now): its
+        """Host ``index`` (in start order: role ``host-<index>``, whose ``Host.core.id`` is
+        the host id clients see) dies at virtual time ``at`` (default: now): its
         sockets close and it never answers again, as a killed process; the coordinator
         finds out from its silence."""
         _, _, endpoint = self.hosts[index]
