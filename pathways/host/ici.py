@@ -104,18 +104,15 @@ def decode(frames) -> list:
         raise ProtocolError(f"malformed ICI message: {exc!r}") from None
 
 
-class IciLink:
-    """The host's end of the ICI network. ``worker_of`` (device -> host worker id) and
-    ``peers`` (worker id -> ICI address) are filled in by the host as the topology arrives."""
+class IciOutbox:
+    """What a host's ICI link sends: values queued during a turn, one message per peer host
+    at ``flush``. ``worker_of`` (device -> host worker id) and ``peers`` (worker id -> ICI
+    address) are filled in by the host as the topology arrives; ``_send(worker, frames)``
+    is the link's own (a ZeroMQ socket here, a simulated one in ``pathways.simulated``)."""
 
-    def __init__(self, ctx: zmq.Context, bind: str, worker_of: dict):
-        self.ctx, self.worker_of = ctx, worker_of
-        self._pull = ctx.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.LINGER, 0)
-        self.address = bind_socket(self._pull, bind)
-        self.fd = self._pull.getsockopt(zmq.FD)
+    def __init__(self, worker_of: dict):
+        self.worker_of = worker_of
         self.peers: dict[int, str] = {}
-        self._push: dict[int, zmq.Socket] = {}
         self._out: dict[int, list] = {}
         self.sent = {"messages": 0, "bytes": 0}  # what left for other hosts
 
@@ -135,9 +132,29 @@ class IciLink:
         out, self._out = self._out, {}
         for worker, items in out.items():
             frames = encode(items)
-            self._socket(worker).send_multipart(frames, copy=False)
+            self._send(worker, frames)
             self.sent["messages"] += 1
             self.sent["bytes"] += sum(memoryview(f).nbytes for f in frames)
+
+    def _send(self, worker: int, frames: list) -> None:
+        raise NotImplementedError
+
+
+class IciLink(IciOutbox):
+    """The host's end of the ICI network over ZeroMQ: a PULL socket it reads, a PUSH socket
+    per peer host."""
+
+    def __init__(self, ctx: zmq.Context, bind: str, worker_of: dict):
+        super().__init__(worker_of)
+        self.ctx = ctx
+        self._pull = ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self.address = bind_socket(self._pull, bind)
+        self.fd = self._pull.getsockopt(zmq.FD)
+        self._push: dict[int, zmq.Socket] = {}
+
+    def _send(self, worker: int, frames: list) -> None:
+        self._socket(worker).send_multipart(frames, copy=False)
 
     def readable(self) -> bool:
         return bool(self._pull.getsockopt(zmq.EVENTS) & zmq.POLLIN)

@@ -28,7 +28,7 @@ from plaque.transport import CONTROL
 from plaque.wire import ProtocolError
 
 from .. import protocol
-from ..host.ici import RECEIVE_BATCH, decode, encode
+from ..host.ici import RECEIVE_BATCH, IciOutbox, decode
 
 __all__ = ["COORDINATOR", "SimSocket", "SimService", "SimIciLink"]
 
@@ -128,38 +128,21 @@ class SimService:
         self.socket.close()
 
 
-class SimIciLink:
+class SimIciLink(IciOutbox):
     """A simulated host's ICI link with ``IciLink``'s members (see the module's text);
     ``on_arrival()`` is called when values arrive (the host's executor's ``wake``)."""
 
     fd = None  # nothing to watch: an arrival wakes the executor itself
 
     def __init__(self, net, role, name: str, worker_of: dict):
-        self.worker_of = worker_of
-        self.peers: dict[int, str] = {}
+        super().__init__(worker_of)
         self.socket = SimSocket(net, role, name, self._arrived)
         self.address = self.socket.address
         self.on_arrival: Callable[[], None] | None = None
-        self.sent = {"messages": 0, "bytes": 0}
-        self._out: dict[int, list] = {}
         self._inbox: list = []  # frames of each message, decoded when the executor reads
 
-    def queue(self, key, src, dsts, value, lag: float = 0.0) -> None:
-        by_worker: dict[int, list] = {}
-        for d in dsts:
-            by_worker.setdefault(self.worker_of[d], []).append(d)
-        for worker, ds in by_worker.items():
-            self._out.setdefault(worker, []).append((key, src, ds, value, lag))
-
-    def flush(self) -> None:
-        if not self._out:
-            return
-        out, self._out = self._out, {}
-        for worker, items in out.items():
-            frames = encode(items)
-            self.socket.send(self.peers[worker], frames)
-            self.sent["messages"] += 1
-            self.sent["bytes"] += sum(memoryview(f).nbytes for f in frames)
+    def _send(self, worker: int, frames: list) -> None:
+        self.socket.send(self.peers[worker], frames)
 
     def readable(self) -> bool:
         return bool(self._inbox)
