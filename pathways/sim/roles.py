@@ -28,9 +28,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import time
 from collections.abc import Callable
 from typing import NamedTuple
+
+from .cputime import thread_cpu
 
 __all__ = ["RoleLoop", "Span", "CPU_MODES"]
 
@@ -62,14 +63,14 @@ class RoleHandle:
 class RoleLoop:
     """Role ``name``'s virtual CPU on the shared ``loop`` (see the module's text).
 
-    ``cpu``: ``None`` (handlers take no time), ``"measured"`` (``meter`` seconds, thread CPU
-    time by default) or ``"fixed"`` (``cost`` seconds each; settable later). ``busy_until``:
-    when the CPU is next free; ``cpu_used``: total charged; ``spans``: every handler's
-    ``Span`` when ``record``.
+    ``cpu``: ``None`` (handlers take no time), ``"measured"`` (``meter`` seconds: by default
+    thread CPU time less garbage collections, ``pathways.sim.cputime``) or ``"fixed"``
+    (``cost`` seconds each; settable later). ``busy_until``: when the CPU is next free;
+    ``cpu_used``: total charged; ``spans``: every handler's ``Span`` when ``record``.
     """
 
     def __init__(self, loop, name: str, cpu: str | None = None, cost: float = 0.0, *,
-                 meter: Callable[[], float] = time.thread_time, record: bool = False):
+                 meter: Callable[[], float] = thread_cpu, record: bool = False):
         if cpu not in CPU_MODES:
             raise ValueError(f"cpu must be one of {CPU_MODES}, not {cpu!r}")
         if not cost >= 0:

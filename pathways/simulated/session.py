@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
-import time
 from collections.abc import Callable
 
 from .. import protocol
 from ..client.session import Session
+from ..sim.cputime import thread_cpu
 from ..sim.roles import CPU_MODES
 from .sockets import COORDINATOR, SimSocket
 
@@ -40,7 +40,7 @@ class UserCpu:
     """
 
     def __init__(self, loop, run_to: Callable[[float], None], cpu: str | None = "measured",
-                 cost: float = 0.0, meter: Callable[[], float] = time.thread_time):
+                 cost: float = 0.0, meter: Callable[[], float] = thread_cpu):
         if cpu not in CPU_MODES:
             raise ValueError(f"cpu must be one of {CPU_MODES}, not {cpu!r}")
         self.loop, self.run_to, self.cpu, self.cost, self.meter = loop, run_to, cpu, cost, meter

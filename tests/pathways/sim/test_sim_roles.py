@@ -286,3 +286,19 @@ def test_bad_options_are_refused(loop):
     with pytest.raises(ValueError, match="excludes"):
         with simulated_plaque_cluster(cpu="fixed", cpu_charge=lambda c: c):
             pass
+
+
+def test_a_garbage_collection_is_not_charged_to_the_role_it_interrupts():
+    """Every role shares the process's heap: a collection during one role's handler scans all
+    of them, a pause that role would not have on a machine of its own."""
+    import gc
+
+    from pathways.sim.cputime import thread_cpu
+
+    junk = [[object() for _ in range(50)] for _ in range(20_000)]  # a heap worth scanning
+    t0, c0 = time.thread_time(), thread_cpu()
+    gc.collect()
+    spent, charged = time.thread_time() - t0, thread_cpu() - c0
+    del junk
+    assert spent > 0.005  # the collection took CPU...
+    assert charged < spent / 10  # ...that is not charged
