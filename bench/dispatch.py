@@ -26,14 +26,26 @@ utilization is the devices' occupied time over the cell's wall time (occupied = 
 including blocking in collectives and waiting for inputs, as ``EmulatedDevice.busy_seconds``
 counts it); "useful" is modelled compute only (computations/s x cost per computation).
 
-Run: ``python -m bench.dispatch [--quick] [--no-append] [--profile]``.
+``--simulate`` runs both sides on the simulator instead, in virtual time
+(``pw.local_cluster(simulate=True, cpu="measured")`` for Pathways, ``bench.sim_multicontroller``
+for the baseline): every role (coordinator, host, client; each multi-controller host) is a
+virtual CPU of its own, charged the thread CPU time its handlers use, so the figures are those
+of the modelled cluster with one core per process, not of this machine, and larger
+configurations fit (``--sizes``, hosts x devices per host; default 4x4 and 16x8). Cells are
+sized and timed in virtual seconds (``cluster.clock()``); the wall time each configuration's
+simulation took is reported too.
+
+Run: ``python -m bench.dispatch [--quick] [--no-append] [--profile] [--simulate [--sizes
+4x4,16x8]]``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,10 +53,14 @@ import numpy as np
 import pathways as pw
 from bench import profiling
 from bench.multicontroller import MultiController, expected_value, trivial_body
-from bench.results import bench_parser, plot_sweep, publish, security_for_all
+from bench.results import bench_parser, plot_sweep, publish, security_for_all, wants_simulation
+from bench.scale import GC_CAVEAT, parse_sizes
+from bench.sim_multicontroller import SimMultiController
 from pathways import P, protocol
 
 TITLE = "Dispatch overhead: Pathways vs multi-controller (paper Figures 5 and 6)"
+SIM_TITLE = ("Dispatch overhead, simulated: Pathways vs multi-controller in virtual time"
+             " (paper Figures 5 and 6)")
 CHAIN = 128  # computations per chained run and per fused call
 PER_HOST = 4
 HOST_COUNTS = (1, 2, 4)
@@ -59,11 +75,14 @@ UNIT = {"MC": 1, "OpByOp": 1, "Chained": CHAIN, "Fused": CHAIN}  # computations 
 WARM_UNITS = {"MC": 16, "OpByOp": 16, "Chained": 1, "Fused": 1}
 MIN_UNITS = {"MC": 32, "OpByOp": 32, "Chained": 1, "Fused": 1}
 MAX_UNITS = {"MC": 20_000, "OpByOp": 5_000, "Chained": 40, "Fused": 40}
+SIM_SIZES = "4x4,16x8"  # hosts x devices per host, with --simulate
+SIM_QUICK_SIZES = "1x4,2x4"
 
 
 @dataclass
 class Cell:
-    """One measurement: ``computations`` in ``wall`` seconds on ``hosts`` x PER_HOST devices."""
+    """One measurement: ``computations`` in ``wall`` seconds on ``hosts`` x ``per_host``
+    devices."""
 
     mode: str  # "MC" or one of MODES
     hosts: int
@@ -71,6 +90,7 @@ class Cell:
     computations: int
     wall: float
     occupied: float  # mean over devices of busy seconds / wall
+    per_host: int = PER_HOST
 
     @property
     def rate(self) -> float:
@@ -84,11 +104,14 @@ class Cell:
 # ---- Pathways ---------------------------------------------------------------------------------
 
 class PathwaysRig:
-    """The three Pathways variants of the trivial computation on one client's mesh."""
+    """The three Pathways variants of the trivial computation on one client's mesh;
+    ``clock``: what cells are timed with (a simulated cluster's ``clock`` for virtual
+    time)."""
 
-    def __init__(self, client, hosts: int):
-        self.client, self.hosts = client, hosts
-        self.devices = hosts * PER_HOST
+    def __init__(self, client, hosts: int, per_host: int = PER_HOST,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.client, self.hosts, self.per_host, self.clock = client, hosts, per_host, clock
+        self.devices = hosts * per_host
         self.mesh = client.mesh((self.devices,), ("d",))
         self._data = sorted({client.cluster.data_address(d) for d in self.mesh.ids})
         self._fns: dict[tuple, object] = {}
@@ -127,43 +150,45 @@ class PathwaysRig:
         x = self.client.put(np.zeros(()), self.mesh, P())
         x.block_until_ready(timeout)
         busy0 = self.busy()
-        t0 = time.perf_counter()
+        t0 = self.clock()
         for _ in range(units):
             x = fn(x)
         x.block_until_ready(timeout)
-        wall = time.perf_counter() - t0
+        wall = self.clock() - t0
         busy1 = self.busy()
         steps = units * UNIT[mode]
         got, want = float(x.result(timeout)), expected_value(self.devices, steps)
         if got != want:
             raise AssertionError(f"{mode}: got {got} after {steps} steps, expected {want}")
         occupied = sum(busy1[d] - busy0[d] for d in busy0) / len(busy0) / wall
-        return Cell(mode, self.hosts, cost, steps, wall, occupied)
+        return Cell(mode, self.hosts, cost, steps, wall, occupied, self.per_host)
 
 
 def _timeout(mode: str, cost: float, units: int) -> float:
     return 120.0 + 4.0 * units * UNIT[mode] * cost
 
 
-def measure_config(rig: PathwaysRig, mc: MultiController, cost: float, budget: float,
-                   reps: int) -> dict[str, Cell]:
+def measure_config(rig: PathwaysRig, mc: MultiController | SimMultiController, cost: float,
+                   budget: float, reps: int) -> dict[str, Cell]:
     """The multi-controller and the three Pathways modes at one cost, on one configuration.
 
     Each mode is warmed up once (installing its program, connecting) and sized from that
     warm-up to about ``budget`` seconds; then ``reps`` rounds time every mode in turn, so
     that a slow spell of the shared machine hits all of them, and each keeps its best.
+    Simulated, each side's seconds are its own simulation's virtual ones.
     """
     def run_mc(mode, c, units, timeout):
         r = mc.run(units, c, timeout=timeout)
-        return Cell("MC", mc.hosts, c, units, r.wall, r.utilization)
+        return Cell("MC", mc.hosts, c, units, r.wall, r.utilization, mc.per_host)
 
     runners = {"MC": run_mc, **{m: rig.run for m in MODES}}
+    clocks = {"MC": getattr(mc, "clock", time.perf_counter), **{m: rig.clock for m in MODES}}
     units = {}
     for mode, run in runners.items():
         warm = WARM_UNITS[mode]
-        t0 = time.perf_counter()
+        t0 = clocks[mode]()
         run(mode, cost, warm, _timeout(mode, cost, warm))
-        per_unit = (time.perf_counter() - t0) / warm
+        per_unit = (clocks[mode]() - t0) / warm
         units[mode] = max(MIN_UNITS[mode], min(MAX_UNITS[mode], round(budget / per_unit)))
     best: dict[str, Cell] = {}
     for _ in range(reps):
@@ -195,7 +220,7 @@ def _rate(x: float) -> str:
 
 def _row(figure: str, cells: dict[str, Cell]) -> dict:
     mc = cells["MC"]
-    row = {"Figure": figure, "Devices": f"{mc.hosts}x{PER_HOST}",
+    row = {"Figure": figure, "Devices": f"{mc.hosts}x{mc.per_host}",
            "Cost/comp (ms)": f"{mc.cost * 1e3:g}", "Multi-controller /s": _rate(mc.rate)}
     for mode in MODES:
         row[f"{mode} /s"] = _rate(cells[mode].rate)
@@ -214,7 +239,8 @@ def _print_cells(cells: dict[str, Cell]) -> None:
         c = cells[mode]
         parts.append(f"{mode} {_rate(c.rate)}/s = {c.rate / mc.rate:.2f}x ({c.computations} in "
                      f"{c.wall:.2f} s, util {c.occupied:.0%})")
-    print(f"  {mc.hosts}x{PER_HOST} cost {mc.cost * 1e3:g} ms: " + "; ".join(parts), flush=True)
+    print(f"  {mc.hosts}x{mc.per_host} cost {mc.cost * 1e3:g} ms: " + "; ".join(parts),
+          flush=True)
 
 
 def parity_cost(sweep: dict[float, dict[str, Cell]], mode: str) -> float | None:
@@ -273,69 +299,148 @@ def run_config(hosts: int, costs, budget: float, reps: int, profile: bool, secur
     return results, prof
 
 
-def main(argv=None) -> int:
-    ap = bench_parser(__doc__, "1 and 2 hosts, two costs, short cells",
+def run_config_simulated(hosts: int, per_host: int, costs, budget: float, reps: int,
+                         seed: int) -> dict:
+    """``run_config`` on the simulator: a simulated Pathways cluster and a simulated
+    multi-controller job of ``hosts`` x ``per_host`` devices, cells in virtual seconds.
+    Returns {cost: cells}."""
+    results = {}
+    with SimMultiController(hosts, per_host) as mc:
+        with pw.local_cluster(islands=1, hosts_per_island=hosts, devices_per_host=per_host,
+                              simulate=True, seed=seed, cpu="measured") as cluster:
+            with pw.connect(cluster.address) as client:
+                rig = PathwaysRig(client, hosts, per_host, cluster.clock)
+                for cost in costs:
+                    results[cost] = measure_config(rig, mc, cost, budget, reps)
+                    _print_cells(results[cost])
+    return results
+
+
+def _parser(simulate: bool):
+    ap = bench_parser(__doc__, SIM_QUICK_SIZES + " simulated, two costs, short cells"
+                      if simulate else "1 and 2 hosts, two costs, short cells",
+                      None if simulate else
                       "py-spy the cluster during each mode on the largest config")
-    ap.sized("--budget", float, 0.3, 0.8, "seconds per timed cell")
+    ap.add_argument("--simulate", action="store_true",
+                    help="on the simulator, in virtual time (see the module's text)")
+    if simulate:
+        ap.add_argument("--sizes", default=None,
+                        help=f"hosts x devices per host, comma-separated (default {SIM_SIZES};"
+                             f" {SIM_QUICK_SIZES} with --quick); the sweep runs on the largest")
+        ap.add_argument("--seed", type=int, default=0, help="the simulations' seed")
+        ap.sized("--budget", float, 0.01, 0.2, "virtual seconds per timed cell")
+    else:
+        ap.sized("--budget", float, 0.3, 0.8, "seconds per timed cell")
     ap.sized("--reps", int, 1, 2, "timed rounds per cost (best kept)")
-    args = ap.parse_args(argv)
-    host_counts = (1, 2) if args.quick else HOST_COUNTS
-    sweep_costs = [ms / 1e3 for ms in ((0.1, 2.0) if args.quick else SWEEP_MS)]
-    budget, reps = args.budget, args.reps
-    started = time.perf_counter()
+    return ap
 
-    fig5: dict[int, dict[str, Cell]] = {}
-    sweep: dict[float, dict[str, Cell]] = {}
-    profile_text = None
-    sweep_hosts = max(host_counts)
-    with security_for_all(args.insecure) as security:
-        for hosts in host_counts:
-            print(f"{hosts} host(s) x {PER_HOST} devices:", flush=True)
-            costs = [FIG5_COST] + (sweep_costs if hosts == sweep_hosts else [])
-            results, prof = run_config(hosts, costs, budget, reps,
-                                       args.profile and hosts == sweep_hosts, security)
-            fig5[hosts] = results[FIG5_COST]
-            if hosts == sweep_hosts:
-                sweep = {c: results[c] for c in sweep_costs}
-                profile_text = prof
-    elapsed = time.perf_counter() - started
 
-    rows = [_row("5", fig5[h]) for h in host_counts]
-    rows += [_row("6", sweep[c]) for c in sweep_costs]
-    checks = targets(fig5, sweep)
-    parity = {m: parity_cost(sweep, m) for m in MODES}
+def _notes(args, simulate: bool, sweep_size, budget: float, reps: int, parity, checks,
+           walls: dict, elapsed: float) -> str:
+    sweep_label = f"{sweep_size[0]}x{sweep_size[1]}"
+    if simulate:
+        setup = (
+            f"Simulated, in virtual time: a Pathways cluster (pw.local_cluster(simulate=True,"
+            f" seed={args.seed}, cpu=\"measured\"): coordinator, hosts and this client as roles"
+            f" of one discrete-event simulation) and the multi-controller"
+            f" (bench/sim_multicontroller.py: one role per host running the user loop, one"
+            f" call per handler, and the same host Executor/ExecutorEnv as a Pathways host,"
+            f" values over a simulated ICI link, no coordinator; a simulation of its own)."
+            f" Every role is a virtual CPU of its own charged the thread CPU time of its"
+            f" handlers (one core per process, not this {os.cpu_count()}-core machine);"
+            f" control and client messages take DCN time, ICI values none beyond the same"
+            f" modelled cost incl. ICI time for both.")
+        timing = (f" enough calls for ~{budget:g} virtual s (>= 1 chained run or fused call);"
+                  f" rates per virtual second; measured CPU varies between runs. " + GC_CAVEAT)
+    else:
+        setup = (
+            f"Hosts are processes of {PER_HOST} emulated devices"
+            f" on one {os.cpu_count()}-core machine (a Pathways cluster: coordinator + hosts +"
+            f" this client; the multi-controller: one process per host, bench/multicontroller.py,"
+            f" same host Executor/ExecutorEnv/IciLink as a Pathways host, same modelled cost incl."
+            f" ICI time, ZeroMQ tcp loopback, no coordinator).")
+        timing = (f" enough calls for ~{budget:g} s (>= 1 chained run or fused call); results"
+                  f" checked exactly. Util = devices' occupied time / wall (blocking"
+                  f" in collectives and waiting for inputs count as occupied); Useful ="
+                  f" computations/s x modelled cost. A shared 2-core machine: expect +-10-20%"
+                  f" noise.")
     lines = [
-        f"Trivial computation: psum of a replicated float64 scalar over all devices, then +1,"
-        f" each output into the next input. Hosts are processes of {PER_HOST} emulated devices"
-        f" on one {os.cpu_count()}-core machine (a Pathways cluster: coordinator + hosts +"
-        f" this client; the multi-controller: one process per host, bench/multicontroller.py,"
-        f" same host Executor/ExecutorEnv/IciLink as a Pathways host, same modelled cost incl."
-        f" ICI time, ZeroMQ tcp loopback, no coordinator).",
+        "Trivial computation: psum of a replicated float64 scalar over all devices, then +1,"
+        " each output into the next input. " + setup,
         f"OpByOp: N calls of step, then wait for the last. Chained: one @pw.program of {CHAIN}"
         f" calls, run repeatedly. Fused: one shard_map looping {CHAIN}x psum+1, cost {CHAIN}x;"
         f" counts {CHAIN} computations per call. Figure 5 rows use a modelled cost of"
         f" {FIG5_COST * 1e3:g} ms (dispatch overhead only); Figure 6 sweeps the cost per"
-        f" computation on {sweep_hosts}x{PER_HOST} devices.",
+        f" computation on {sweep_label} devices.",
         f"Each cell: one warm-up, then the best of {reps} timed rounds (modes interleaved) of"
-        f" enough calls for ~{budget:g} s (>= 1 chained run or fused call); results checked"
-        f" exactly. Util = devices' occupied time / wall (blocking"
-        f" in collectives and waiting for inputs count as occupied); Useful = computations/s x"
-        f" modelled cost. A shared 2-core machine: expect +-10-20% noise.",
+        + timing + (" Results checked exactly. Util = devices' occupied time / wall; Useful ="
+                    " computations/s x modelled cost." if simulate else ""),
         "Parity (smallest swept cost from which on a mode keeps >= 95% of multi-controller): "
         + ", ".join(f"{m} {_ms(parity[m])}" for m in MODES)
         + " (the paper: 2.3 ms on 128 TPUs).",
         "Targets: " + "; ".join(f"{text}: {'met' if ok else 'MISSED'}" for text, ok in checks)
         + ".",
-        "Security: " + ("none (--insecure): plain tcp for both." if args.insecure else
-                        "CURVE with one throw-away key pair for the Pathways cluster and the"
-                        " multi-controller alike (the default of local clusters)."),
-        f"Total bench time {elapsed:.0f} s.",
     ]
-    notes = "\n".join(lines)
+    if simulate:
+        lines.append("Wall time of each configuration's simulations (both sides, every cost): "
+                     + ", ".join(f"{h}x{d} {w:.0f} s" for (h, d), w in walls.items()) + ".")
+    else:
+        lines.append("Security: " + (
+            "none (--insecure): plain tcp for both." if args.insecure else
+            "CURVE with one throw-away key pair for the Pathways cluster and the"
+            " multi-controller alike (the default of local clusters)."))
+    lines.append(f"Total bench time {elapsed:.0f} s.")
+    return "\n".join(lines)
 
-    publish(TITLE, rows, notes, profile_text, append=not (args.quick or args.no_append))
+
+def main(argv=None) -> int:
+    simulate = wants_simulation(argv)
+    args = _parser(simulate).parse_args(argv)
+    if simulate:
+        sizes = parse_sizes(args.sizes or (SIM_QUICK_SIZES if args.quick else SIM_SIZES))
+    else:
+        sizes = [(h, PER_HOST) for h in ((1, 2) if args.quick else HOST_COUNTS)]
+    sweep_costs = [ms / 1e3 for ms in ((0.1, 2.0) if args.quick else SWEEP_MS)]
+    budget, reps = args.budget, args.reps
+    started = time.perf_counter()
+
+    fig5: dict[tuple, dict[str, Cell]] = {}
+    sweep: dict[float, dict[str, Cell]] = {}
+    walls: dict[tuple, float] = {}  # simulated: real seconds each configuration took
+    profile_text = None
+    sweep_size = max(sizes, key=lambda s: (s[0] * s[1], s[0]))
+    security_setting = (contextlib.nullcontext({}) if simulate else
+                        security_for_all(args.insecure))
+    with security_setting as security:
+        for size in sizes:
+            hosts, per_host = size
+            print(f"{hosts} host(s) x {per_host} devices:", flush=True)
+            costs = [FIG5_COST] + (sweep_costs if size == sweep_size else [])
+            if simulate:
+                t0 = time.perf_counter()
+                results = run_config_simulated(hosts, per_host, costs, budget, reps, args.seed)
+                prof = None
+                walls[size] = time.perf_counter() - t0
+                print(f"  {hosts}x{per_host}: simulated in {walls[size]:.1f} s", flush=True)
+            else:
+                results, prof = run_config(hosts, costs, budget, reps,
+                                           args.profile and size == sweep_size, security)
+            fig5[size] = results[FIG5_COST]
+            if size == sweep_size:
+                sweep = {c: results[c] for c in sweep_costs}
+                profile_text = prof
+    elapsed = time.perf_counter() - started
+
+    rows = [_row("5", fig5[s]) for s in sizes]
+    rows += [_row("6", sweep[c]) for c in sweep_costs]
+    checks = targets(fig5, sweep)
+    parity = {m: parity_cost(sweep, m) for m in MODES}
+    notes = _notes(args, simulate, sweep_size, budget, reps, parity, checks, walls, elapsed)
+
+    title = SIM_TITLE if simulate else TITLE
+    publish(title, rows, notes, profile_text, append=not (args.quick or args.no_append))
     if args.plot:
-        plot_sweep(args.plot, f"{TITLE} ({sweep_hosts}x{PER_HOST} devices)",
+        plot_sweep(args.plot, f"{title} ({sweep_size[0]}x{sweep_size[1]} devices)",
                    "modelled cost per computation (ms)", "throughput / multi-controller",
                    {m: [(c * 1e3, sweep[c][m].rate / sweep[c]["MC"].rate) for c in sweep_costs]
                     for m in MODES}, logx=True, target=0.95)

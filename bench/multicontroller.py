@@ -101,7 +101,7 @@ def expected_value(devices: int, steps: int, x0: float = 0.0) -> float:
 
 # ---- inside a host process --------------------------------------------------------------------
 
-class _StepKernel(DeviceWork):
+class StepKernel(DeviceWork):
     """One call of the step function on one device: reads the device's current value, runs
     the body, and makes the output the device's current value when the device is done."""
 
@@ -174,7 +174,7 @@ class _HostNode:
         for i in range(n):  # the user loop: x = step(x), dispatched to the local devices
             gang = (run_no, i)
             for d, dev in devices:
-                dev.enqueue(seq, _StepKernel(self, d, gang, body, cost))
+                dev.enqueue(seq, StepKernel(self, d, gang, body, cost))
             seq += 1
         self.next_seq = seq
         deadline = time.monotonic() + timeout
@@ -250,6 +250,22 @@ class McResult:
         return sum(self.busy.values()) / len(self.busy) / self.wall
 
 
+def checked(results: list[dict], hosts: int, per_host: int, n: int, cost: float, steps: int,
+            x0: float, start: float) -> McResult:
+    """The hosts' ``results`` of ``n`` calls from ``start`` as one ``McResult``, every
+    device's value checked against the exact recurrence (``AssertionError`` if one
+    differs)."""
+    end = max(r["end"] for r in results)
+    busy = {d: b for r in results for d, b in r["busy"].items()}
+    values = {d: v for r in results for d, v in r["values"].items()}
+    devices = hosts * per_host
+    want = expected_value(devices, n * steps, x0)
+    wrong = {d: v for d, v in values.items() if v != want}
+    if wrong:
+        raise AssertionError(f"multi-controller results differ from {want}: {wrong}")
+    return McResult(hosts, devices, n, cost, end - start, busy, values)
+
+
 class MultiController:
     """``hosts`` processes ready to run the trivial computation; use as a context manager."""
 
@@ -303,15 +319,7 @@ class MultiController:
             c.send(("run", self._runs, n, cost, steps, x0, timeout))
         results = [self._expect(c, "result", timeout + BARRIER_TIMEOUT + 10) for c in self._conns]
         start = min(r["start"] for r in results)
-        end = max(r["end"] for r in results)
-        busy = {d: b for r in results for d, b in r["busy"].items()}
-        values = {d: v for r in results for d, v in r["values"].items()}
-        devices = self.hosts * self.per_host
-        want = expected_value(devices, n * steps, x0)
-        wrong = {d: v for d, v in values.items() if v != want}
-        if wrong:
-            raise AssertionError(f"multi-controller results differ from {want}: {wrong}")
-        return McResult(self.hosts, devices, n, cost, end - start, busy, values)
+        return checked(results, self.hosts, self.per_host, n, cost, steps, x0, start)
 
     def close(self) -> None:
         for c in self._conns:

@@ -176,3 +176,11 @@ def plot_sweep(path: str, title: str, xlabel: str, ylabel: str, series: dict,
     fig.savefig(path, dpi=120)
     plt.close(fig)
     print(f"plot written to {path}")
+
+
+def wants_simulation(argv=None) -> bool:
+    """Whether the command line asks for ``--simulate`` (read before the parser is made,
+    since the simulated form of a benchmark takes other options)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--simulate", action="store_true")
+    return pre.parse_known_args(argv)[0].simulate

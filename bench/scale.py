@@ -34,7 +34,18 @@ the controller's idle cost dominates its CPU per computation, and the net figure
 the idle baseline's error (shown as n/a when it is not positive); the pipeline, whose
 computations stay fast, gives the cleaner reading.
 
-Run: ``python -m bench.scale [--quick] [--no-append] [--sizes 4x16,8x16]``.
+``--simulate`` runs the same workloads on simulated clusters instead
+(``pw.local_cluster(simulate=True, cpu="measured")``): the coordinator, every host and the
+client are roles of one discrete-event simulation in this process, each a virtual CPU of its
+own charged the thread CPU time of its handlers, so the figures are those of the modelled
+cluster (one core per process), not of this machine, and sizes up to 64x64 (4,096 devices)
+fit. Everything is then read from the simulation: cells are timed and sized in virtual
+seconds (``cluster.clock()``); the controller's CPU is what is charged to the "coordinator"
+role plus the client's (its role and the user's thread, ``cluster.user``), the hosts' the sum
+of the host roles', the idle cost the same over ``idle`` virtual seconds with nothing running.
+Each size also reports the wall time its simulation took.
+
+Run: ``python -m bench.scale [--quick] [--no-append] [--sizes 4x16,8x16] [--simulate]``.
 """
 
 from __future__ import annotations
@@ -52,7 +63,7 @@ import pathways as pw
 from bench import profiling
 from bench.multicontroller import expected_value, trivial_body
 from bench.pipeline import chain_total, stage_body
-from bench.results import bench_parser, publish
+from bench.results import bench_parser, publish, wants_simulation
 from pathways import P
 
 TITLE = "Scale: one controller, one island of 64 to 1,024 emulated devices"
@@ -60,6 +71,17 @@ SIZES = "4x16,8x16,16x16,16x32,32x32"  # hosts x devices per host
 QUICK_SIZES = "4x16,8x16"
 STAGES = 4
 MAX_RUNS = 200
+SIM_TITLE = ("Scale, simulated: one controller, one island of 64 to 4,096 devices in virtual"
+             " time")
+SIM_SIZES = "4x16,8x16,16x32,32x32,64x32,64x64"
+SIM_QUICK_SIZES = "4x2,4x4"
+# what the notes of a simulated bench say about the simulator's one known distortion
+GC_CAVEAT = ("Caveat: the simulator charges each garbage collection of this process, whose"
+             " heap holds every role's objects, to the role whose handler is running when it"
+             " happens, so the larger sizes include pauses that a real process, with only its"
+             " own heap, would not have.")
+
+
 def idle_cpu(pids: list[int], seconds: float) -> float:
     """CPU seconds per second that the client and the coordinator (``pids[0]``) spend while
     nothing runs: heartbeats, ticks and pings, a cost per host and per second, not per
@@ -195,6 +217,67 @@ def measure(work, pids, budget: float, reps: int, timeout: float, idle: float) -
     return best
 
 
+# ---- the same, simulated: every figure from the simulation's roles --------------------------
+
+def sim_cpu(cluster) -> tuple[float, float, float]:
+    """CPU seconds charged so far to the client (the user's thread and the client roles),
+    the coordinator and the hosts of the simulated ``cluster``."""
+    client = cluster.user.used
+    hosts = 0.0
+    for name, role in cluster.roles.items():
+        if name.startswith("client-"):
+            client += role.cpu_used
+        elif name.startswith("host-"):
+            hosts += role.cpu_used
+    return client, cluster.roles["coordinator"].cpu_used, hosts
+
+
+def idle_cpu_simulated(cluster, seconds: float) -> float:
+    """``idle_cpu`` of a simulated cluster: the controller's CPU seconds per virtual second
+    over ``seconds`` virtual seconds with nothing running."""
+    client0, coord0, _ = sim_cpu(cluster)
+    t0 = cluster.clock()
+    cluster.run_for(seconds)
+    client1, coord1, _ = sim_cpu(cluster)
+    return (client1 - client0 + coord1 - coord0) / (cluster.clock() - t0)
+
+
+def timed_simulated(work, runs: int, cluster, timeout: float) -> Cell:
+    """``timed`` on a simulated cluster: virtual seconds from the first call to the last
+    result being ready, and the CPU charged to its roles meanwhile."""
+    x = work.start()
+    x.block_until_ready(timeout)
+    before, t0 = sim_cpu(cluster), cluster.clock()
+    for _ in range(runs):
+        x = work.program(x)
+    x.block_until_ready(timeout)
+    wall = cluster.clock() - t0
+    client, coordinator, hosts = (b - a for a, b in zip(before, sim_cpu(cluster)))
+    work.check(x, runs, timeout)
+    return Cell(runs * work.per_run, wall, client, coordinator, hosts)
+
+
+def measure_simulated(work, cluster, budget: float, reps: int, timeout: float,
+                      idle: float) -> Cell:
+    """``measure`` in virtual time: a checked warm-up of two runs (installs the program for
+    both of its inputs: a put's and a run's output, which a pipeline takes from its last
+    stage's sub-mesh); then a cell of one run, and cells sized from the last one until one
+    lasts at least half of ``budget`` virtual seconds or has ``MAX_RUNS`` runs (so a slow
+    cell does not leave the next one short); it and ``reps`` - 1 more like it, fastest
+    kept."""
+    timed_simulated(work, 2, cluster, timeout)
+    runs = 1
+    cells = [timed_simulated(work, runs, cluster, timeout)]
+    while cells[-1].wall < budget / 2 and runs < MAX_RUNS:
+        runs = min(MAX_RUNS, round(budget * runs / cells[-1].wall))
+        cells = [timed_simulated(work, runs, cluster, timeout)]
+    while len(cells) < reps:
+        cells.append(timed_simulated(work, runs, cluster, timeout))
+    best = max(cells, key=lambda c: c.rate)
+    best.idle = idle
+    return best
+
+
 # ---- one size ---------------------------------------------------------------------------------
 
 @dataclass
@@ -202,7 +285,8 @@ class Size:
     hosts: int
     per_host: int
     status: str = "ok"
-    started: float | None = None  # seconds to start the cluster
+    started: float | None = None  # seconds to start the cluster (simulated: virtual)
+    wall: float | None = None  # simulated: real seconds the whole size's simulation took
     idle: float | None = None  # the controller's CPU seconds per second while idle
     cells: dict | None = None  # workload name -> Cell
 
@@ -239,21 +323,53 @@ def run_size(size: Size, chain: int, budget: float, reps: int, idle: float,
             client = stack.enter_context(pw.connect(cluster.address, timeout=timeout))
             mesh = client.mesh((size.devices,), ("d",))
             size.idle = idle_cpu(pids, idle)
-            size.cells = {}
-            for work in (Fig5(client, mesh, chain), Pipeline(client, mesh)):
-                c = size.cells[work.name] = measure(work, pids, budget, reps, timeout,
-                                                    size.idle)
-                print(f"  {size.label} {work.name}: {c.rate:,.1f} comps/s, controller"
-                      f" {c.controller_ms:.3f} CPU ms/comp ({c.net_ms:.3f} net of idle"
-                      f" {1e3 * c.idle:.1f} ms/s; client {c.client_cpu:.3f} s, coordinator"
-                      f" {c.coordinator_cpu:.3f} s), hosts {c.hosts_ms:.1f} CPU ms/comp"
-                      f" ({c.computations} in {c.wall:.2f} s)", flush=True)
+            measure_workloads(size, client, mesh, chain, lambda work: measure(
+                work, pids, budget, reps, timeout, size.idle))
         except TimeoutError as exc:
             size.status = f"timed out after {timeout:g} s ({_problem(exc)})"
         except pw.HostLost as exc:
             size.status = f"host lost ({_problem(exc)})"
         except Exception as exc:
             size.status = f"failed ({_problem(exc)})"
+    return size
+
+
+def measure_workloads(size: Size, client, mesh, chain: int, measure_one) -> None:
+    """Both workloads on ``mesh``, into ``size.cells``; ``measure_one(work)`` measures one
+    (``measure``, ``measure_simulated``)."""
+    size.cells = {}
+    for work in (Fig5(client, mesh, chain), Pipeline(client, mesh)):
+        c = size.cells[work.name] = measure_one(work)
+        print(f"  {size.label} {work.name}: {c.rate:,.1f} comps/s, controller"
+              f" {c.controller_ms:.3f} CPU ms/comp ({c.net_ms:.3f} net of idle"
+              f" {1e3 * c.idle:.1f} ms/s; client {c.client_cpu:.3f} s, coordinator"
+              f" {c.coordinator_cpu:.3f} s), hosts {c.hosts_ms:.1f} CPU ms/comp"
+              f" ({c.computations} in {c.wall:.2f} s)", flush=True)
+
+
+def run_size_simulated(size: Size, chain: int, budget: float, reps: int, idle: float,
+                       start_timeout: float, timeout: float, seed: int) -> Size:
+    """``run_size`` on a simulated cluster (times in virtual seconds); ``size.wall``: the
+    real seconds it all took."""
+    t0 = time.perf_counter()
+    try:
+        with pw.local_cluster(islands=1, hosts_per_island=size.hosts,
+                              devices_per_host=size.per_host, timeout=start_timeout,
+                              simulate=True, seed=seed, cpu="measured") as cluster:
+            size.started = cluster.clock()
+            with pw.connect(cluster.address, timeout=timeout) as client:
+                mesh = client.mesh((size.devices,), ("d",))
+                size.idle = idle_cpu_simulated(cluster, idle)
+                measure_workloads(size, client, mesh, chain, lambda work: measure_simulated(
+                    work, cluster, budget, reps, timeout, size.idle))
+    except TimeoutError as exc:
+        size.status = f"timed out after {timeout:g} virtual s ({_problem(exc)})"
+    except pw.HostLost as exc:
+        size.status = f"host lost ({_problem(exc)})"
+    except Exception as exc:
+        size.status = (f"failed ({_problem(exc)})" if size.started is not None else
+                       f"did not start within {start_timeout:g} virtual s ({_problem(exc)})")
+    size.wall = time.perf_counter() - t0
     return size
 
 
@@ -280,17 +396,22 @@ def _exponent(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
 
-def rows_of(sizes: list[Size]) -> list[dict]:
+def rows_of(sizes: list[Size], simulated: bool = False) -> list[dict]:
     works = (Fig5.name, Pipeline.name)
     exps = {w: growth(sizes, w, net=True) for w in works}
     rows = []
     for s in sizes:
-        row = {"Hosts x devices": s.label, "Devices": s.devices,
-               "Start (s)": "-" if s.started is None else f"{s.started:.1f}",
-               "Controller idle CPU ms/s": "-" if s.idle is None else f"{1e3 * s.idle:.1f}"}
+        row = {"Hosts x devices": s.label, "Devices": s.devices}
+        if simulated:
+            row["Start (virtual ms)"] = "-" if s.started is None else f"{1e3 * s.started:.1f}"
+            row["Simulation wall (s)"] = "-" if s.wall is None else f"{s.wall:.1f}"
+        else:
+            row["Start (s)"] = "-" if s.started is None else f"{s.started:.1f}"
+        row["Controller idle CPU ms/s"] = "-" if s.idle is None else f"{1e3 * s.idle:.1f}"
         for w in works:
             c = (s.cells or {}).get(w)
-            row[f"{w} comps/s"] = _rate(c.rate) if c else "-"
+            row[f"{w} comps/s" + (" (virtual)" if simulated else "")] = (
+                _rate(c.rate) if c else "-")
             row[f"{w} controller CPU ms/comp (net of idle)"] = (
                 f"{c.controller_ms:.2f} ({c.net_ms:.2f})" if c else "-")
             row[f"{w} hosts CPU ms/comp"] = f"{c.hosts_ms:.1f}" if c else "-"
@@ -330,19 +451,89 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def _parser(simulate: bool):
+    if not simulate:
+        ap = bench_parser(__doc__, "the two smallest sizes only (4x16, 8x16), short cells")
+        ap.add_argument("--sizes", default=None,
+                        help=f"hosts x devices per host, comma-separated (default {SIZES};"
+                             f" {QUICK_SIZES} with --quick)")
+        ap.sized("--chain", int, 8, 8, "chained psum+1 calls per Fig. 5 run")
+        ap.sized("--budget", float, 0.3, 3.0, "seconds per timed cell (at least one run)")
+        ap.sized("--reps", int, 1, 2, "timed cells per workload and size (best kept)")
+        ap.sized("--idle", float, 0.5, 2.0, "seconds the controller's idle CPU is measured")
+        ap.sized("--start-timeout", float, 60.0, 240.0, "seconds for a cluster to start")
+        ap.sized("--timeout", float, 60.0, 300.0, "seconds for any one wait on a result")
+    else:  # the same options, in virtual seconds, with sizes and cells of a simulation's
+        ap = bench_parser(__doc__, f"simulated, tiny sizes only ({SIM_QUICK_SIZES}), short"
+                                   " cells")
+        ap.add_argument("--sizes", default=None,
+                        help=f"hosts x devices per host, comma-separated (default"
+                             f" {SIM_SIZES}; {SIM_QUICK_SIZES} with --quick)")
+        ap.add_argument("--seed", type=int, default=0, help="the simulations' seed")
+        ap.sized("--chain", int, 8, 8, "chained psum+1 calls per Fig. 5 run")
+        ap.sized("--budget", float, 0.02, 0.5,
+                 "virtual seconds per timed cell (at least one run)")
+        ap.sized("--reps", int, 1, 1, "timed cells per workload and size (best kept)")
+        ap.sized("--idle", float, 0.5, 2.0,
+                 "virtual seconds the controller's idle CPU is measured")
+        ap.sized("--start-timeout", float, 60.0, 240.0,
+                 "virtual seconds for a cluster to start")
+        ap.sized("--timeout", float, 60.0, 300.0,
+                 "virtual seconds for any one wait on a result")
+    ap.add_argument("--simulate", action="store_true",
+                    help="on simulated clusters, in virtual time (see the module's text)")
+    return ap
+
+
+def _notes(args, simulate: bool, sizes: list[Size], elapsed: float) -> str:
+    if simulate:
+        setup = ("One client drives one simulated island of H hosts x D emulated devices"
+                 f" (pw.local_cluster(simulate=True, seed={args.seed}, cpu=\"measured\")): the"
+                 " coordinator, every host and the client are roles of one discrete-event"
+                 " simulation in this process, each a virtual CPU of its own charged the thread"
+                 " CPU time of its handlers (one core per process, not this"
+                 f" {os.cpu_count()}-core machine); control and client messages take DCN time.")
+        cpu = (f" virtual s (>= 1 run); rates per virtual second; final values checked exactly."
+               f" Controller CPU = CPU charged to the coordinator role + the client's (its role"
+               f" and the user's thread) over computations; net of idle = less the same per"
+               f" virtual second measured over {args.idle:g} virtual s with nothing running"
+               f" (heartbeats, ticks, pings) times the cell's virtual time; hosts CPU = sum"
+               f" over host roles. Simulation wall = real seconds the size took (start, idle"
+               f" and both workloads). " + GC_CAVEAT)
+    else:
+        setup = ("One client drives one island of H host processes x D emulated devices; the"
+                 f" coordinator, every host and the client share one {os.cpu_count()}-core"
+                 " machine.")
+        cpu = (f" s (>= 1 run); final values checked exactly. Controller CPU ="
+               f" client process (time.process_time) + coordinator process (/proc task"
+               f" schedstat) CPU time over computations; net of idle = less the controller's"
+               f" CPU per second measured over {args.idle:g} s with nothing running"
+               f" (heartbeats, ticks, pings: a cost per host and second, not per computation)"
+               f" times the cell's wall time; hosts CPU = sum over host processes.")
+    return "\n".join([
+        setup + f" Fig. 5: one @pw.program of {args.chain} chained calls of psum(x) + 1 over"
+        f" every device (replicated float64 scalar), run back to back. Pipeline: {STAGES}"
+        f" stages x + (k+1) on {STAGES} disjoint sub-meshes of H/{STAGES} whole hosts each, a"
+        f" float64 vector sharded one element per device; one computation = one stage.",
+        ("Each cell: a checked warm-up of two runs (the program installed for both of its"
+         " inputs: a put's and a run's output), cells sized from the one before until one"
+         " takes at least half the budget, then the best"
+         if simulate else "Each cell: one checked warm-up run, then the best")
+        + f" of {args.reps} cells of about {args.budget:g}" + cpu
+        + " Growth exponent = log(net controller CPU/comp ratio) / log(device ratio) against"
+        " the smallest size (1: grows like devices; <= 1: no faster than devices).",
+        "Controller CPU per computation grows no faster than devices: " + verdict(sizes) + ".",
+        f"Total bench time {elapsed:.0f} s.",
+    ])
+
+
 def main(argv=None) -> int:
-    ap = bench_parser(__doc__, "the two smallest sizes only (4x16, 8x16), short cells")
-    ap.add_argument("--sizes", default=None,
-                    help=f"hosts x devices per host, comma-separated (default {SIZES};"
-                         f" {QUICK_SIZES} with --quick)")
-    ap.sized("--chain", int, 8, 8, "chained psum+1 calls per Fig. 5 run")
-    ap.sized("--budget", float, 0.3, 3.0, "seconds per timed cell (at least one run)")
-    ap.sized("--reps", int, 1, 2, "timed cells per workload and size (best kept)")
-    ap.sized("--idle", float, 0.5, 2.0, "seconds the controller's idle CPU is measured")
-    ap.sized("--start-timeout", float, 60.0, 240.0, "seconds for a cluster to start")
-    ap.sized("--timeout", float, 60.0, 300.0, "seconds for any one wait on a result")
-    args = ap.parse_args(argv)
-    wanted = parse_sizes(args.sizes or (QUICK_SIZES if args.quick else SIZES))
+    simulate = wants_simulation(argv)
+    args = _parser(simulate).parse_args(argv)
+    if simulate:
+        wanted = parse_sizes(args.sizes or (SIM_QUICK_SIZES if args.quick else SIM_SIZES))
+    else:
+        wanted = parse_sizes(args.sizes or (QUICK_SIZES if args.quick else SIZES))
     started = time.perf_counter()
 
     sizes: list[Size] = []
@@ -357,34 +548,26 @@ def main(argv=None) -> int:
             size.status = "skipped (a smaller size did not start)"
             continue
         print(f"{size.label} ({size.devices} devices):", flush=True)
-        run_size(size, args.chain, args.budget, args.reps, args.idle, args.start_timeout,
-                 args.timeout)
+        if simulate:
+            run_size_simulated(size, args.chain, args.budget, args.reps, args.idle,
+                               args.start_timeout, args.timeout, args.seed)
+        else:
+            run_size(size, args.chain, args.budget, args.reps, args.idle, args.start_timeout,
+                     args.timeout)
         if size.started is None:
             too_big = size.devices
-        print(f"  {size.label}: {size.status}"
-              + (f", started in {size.started:.1f} s" if size.started else ""), flush=True)
+        if simulate:
+            print(f"  {size.label}: {size.status}, simulated in {size.wall:.1f} s"
+                  + (f", started in {1e3 * size.started:.1f} virtual ms" if size.started
+                     else ""),
+                  flush=True)
+        else:
+            print(f"  {size.label}: {size.status}"
+                  + (f", started in {size.started:.1f} s" if size.started else ""), flush=True)
     elapsed = time.perf_counter() - started
 
-    notes = "\n".join([
-        f"One client drives one island of H host processes x D emulated devices; the"
-        f" coordinator, every host and the client share one {os.cpu_count()}-core machine."
-        f" Fig. 5: one @pw.program of {args.chain} chained calls of psum(x) + 1 over every"
-        f" device (replicated float64 scalar), run back to back. Pipeline: {STAGES} stages"
-        f" x + (k+1) on {STAGES} disjoint sub-meshes of H/{STAGES} whole hosts each, a float64"
-        f" vector sharded one element per device; one computation = one stage.",
-        f"Each cell: one checked warm-up run, then the best of {args.reps} cells of about"
-        f" {args.budget:g} s (>= 1 run); final values checked exactly. Controller CPU ="
-        f" client process (time.process_time) + coordinator process (/proc task schedstat)"
-        f" CPU time over computations; net of idle = less the controller's CPU per second"
-        f" measured over {args.idle:g} s with nothing running (heartbeats, ticks, pings: a"
-        f" cost per host and second, not per computation) times the cell's wall time; hosts"
-        f" CPU = sum over host processes. Growth exponent = log(net controller CPU/comp"
-        f" ratio) / log(device ratio) against the smallest size (1: grows like devices;"
-        f" <= 1: no faster than devices).",
-        "Controller CPU per computation grows no faster than devices: " + verdict(sizes) + ".",
-        f"Total bench time {elapsed:.0f} s.",
-    ])
-    publish(TITLE, rows_of(sizes), notes, append=not (args.quick or args.no_append))
+    publish(SIM_TITLE if simulate else TITLE, rows_of(sizes, simulate),
+            _notes(args, simulate, sizes, elapsed), append=not (args.quick or args.no_append))
     return 0
 
 

@@ -273,8 +273,10 @@ class SimCluster:
         self.plaque.run_until(waiter, None)
 
     def run_for(self, seconds: float) -> None:
-        """Let ``seconds`` of virtual time pass."""
+        """Let ``seconds`` of virtual time pass (the caller waits meanwhile: its CPU counts
+        from the end)."""
         self._run_to(self.clock() + seconds)
+        self.user.resumed()
 
     def wall(self) -> float:
         return time.perf_counter() - self._started

@@ -1,5 +1,6 @@
 """Every benchmark still runs (quick sizes, nothing appended to bench/RESULTS.md)."""
 
+import re
 import subprocess
 import sys
 
@@ -26,3 +27,28 @@ def test_benchmark_runs_quickly(script, tmp_path):
     assert (results.read_bytes() if results.exists() else b"") == before
     if extra:
         assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+# each simulated bench and a figure of its table that must be printed (a number, any value)
+SIMULATED = {
+    "scale": [r"Fig\. 5 comps/s \(virtual\): [\d,.]+ ", r"pipeline comps/s \(virtual\): [\d,.]+ ",
+              r"Fig\. 5 controller CPU ms/comp \(net of idle\): [\d.]+ \(", r"Status: ok"],
+    "dispatch": [r"Multi-controller /s: [\d,.]+ ", r"OpByOp /s: [\d,.]+ ", r"Chained /s: [\d,.]+ ",
+                 r"Fused /s: [\d,.]+ "],
+}
+
+
+@pytest.mark.parametrize("script", sorted(SIMULATED))
+def test_simulated_benchmark_runs_quickly(script):
+    """``--simulate --quick``: tiny simulated clusters, virtual time; figures printed, none
+    checked (they are the simulation's, not this test's business)."""
+    results = ROOT / "bench" / "RESULTS.md"
+    before = results.read_bytes() if results.exists() else b""
+    out = subprocess.run([sys.executable, "-m", f"bench.{script}", "--simulate", "--quick",
+                          "--no-append"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "simulated" in out.stdout
+    for figure in SIMULATED[script]:
+        assert re.search(figure, out.stdout), (figure, out.stdout[-2000:])
+    assert "nothing appended" in out.stdout
+    assert (results.read_bytes() if results.exists() else b"") == before
