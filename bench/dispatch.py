@@ -54,7 +54,7 @@ import pathways as pw
 from bench import profiling
 from bench.multicontroller import MultiController, expected_value, trivial_body
 from bench.results import bench_parser, plot_sweep, publish, security_for_all, wants_simulation
-from bench.scale import GC_CAVEAT, parse_sizes
+from bench.scale import SIM_CPU, parse_sizes
 from bench.sim_multicontroller import SimMultiController
 from pathways import P, protocol
 
@@ -351,7 +351,7 @@ def _notes(args, simulate: bool, sweep_size, budget: float, reps: int, parity, c
             f" control and client messages take DCN time, ICI values none beyond the same"
             f" modelled cost incl. ICI time for both.")
         timing = (f" enough calls for ~{budget:g} virtual s (>= 1 chained run or fused call);"
-                  f" rates per virtual second; measured CPU varies between runs. " + GC_CAVEAT)
+                  f" rates per virtual second; measured CPU varies between runs. " + SIM_CPU)
     else:
         setup = (
             f"Hosts are processes of {PER_HOST} emulated devices"

@@ -75,11 +75,9 @@ SIM_TITLE = ("Scale, simulated: one controller, one island of 64 to 4,096 device
              " time")
 SIM_SIZES = "4x16,8x16,16x32,32x32,64x32,64x64"
 SIM_QUICK_SIZES = "4x2,4x4"
-# what the notes of a simulated bench say about the simulator's one known distortion
-GC_CAVEAT = ("Caveat: the simulator charges each garbage collection of this process, whose"
-             " heap holds every role's objects, to the role whose handler is running when it"
-             " happens, so the larger sizes include pauses that a real process, with only its"
-             " own heap, would not have.")
+# what the notes of a simulated bench say of the CPU it charges
+SIM_CPU = ("Measured CPU leaves out garbage collections (this process's heap holds every"
+           " role's objects; a real process would scan only its own).")
 
 
 def idle_cpu(pids: list[int], seconds: float) -> float:
@@ -499,7 +497,7 @@ def _notes(args, simulate: bool, sizes: list[Size], elapsed: float) -> str:
                f" virtual second measured over {args.idle:g} virtual s with nothing running"
                f" (heartbeats, ticks, pings) times the cell's virtual time; hosts CPU = sum"
                f" over host roles. Simulation wall = real seconds the size took (start, idle"
-               f" and both workloads). " + GC_CAVEAT)
+               f" and both workloads). " + SIM_CPU)
     else:
         setup = ("One client drives one island of H host processes x D emulated devices; the"
                  f" coordinator, every host and the client share one {os.cpu_count()}-core"

@@ -86,6 +86,8 @@ class RoleLoop:
         self._timer = None  # the shared loop's timer that runs our next handler
         self._outbox: list[tuple[str, float, object]] | None = None  # while a handler runs
         self._begin = 0.0  # the meter's reading when the running handler began
+        self._reads = 0  # times the running handler read the meter through ``now``
+        self._read_cost = read_cost(meter) if cpu == "measured" else 0.0
 
     def time(self) -> float:
         """The shared virtual clock (inside a handler: its start)."""
@@ -98,7 +100,9 @@ class RoleLoop:
         host's does."""
         if self._outbox is None or self.cpu != "measured":
             return self.loop.time()
-        return self.loop.time() + max(self._meter() - self._begin, 0.0)
+        self._reads += 1  # what reading the meter costs is the simulator's, not the role's
+        return self.loop.time() + max(self._meter() - self._begin - self._reads * self._read_cost,
+                                      0.0)
 
     def run_in_executor(self, executor, fn: Callable, *args):
         """A role has no threads: ``fn(*args)`` runs as a handler of its own, on the role's
@@ -200,6 +204,7 @@ class RoleLoop:
     def _run(self, ready: float, start: float, handle: RoleHandle) -> None:
         outbox: list = []
         self._outbox = outbox
+        self._reads = 0
         begin = self._begin = self._meter() if self.cpu == "measured" else 0.0
         try:
             handle.fn(*handle.args)
@@ -223,8 +228,26 @@ class RoleLoop:
 
     def _charge(self, begin: float) -> float:
         if self.cpu == "measured":
-            return max(self._meter() - begin, 0.0)
+            return max(self._meter() - begin - self._reads * self._read_cost, 0.0)
         return self.cost if self.cpu == "fixed" else 0.0
+
+
+_READ_COSTS: dict = {}  # meter -> CPU seconds one reading of it takes
+
+
+def read_cost(meter: Callable[[], float]) -> float:
+    """CPU seconds one call of ``meter`` takes (the least of a few batches, measured once per
+    meter): ``now`` reads the meter many times a kernel, a cost of the simulator's own."""
+    cost = _READ_COSTS.get(meter)
+    if cost is None:
+        batches = []
+        for _ in range(5):
+            t0 = meter()
+            for _ in range(200):
+                meter()
+            batches.append((meter() - t0) / 201)
+        cost = _READ_COSTS[meter] = max(min(batches), 0.0)
+    return cost
 
 
 def _name(fn: Callable) -> str:
