@@ -120,10 +120,12 @@ class Outbox:
 
     def emit(self, ctx, t, port, values, shard=None, key=None, shards=None, keys=None) -> None:
         """Emit ``values`` (a sequence or a numpy array of rows) from ``ctx``'s shard at t."""
+        if isinstance(values, np.generic) or (isinstance(values, np.ndarray)
+                                              and values.ndim == 0):
+            raise ValueError("emit_batch needs a sequence or an array of rows, got a 0-d array"
+                             f" (a numpy scalar: {type(values).__name__})")
         if not isinstance(values, (list, tuple, np.ndarray)):
             values = list(values)
-        elif isinstance(values, np.ndarray) and values.ndim == 0:
-            raise ValueError("emit_batch needs a sequence or an array of rows, got a 0-d array")
         route = ctx.turn_routes.get((t, port)) or self.open(ctx, t, port)
         for b in route.plain:
             b.add(values)
