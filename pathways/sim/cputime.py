@@ -13,7 +13,7 @@ import gc
 import threading
 import time
 
-__all__ = ["thread_cpu", "gc_seconds"]
+__all__ = ["collecting", "thread_cpu", "gc_seconds"]
 
 _spent: dict[int, float] = {}  # thread id -> CPU seconds in collections so far
 _began: dict[int, float] = {}  # thread id -> when its running collection began
@@ -43,3 +43,9 @@ def gc_seconds() -> float:
 def thread_cpu() -> float:
     """This thread's CPU seconds, less those spent in garbage collections."""
     return time.thread_time() - gc_seconds()
+
+
+def collecting() -> bool:
+    """Whether this thread is inside a garbage collection (a ``__del__`` the collector runs)."""
+    gc_seconds()  # the hook is in place
+    return threading.get_ident() in _began

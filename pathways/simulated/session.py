@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from .. import protocol
 from ..client.session import Session
-from ..sim.cputime import thread_cpu
+from ..sim.cputime import collecting, thread_cpu
 from ..sim.roles import CPU_MODES
 from .sockets import COORDINATOR, SimSocket
 
@@ -121,7 +121,8 @@ class SimSession(Session):
 
     def send(self, address, payload) -> None:
         self.sim.check_thread()
-        self.sim.user.catch_up()
+        if not collecting():  # a __del__ the garbage collector runs only queues its send
+            self.sim.user.catch_up()
         super().send(address, payload)
 
     def _send_now(self, address, payload) -> None:
