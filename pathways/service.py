@@ -26,6 +26,22 @@ log = logging.getLogger("pathways.service")
 BATCH = 256  # requests handled before yielding to the loop
 
 
+def serve_requests(ident: bytes, frames, handle) -> None:
+    """Hand each request of one message (a batch unpacked) from ``ident`` to ``handle``; a
+    malformed message or a request that fails is logged and dropped, never raised (that
+    would stop the socket being served)."""
+    try:
+        requests = protocol.unbatch(protocol.unpack(frames))
+    except Exception as exc:
+        dropped(log, "a malformed request", repr(exc))
+        return
+    for request in requests:
+        try:
+            handle(ident, request)
+        except Exception as exc:
+            dropped(log, "a request that could not be handled", repr(exc))
+
+
 class RouterService:
     """A ROUTER socket served on an event loop: each request (batches unpacked) goes to
     ``handle(ident, request)``; ``reply`` answers the connection it came from."""
@@ -61,17 +77,7 @@ class RouterService:
             except zmq.Again:
                 self.drained_at = time.monotonic()
                 break
-            try:
-                requests = protocol.unbatch(protocol.unpack(frames[1:]))
-            except Exception as exc:
-                dropped(log, "a malformed request", repr(exc))
-                continue
-            ident = frames[0].bytes
-            for request in requests:
-                try:
-                    self.handle(ident, request)
-                except Exception as exc:  # escaping here would stop this socket being drained
-                    dropped(log, "a request that could not be handled", repr(exc))
+            serve_requests(frames[0].bytes, frames[1:], self.handle)
         else:
             self._drain_soon()  # more may be waiting: let the loop breathe first
         if self.after_batch is not None:

@@ -125,6 +125,14 @@ def refuse_stopped(address: str, keys: str | None = None) -> None:
 OPENERS: dict[str, Callable[..., Session]] = {}
 
 
+def no_simulated_cluster(address: str) -> CoordinatorLost:
+    """The error for a ``sim://N`` address no simulated cluster of this process serves."""
+    return CoordinatorLost(f"no simulated cluster at {address}: it has stopped, or was"
+                           " started in another process (a simulated cluster lives in the"
+                           " process that started it, pw.local_cluster(simulate=True), only"
+                           " while it runs)")
+
+
 def open_session(address: str, keys: str | None, coordinator_timeout: float, for_client,
                  on_message, on_lost) -> Session:
     """A ``Session`` with the coordinator at ``address`` (arguments as ``Session``'s), or
@@ -132,9 +140,7 @@ def open_session(address: str, keys: str | None, coordinator_timeout: float, for
     scheme = address.split("://", 1)[0]
     opener = OPENERS.get(scheme)
     if opener is None and scheme == "sim":
-        raise CoordinatorLost(f"no simulated cluster at {address} in this process: a"
-                              " simulated cluster lives in the process that started it"
-                              " (pw.local_cluster(simulate=True)), only while it runs")
+        raise no_simulated_cluster(address)
     return (opener or Session)(address, keys, coordinator_timeout, for_client, on_message,
                                on_lost)
 
@@ -315,11 +321,15 @@ class Session:
             if s is self._socks.get(self.address):
                 self._heard = self.loop.time()
                 self._unmonitor()
-            try:
-                for reply in protocol.unbatch(protocol.unpack(frames)):
-                    self._on_reply(reply)
-            except Exception:
-                log.exception("bad reply")
+            self._received(frames)
+
+    def _received(self, frames) -> None:
+        """The replies of one message from a coordinator or host, each to ``_on_reply``."""
+        try:
+            for reply in protocol.unbatch(protocol.unpack(frames)):
+                self._on_reply(reply)
+        except Exception:
+            log.exception("bad reply")
 
     def _on_reply(self, msg):
         if isinstance(msg, self._for_client):

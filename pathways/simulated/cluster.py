@@ -35,7 +35,6 @@ real thread: off here), suspend/resume, host processes of their own.
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 import threading
 import time
@@ -57,7 +56,6 @@ from .sockets import COORDINATOR, SimIciLink, SimService
 
 __all__ = ["COORDINATOR", "SimCluster", "SimCoordinator", "HOST_NETWORK"]
 
-log = logging.getLogger("pathways.simulated.cluster")
 
 HOST_NETWORK = DCN  # control and client messages: latency + bytes / bandwidth per link
 _NUMBERS = itertools.count()
@@ -68,11 +66,7 @@ def _open_session(address, *args) -> SimSession:
     """``pathways.client.session.OPENERS["sim"]``: a session with the cluster at ``address``."""
     cluster = _RUNNING.get(address)
     if cluster is None:
-        from ..errors import CoordinatorLost
-
-        raise CoordinatorLost(f"no simulated cluster at {address}: it has stopped, or was"
-                              " started in another process (a simulated cluster lives in the"
-                              " process that started it)")
+        raise client_session.no_simulated_cluster(address)
     return SimSession(cluster, address, *args)
 
 
@@ -130,7 +124,6 @@ class SimCluster:
         self.net = SimNet(loop, latency, bandwidth, seed=seed, faults=faults, record=record,
                           model=_ici_figures)
         self.hosts: list = []  # (host, data service, endpoint) of each host
-        self.stopped: dict[str, str] = {}  # host role -> why it stopped
         self.coordinator = SimCoordinator(self, heartbeat_timeout=heartbeat_timeout,
                                           policy=policy, window=window,
                                           client_timeout=client_timeout)
@@ -165,8 +158,7 @@ class SimCluster:
             coordinator_timeout=10.0, clock=Clock(role.now, on_loop=True), hostname=name)
         host.ici.on_arrival = host.executor.wake
 
-        def exited(reason: str) -> None:
-            self.stopped[name] = reason
+        def exited(_reason: str) -> None:  # why: the endpoint's exit_reason
             host.close()
             data.service.close()
 
@@ -185,12 +177,13 @@ class SimCluster:
                 raise PathwaysError(f"only {len(self.coordinator.devices())} of {num_devices}"
                                     f" simulated devices joined within {timeout:g} virtual s")
             self.run_for(0.01)
-        self.user.resumed()
+        self.user.resumed()  # wait_for_workers ran the simulation too
 
     # ---- faults -----------------------------------------------------------------------------
-    def at(self, when: float, fn) -> None:
-        """Run ``fn()`` at virtual time ``when`` (now if past), outside every role's CPU."""
-        self.net.loop.call_at(max(when, self.clock()), fn)
+    def at(self, when: float | None, fn) -> None:
+        """Run ``fn()`` at virtual time ``when`` (now if None or past), outside every role's
+        CPU."""
+        self.net.loop.call_at(self.clock() if when is None else max(when, self.clock()), fn)
 
     def kill_host(self, index: int, at: float | None = None) -> None:
         """Host ``index`` (in start order: role ``host-<index>``, whose ``Host.core.id`` is
@@ -198,13 +191,13 @@ class SimCluster:
         sockets close and it never answers again, as a killed process; the coordinator
         finds out from its silence."""
         _, _, endpoint = self.hosts[index]
-        self.at(self.clock() if at is None else at, lambda: endpoint.stop("killed"))
+        self.at(at, lambda: endpoint.stop("killed"))
 
     def freeze(self, role: str, seconds: float, at: float | None = None) -> None:
         """Role ``role`` ("host-1", "coordinator", "client-0") is frozen for ``seconds`` of
         virtual time from ``at`` (default: now), as a stopped process."""
         frozen = self.roles[role]
-        self.at(self.clock() if at is None else at, lambda: frozen.freeze(seconds))
+        self.at(at, lambda: frozen.freeze(seconds))
 
     # ---- time -------------------------------------------------------------------------------
     def future(self) -> DrivenFuture:

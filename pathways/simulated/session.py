@@ -17,7 +17,6 @@ that virtual time first, so each call reaches the cluster at the time it would h
 from __future__ import annotations
 
 import concurrent.futures as cf
-import logging
 from collections.abc import Callable
 
 from .. import protocol
@@ -28,7 +27,6 @@ from .sockets import COORDINATOR, SimSocket
 
 __all__ = ["InlineExecutor", "SimSession", "UserCpu"]
 
-log = logging.getLogger("pathways.simulated.session")
 
 
 class UserCpu:
@@ -133,15 +131,7 @@ class SimSession(Session):
     def _arrived(self, sender: str, frames) -> None:
         if sender == COORDINATOR:
             self._heard = self.loop.time()
-        try:
-            for reply in protocol.unbatch(protocol.unpack(frames)):
-                self._on_reply(reply)
-        except Exception:
-            log.exception("bad reply")
-
-    def start_pings(self, client_id: int) -> None:
-        self._client_id = client_id
-        self.loop.call_soon(self._ping)
+        self._received(frames)
 
     def close(self, err: Exception) -> None:
         """Stop: what is in flight fails with ``err``; queued sends still leave first."""

@@ -29,6 +29,7 @@ from plaque.wire import ProtocolError
 
 from .. import protocol
 from ..host.ici import RECEIVE_BATCH, IciOutbox, decode
+from ..service import serve_requests
 
 __all__ = ["COORDINATOR", "SimSocket", "SimService", "SimIciLink"]
 
@@ -96,17 +97,7 @@ class SimService:
         return self.drained_at < self.role.time()
 
     def _arrived(self, sender: str, frames) -> None:
-        try:
-            requests = protocol.unbatch(protocol.unpack(frames))
-        except Exception as exc:
-            dropped(log, "a malformed request", repr(exc))
-            return
-        ident = sender.encode()
-        for request in requests:
-            try:
-                self.handle(ident, request)
-            except Exception as exc:
-                dropped(log, "a request that could not be handled", repr(exc))
+        serve_requests(sender.encode(), frames, self.handle)
         if self.after_batch is not None:
             self.after_batch()
 
