@@ -28,7 +28,12 @@ tests/e2e/test_multitenancy.py) over the total, against weight / sum of weights.
 Targets (the issue): utilization >= 90% with 4 clients; aggregate throughput with N clients
 >= one client with the same total work; shares within 10% (relative) of the weights.
 
-Run: ``python -m bench.multitenancy [--quick] [--no-append]``.
+``--simulate [--seed S]`` runs the same on a simulated cluster (``pw.local_cluster(simulate=True,
+cpu="measured")``), in virtual time: coordinator, host and each client a role of one
+discrete-event simulation with its own virtual CPU (one core per process, not this 2-core
+machine), each client's calls concurrent work of its role (``cluster.run_as``).
+
+Run: ``python -m bench.multitenancy [--quick] [--no-append] [--simulate [--seed S]]``.
 """
 
 from __future__ import annotations
@@ -46,8 +51,10 @@ import pathways as pw
 from bench.results import bench_parser, plot_sweep, publish
 from pathways import P
 from pathways.client.trace import device_time_by_client
+from pathways.simulated import SimCluster
 
 TITLE = "Multi-tenancy: clients sharing one island (paper Figure 8)"
+SIM_TITLE = "Multi-tenancy, simulated: clients sharing one island in virtual time (paper Figure 8)"
 COST = 0.00033  # modelled seconds of one computation (per device)
 DEVICES = 4
 UTIL_TARGET, UTIL_CLIENTS = 0.90, 4  # utilization >= 90% with 4 clients
@@ -59,27 +66,38 @@ TIMEOUT = 300.0
 
 # ---- one client (its own process) ------------------------------------------------------------
 
+def _warm(client):
+    """The client's mesh, computation and input; one call installs the program."""
+    mesh = client.mesh((DEVICES,), ("d",))
+    step = pw.shard_map(lambda v: v + 1.0, mesh, P("d"), P("d"), cost=COST, name="small")
+    x = client.put(np.zeros(DEVICES), mesh, P("d"))
+    step(x).result(TIMEOUT)  # installs the 1-equation program
+    return mesh, step, x
+
+
+def _submit(client, mesh, step, x, programs, clock, cpu_clock):
+    """Submit ``programs`` independent calls, wait for all; the client's report."""
+    t0, cpu0 = clock(), cpu_clock()
+    outs = [step(x) for _ in range(programs)]
+    submitted = clock()
+    for o in outs:
+        o.block_until_ready(TIMEOUT)
+    t1, cpu1 = clock(), cpu_clock()
+    ok = bool(np.array_equal(outs[-1].result(TIMEOUT), np.ones(DEVICES)))
+    return {"id": client.id, "devices": mesh.ids, "t0": t0, "t1": t1,
+            "submit": submitted - t0, "cpu": cpu1 - cpu0, "ok": ok}
+
+
 def _client(index, address, weight, programs, go, results):
     """Connect, warm up, wait for ``go``, submit ``programs`` independent calls, wait all."""
     try:
         with pw.connect(address, weight=weight) as client:
-            mesh = client.mesh((DEVICES,), ("d",))
-            step = pw.shard_map(lambda v: v + 1.0, mesh, P("d"), P("d"), cost=COST,
-                                name="small")
-            x = client.put(np.zeros(DEVICES), mesh, P("d"))
-            step(x).result(TIMEOUT)  # installs the 1-equation program
+            mesh, step, x = _warm(client)
             results.put({"index": index, "ready": client.id})
             go.wait(TIMEOUT)
-            t0, cpu0 = time.perf_counter(), time.process_time()
-            outs = [step(x) for _ in range(programs)]
-            submitted = time.perf_counter()
-            for o in outs:
-                o.block_until_ready(TIMEOUT)
-            t1, cpu1 = time.perf_counter(), time.process_time()
-            ok = bool(np.array_equal(outs[-1].result(TIMEOUT), np.ones(DEVICES)))
-            results.put({"index": index, "id": client.id, "weight": weight,
-                         "devices": mesh.ids, "t0": t0, "t1": t1,
-                         "submit": submitted - t0, "cpu": cpu1 - cpu0, "ok": ok})
+            report = _submit(client, mesh, step, x, programs, time.perf_counter,
+                             time.process_time)
+            results.put({"index": index, "weight": weight, **report})
     except BaseException:
         results.put({"index": index, "error": traceback.format_exc()})
 
@@ -113,7 +131,25 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _checked(reports):
+    if not all(r["ok"] for r in reports):
+        raise RuntimeError("a client got a wrong result")
+    if len({r["devices"] for r in reports}) != 1:
+        raise RuntimeError("the clients' meshes are not the same devices")
+    return reports
+
+
+def _this_run(observer, reports, start):
+    """{device: kernel records of the run's clients that started from ``start``}."""
+    ids = {r["id"] for r in reports}
+    timeline = {d: [r for r in recs if r[2].get("client") in ids and r[3] >= start]
+                for d, recs in observer.timeline().items()}
+    return {d: recs for d, recs in timeline.items() if recs}
+
+
 def run_clients(cluster, weights, programs, observer):
+    if isinstance(cluster, SimCluster):
+        return run_clients_simulated(cluster, weights, programs, observer)
     """Clients of ``weights`` (one process each) submit ``programs`` each, started together.
 
     Returns (client reports, {device: this run's kernel records}, [CPU seconds of the
@@ -133,10 +169,7 @@ def run_clients(cluster, weights, programs, observer):
         reports = _collect(results, procs, TIMEOUT)
         cpu = [_cpu_seconds(pid) - c for pid, c in zip(pids, cpu0)]
         cpu.append(time.perf_counter() - start)  # the wall time those CPU seconds are of
-        if not all(r["ok"] for r in reports):
-            raise RuntimeError("a client got a wrong result")
-        if len({r["devices"] for r in reports}) != 1:
-            raise RuntimeError("the clients' meshes are not the same devices")
+        _checked(reports)
         for p in procs:
             p.join(30)
     finally:
@@ -144,11 +177,32 @@ def run_clients(cluster, weights, programs, observer):
             if p.is_alive():
                 p.kill()
                 p.join(5)
-    ids = {r["id"] for r in reports}
-    timeline = {d: [r for r in recs if r[2].get("client") in ids and r[3] >= start]
-                for d, recs in observer.timeline().items()}
-    timeline = {d: recs for d, recs in timeline.items() if recs}
-    return reports, timeline, cpu
+    return reports, _this_run(observer, reports, start), cpu
+
+
+def run_clients_simulated(cluster, weights, programs, observer):
+    """``run_clients`` on a simulated cluster: each client a role of its own, its calls
+    concurrent work of that role (``cluster.run_as``), times virtual; CPU per role."""
+    clients = [pw.connect(cluster.address, weight=w) for w in weights]
+    try:
+        rigs = [_warm(c) for c in clients]
+        roles = [cluster.roles[c.session.loop.name] for c in clients]
+        cluster_roles = [cluster.roles["coordinator"], cluster.roles["host-0"]]
+        cpu0 = [r.cpu_used for r in cluster_roles + roles]
+        start = cluster.clock()
+        tasks = [cluster.run_as(c, _submit, c, *rig, programs, c.clock, lambda: 0.0)
+                 for c, rig in zip(clients, rigs)]
+        reports = _checked([t.result(TIMEOUT) for t in tasks])
+        used = [r.cpu_used - c for r, c in zip(cluster_roles + roles, cpu0)]
+        for report, cpu in zip(reports, used[2:]):
+            report["cpu"] = cpu
+        for report, w in zip(reports, weights):
+            report["weight"] = w
+        cpu = [*used[:2], cluster.clock() - start]
+        return reports, _this_run(observer, reports, start), cpu
+    finally:
+        for c in clients:
+            c.close()
 
 
 # ---- measures from the devices' timelines ----------------------------------------------------
@@ -188,11 +242,19 @@ class Cell:
         return ", ".join(f"{c * 1e3 / self.total:.2f}" for c in self.cpu)
 
 
-def sweep(counts, programs, reps):
+def island(simulation: dict | None, **options):
+    """The island of the module's text: a real one, or simulated with ``simulation``'s
+    options (``seed``...)."""
+    extra = {} if simulation is None else {"simulate": True, **simulation}
+    return pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=DEVICES,
+                            **options, **extra)
+
+
+def sweep(counts, programs, reps, simulation=None):
     """{N: (N-client cells, 1-client cells of N x K programs)} over ``reps`` rounds, fifo."""
     cells: dict[int, tuple[list, list]] = {n: ([], []) for n in counts}
-    with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=DEVICES,
-                          policy="fifo") as cluster, pw.connect(cluster.address) as observer:
+    with island(simulation, policy="fifo") as cluster, \
+            pw.connect(cluster.address) as observer:
         for rep in range(reps):
             for n in counts:
                 kinds = [(0, n, programs), (1, 1, n * programs)][:1 if n == 1 else 2]
@@ -204,10 +266,9 @@ def sweep(counts, programs, reps):
     return {n: (a, b or a) for n, (a, b) in cells.items()}
 
 
-def share_run(programs):
+def share_run(programs, simulation=None):
     """Weights 1:2:4 under "share": ({client: weight}, {client: device s}, interval s)."""
-    with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=DEVICES,
-                          policy="share", window=WINDOW) as cluster, \
+    with island(simulation, policy="share", window=WINDOW) as cluster, \
             pw.connect(cluster.address) as observer:
         reports, timeline, _ = run_clients(cluster, WEIGHTS, programs, observer)
     weight_of = {r["id"]: r["weight"] for r in sorted(reports, key=lambda r: r["weight"])}
@@ -223,13 +284,17 @@ def main(argv=None) -> int:
     ap = bench_parser(__doc__, "1 and 2 clients, few programs, one round")
     ap.sized("--programs", int, 40, 500, "programs per client (K)")
     ap.sized("--reps", int, 1, 3, "rounds per cell (best kept)")
+    ap.add_argument("--simulate", action="store_true",
+                    help="on the simulator, in virtual time (see the module's text)")
+    ap.add_argument("--seed", type=int, default=0, help="the simulation's seed (--simulate)")
     args = ap.parse_args(argv)
     counts = (1, 2) if args.quick else (1, 2, 4, 8)
     programs, reps = args.programs, args.reps
+    simulation = {"seed": args.seed, "cpu": "measured"} if args.simulate else None
     started = time.perf_counter()
-    cells = sweep(counts, programs, reps)
+    cells = sweep(counts, programs, reps, simulation)
     share_k = programs if args.quick else 2 * programs
-    weight_of, busy, interval = share_run(share_k)
+    weight_of, busy, interval = share_run(share_k, simulation)
     elapsed = time.perf_counter() - started
 
     rows, ratios = [], {}
@@ -271,15 +336,23 @@ def main(argv=None) -> int:
         f"modelled {COST * 1e3:g} ms per device (shard_map v + 1 of a float64[{DEVICES}],"
         " called outside @pw.program); each client submits its K calls back to back on the"
         " same input (independent, not chained), then waits for all; results checked. Policy"
-        f" \"fifo\". One island: coordinator + 1 host process of {DEVICES} devices; every"
-        f" client its own process (spawn); all on one {os.cpu_count()}-core machine.",
+        f" \"fifo\". One island: coordinator + 1 host of {DEVICES} devices; "
+        + (f"simulated, in virtual time (pw.local_cluster(simulate=True, seed={args.seed},"
+           " cpu=\"measured\")): coordinator, host and every client each a role of one"
+           " discrete-event simulation with a virtual CPU of its own charged its handlers'"
+           " thread CPU; each client's calls are concurrent work of its role"
+           " (cluster.run_as). Seconds below are virtual." if args.simulate else
+           f"every client its own process (spawn); all on one {os.cpu_count()}-core"
+           " machine."),
         "Comp/s and utilization from the devices' timelines (kernels of the run's clients"
         " after the start barrier): comp/s = programs / (last kernel end - first kernel"
         " start); utilization = per device, busy / [its first start, its last end], averaged."
         f" Best of {reps} rounds (N clients and the 1-client baseline alternate). CPU"
-        " ms/program: coordinator and host from /proc, clients their own process time (summed),"
-        " over the run (\"Same, 1 client\": in the best 1-client baseline); Host CPU / wall: the"
-        " host process's CPU seconds over the run's wall.",
+        " ms/program: coordinator and host "
+        + ("their roles' charged CPU, clients their roles' (summed)," if args.simulate else
+           "from /proc, clients their own process time (summed),")
+        + " over the run (\"Same, 1 client\": in the best 1-client baseline); Host CPU / wall:"
+        " the host's CPU seconds over the run's wall.",
         f"Where the time goes: the host process spends {host_ms:.2f} ms of CPU per program"
         f" (4 kernels: dequeue, execute, record, publish, plus the run's messages), the"
         f" coordinator {coord_ms:.2f} ms (it alone could sequence ~{1e3 / coord_ms:,.0f}"
@@ -295,12 +368,14 @@ def main(argv=None) -> int:
         f" {COST * 1e3:g} ms computations: {util:.1%} with {util_n} clients:"
         f" {util_verdict}; aggregate throughput with N clients >= one client"
         f" with the same total work: worst {worst[0]:.2f}x (N={worst[1]}):"
-        f" {'met' if worst[0] >= 1.0 else 'MISSED'}; shares within {SHARE_TOL:.0%} of the"
+        f" {'met' if round(worst[0], 2) >= 1.0 else 'MISSED'}; shares within {SHARE_TOL:.0%} of the"
         f" weights: worst {max(abs(e) for e in share_err.values()):.1%}:"
         f" {'met' if share_met else 'MISSED'}.",
-        f"Total bench time {elapsed:.0f} s.",
+        f"Total bench time {elapsed:.0f} s"
+        + (" (real seconds the simulations took)." if args.simulate else "."),
     ])
-    publish(TITLE, rows, notes, append=not (args.quick or args.no_append))
+    publish(SIM_TITLE if args.simulate else TITLE, rows, notes,
+            append=not (args.quick or args.no_append))
     if args.plot:
         plot_sweep(args.plot, TITLE, "concurrent clients", "device utilization",
                    {"N clients": [(n, best(multi).util) for n, (multi, _) in cells.items()],

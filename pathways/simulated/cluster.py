@@ -213,7 +213,8 @@ class SimCluster:
                 f"a simulated cluster runs in the thread that started it"
                 f" ({self.thread.name}), but {threading.current_thread().name} called into"
                 " it: the simulator cannot time what a thread of its own does; make the"
-                " calls from that thread (or use a real cluster)")
+                " calls from that thread, as concurrent work of a client with"
+                " cluster.run_as(client, fn, *args), or use a real cluster")
 
     def spawn(self, fn, role) -> None:
         """Run ``fn()`` as work of ``role`` that may wait (what a real client runs on a thread
@@ -229,6 +230,30 @@ class SimCluster:
         glet = greenlet.greenlet(run)
         self._spawned[glet] = role
         role.call_soon(glet.switch)
+
+    def run_as(self, client, fn, *args) -> DrivenFuture:
+        """Run ``fn(*args)`` as work of ``client``'s own process, concurrently with the caller
+        and with other such work (what a script would run on a thread or a process of its
+        own: one client per thread, or several clients sharing the cluster). It runs on the
+        client's role, so its CPU is that client's, and each wait of it lets the rest go on.
+        Returns a future of what ``fn`` returns (or raises)."""
+        if getattr(client.session, "sim", None) is not self:
+            raise ValueError(f"run_as: {client!r} is not a client of this simulated cluster"
+                             f" ({self.address})")
+        self.check_thread()
+        done = self.future()
+
+        def work():
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # the caller's result() raises it
+                done.set_exception(exc)
+            else:
+                done.set_result(result)
+
+        self.user.catch_up()  # the work starts at the caller's time
+        self.spawn(work, client.session.loop)
+        return done
 
     def _park(self, glet, fut, timeout) -> None:
         """A spawned greenlet waits for ``fut``: back to the simulation until it settles."""
@@ -267,7 +292,14 @@ class SimCluster:
 
     def run_for(self, seconds: float) -> None:
         """Let ``seconds`` of virtual time pass (the caller waits meanwhile: its CPU counts
-        from the end)."""
+        from the end); in work started by ``run_as``, that work sleeps."""
+        glet = greenlet.getcurrent()
+        if glet in self._spawned:
+            slept = self.future()
+            self._spawned[glet].call_later(  # from the end of its CPU so far
+                seconds, lambda: slept.done() or slept.set_result(None))
+            self._park(glet, slept, None)
+            return
         self._run_to(self.clock() + seconds)
         self.user.resumed()
 

@@ -104,6 +104,8 @@ class SimSession(Session):
         """Virtual time where the user's thread is: its CPU since its last call is charged
         and the simulation caught up to it first."""
         self.sim.check_thread()
+        if self.sim.net.loop.is_running():  # work of the client's role (``run_as``)
+            return self.loop.now()
         return self.sim.user.catch_up()
 
     def spawn(self, fn, name: str) -> None:

@@ -313,3 +313,57 @@ def test_the_clients_clock_and_its_traces_are_in_virtual_time(tmp_path):
             kernels = [e for e in tr.trace["traceEvents"] if e.get("cat") == "kernel"]
             assert len(kernels) == 2
             assert all(abs(e["dur"] - 0.25e6) < 1e3 for e in kernels)  # microseconds
+
+
+def _backlog(client, calls):
+    """``calls`` independent computations on the client's 2 devices, all waited for; their
+    values and the virtual times of the first submission and of the last result."""
+    mesh = client.mesh((2,), ("d",))
+    step = pw.shard_map(lambda v: v + 1.0, mesh, P("d"), P("d"), cost=1e-3)
+    x = client.put(np.zeros(2), mesh, P("d"))
+    t0 = client.clock()
+    outs = [step(x) for _ in range(calls)]
+    values = [o.result(timeout=60) for o in outs]
+    return values, t0, client.clock()
+
+
+def test_clients_run_as_concurrent_work_share_the_devices_each_on_its_own_cpu():
+    with pw.local_cluster(hosts_per_island=1, devices_per_host=2, simulate=True) as cluster:
+        clients = [pw.connect(cluster.address) for _ in range(3)]
+        try:
+            used = [cluster.roles[c.session.loop.name].cpu_used for c in clients]
+            tasks = [cluster.run_as(c, _backlog, c, 20) for c in clients]
+            done = [t.result(timeout=60) for t in tasks]
+            for values, _, _ in done:
+                for v in values:
+                    np.testing.assert_array_equal(v, [1.0, 1.0])
+            # concurrent: every client started before any finished (20 calls of 1 ms each)
+            assert max(t0 for _, t0, _ in done) < min(t1 for _, _, t1 in done)
+            for c, before in zip(clients, used):  # each client's work was on its own role
+                assert cluster.roles[c.session.loop.name].cpu_used > before
+            clients_of = {r[2].get("client") for recs in clients[0].timeline().values()
+                          for r in recs}
+            assert {c.id for c in clients} <= clients_of
+        finally:
+            for c in clients:
+                c.close()
+
+
+def test_run_as_raises_what_the_work_raised_sleeps_in_virtual_time_and_refuses_strangers():
+    with pw.local_cluster(hosts_per_island=1, devices_per_host=2, simulate=True) as cluster, \
+            pw.local_cluster(hosts_per_island=1, devices_per_host=1, simulate=True) as other:
+        with pw.connect(cluster.address) as client, pw.connect(other.address) as stranger:
+            def fails():
+                raise KeyError("inside the work")
+
+            with pytest.raises(KeyError, match="inside the work"):
+                cluster.run_as(client, fails).result(timeout=10)
+
+            def sleeps():
+                t0 = client.clock()
+                cluster.run_for(2.5)
+                return client.clock() - t0
+
+            assert 2.5 <= cluster.run_as(client, sleeps).result(timeout=10) < 2.6
+            with pytest.raises(ValueError, match="not a client of this simulated cluster"):
+                cluster.run_as(stranger, fails)
