@@ -1,11 +1,12 @@
 """Device timelines as Chrome trace JSON (opens in Perfetto or chrome://tracing).
 
-One process row per host ("island I / host H"), one thread row per device with its kernels,
-and one more per device for the data that arrived for it (transfers, routed rows). Each
-kernel carries its client, run, equation and sequence number; gaps between kernels are the
-device's idle time. Hosts keep their records in their own monotonic clocks; each host's clock
-is mapped onto the client's by the moment its reply arrived (good to a round trip, which is
-far below a kernel on another host).
+One process row per host ("island I / host H"), one thread row per device with its kernels
+(and, before a kernel whose host compiled its program first, a "compile" span: the device
+idled meanwhile, so it is not the kernel's time), and one more per device for the data that
+arrived for it (transfers, routed rows). Each kernel carries its client, run, equation and
+sequence number; gaps between kernels are the device's idle time. Hosts keep their records
+in their own monotonic clocks; each host's clock is mapped onto the client's by the moment
+its reply arrived (good to a round trip, which is far below a kernel on another host).
 
 >>> with client.trace("run.json"):
 ...     step(x).result()
@@ -45,7 +46,8 @@ def chrome_trace(records: list[dict], begin: float | None = None) -> dict:
     """The Chrome trace of ``collect``'s records; times in µs from ``begin`` (client clock;
     default: the first event)."""
     events, meta = [], []
-    starts = [k[3] + r["offset"] for r in records for ks in r["devices"].values() for k in ks]
+    starts = [k[3] - k[2].get("compile", 0.0) + r["offset"] for r in records
+              for ks in r["devices"].values() for k in ks]
     starts += [t[2] + r["offset"] for r in records for ts in r["transfers"].values()
                for t in ts]
     origin = begin if begin is not None else (min(starts) if starts else 0.0)
@@ -69,6 +71,12 @@ def chrome_trace(records: list[dict], begin: float | None = None) -> dict:
                                "tid": d, "ts": us(start + off), "dur": us(end + off) - us(
                                    start + off),
                                "args": dict(labels, seq=seq, failed=bool(failed))})
+                if labels.get("compile"):  # the host compiled first; the device was idle
+                    before = start - labels["compile"]
+                    events.append({"ph": "X", "cat": "compile", "name": f"compile {name}",
+                                   "pid": pid, "tid": d, "ts": us(before + off),
+                                   "dur": us(start + off) - us(before + off),
+                                   "args": {"seq": seq, "host work": "not device time"}})
             moved = r["transfers"].get(d, [])
             if moved:
                 meta.append({"ph": "M", "name": "thread_name", "pid": pid,

@@ -303,6 +303,12 @@ class ExecutorEnv(KernelEnv):
         key = (self.gang_key, self.next_collective())
         return self.executor.exchanges.reduce(self.shard, key, plan, x, ordered_sum)
 
+    def host_work(self):
+        return HostWork(self.executor, self.shard)
+
+    def host_work_until(self, ready_at: float) -> None:
+        self.executor.timeline.host_work_until(self.shard, ready_at, self.executor.now())
+
     def _count_remote(self, plan, x) -> None:
         if plan[3]:
             self.bytes_sent_remote += getattr(x, "nbytes", 0) * len(plan[3])
@@ -329,6 +335,24 @@ class ExecutorEnv(KernelEnv):
             else:
                 result[s] = got[devices[members[s]]]
         return result
+
+
+class HostWork:
+    """``ExecutorEnv.host_work``: the executor's time inside is the shard's host work
+    (``Timeline.host_work``), not its device's."""
+
+    __slots__ = ("ex", "shard", "since", "until")
+
+    def __init__(self, executor, shard):
+        self.ex, self.shard = executor, shard
+
+    def __enter__(self):
+        self.since = self.ex.now()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        now = self.ex.now()
+        self.until = self.ex.timeline.host_work(self.shard, now - self.since, now)
 
 
 def _copy(value):

@@ -327,8 +327,11 @@ class Executor:
                 error = exc
         if error is not None:
             report_error(kernel, error)
+        labels = dict(kernel.labels or {})
+        if shard.hosted:  # the device idled from its start while its host compiled
+            labels["compile"] = shard.hosted
         device.finished(shard, KernelRecord(
-            shard.seq, kernel_name(kernel), dict(kernel.labels or {}), shard.start, shard.end,
+            shard.seq, kernel_name(kernel), labels, shard.began, shard.end,
             error is not None, shard.arrived, self.now()))
 
 

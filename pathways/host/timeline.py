@@ -5,8 +5,9 @@ This is where the emulation keeps the paper's semantics. A kernel starts at
 ``max(device free, dispatch arrival, inputs ready)``, one at a time per device, in the
 device's seq order (a skipped seq is passed over), non-preemptibly; it occupies the device
 for ``max(real body time, modelled time)`` plus the modelled time it waited for peers in
-collectives; nothing it produces is published before the clock passes its modelled end; and
-a full HBM makes it hold its device until its outputs are admitted.
+collectives, from when its host's own work for it (compiling its program) is done; nothing
+it produces is published before the clock passes its modelled end; and a full HBM makes it
+hold its device until its outputs are admitted.
 
 One ``Lane`` per device holds its kernels by seq, the one that left the queue (``current``,
 a ``Slot``) and when the device is free again (``free_at``); it has no lock (the device
@@ -18,6 +19,7 @@ carries out the actions it returns:
     Lane.take()                -> Slot            the device is idle: its next seq leaves the queue
     Timeline.ready(slot, at)   -> now?            its inputs are ready (modelled time ``at``)
     Timeline.begin / ended                        its body went on the thread / returned
+    Timeline.host_work                            its body compiled: the device was idle
     Timeline.reach_collective / leave_collective  its body waits for peers in a collective
     Timeline.finish(slot)      -> now?            its body is done for good
     Timeline.hold / admitted                      its outputs wait for HBM / got it
@@ -49,13 +51,20 @@ class Slot:
     ``Timeline.ended`` and moved on by a wait for HBM (``held``)."""
 
     __slots__ = ("lane", "seq", "work", "arrived", "start", "end", "cursor", "segment",
-                 "waited", "held")
+                 "waited", "held", "hosted")
 
     def __init__(self, lane: Lane, seq: int, work, arrived: float):
         self.lane, self.seq, self.work, self.arrived = lane, seq, work, arrived
         self.start = self.end = self.cursor = self.segment = 0.0
         self.waited = 0.0  # modelled time spent waiting for peers in collectives
         self.held = False  # past its end, but its outputs did not fit: it keeps the device
+        self.hosted = 0.0  # its body's time on host work (compiling): not on its device
+
+    @property
+    def began(self) -> float:
+        """When its device began to work on it: its start, after the host work its body did
+        (compiling its program), which leaves the device idle."""
+        return self.start + self.hosted
 
 
 class Lane:
@@ -155,9 +164,28 @@ class Timeline:
 
     def ended(self, slot: Slot, now: float, modelled: float) -> None:
         """Its body returned (or raised) at real time ``now``, its modelled time being
-        ``modelled``: it occupies the device for the longer of the two, plus its waits."""
+        ``modelled``: it occupies the device for the longer of the two, plus its waits,
+        from ``began``."""
         slot.cursor += now - slot.segment
-        slot.end = max(slot.cursor, slot.start + slot.waited + modelled)
+        slot.end = max(slot.cursor, slot.began + slot.waited + modelled)
+
+    def host_work(self, slot: Slot, seconds: float, now: float) -> float:
+        """Its body spent ``seconds`` of its time on the thread, until real time ``now``, on
+        host work (compiling its program): the device waited for it, idle, so its kernel
+        begins that much later. (A body compiles before its first collective; host work later
+        on is counted the same way, as if it came first.) Returns its virtual time at the
+        end of that work (when the program was ready)."""
+        slot.hosted += max(seconds, 0.0)
+        return slot.cursor + now - slot.segment
+
+    def host_work_until(self, slot: Slot, ready_at: float, now: float) -> None:
+        """Its body, on the thread at real time ``now``, needs its program, which its host
+        compiled (for another kernel) until virtual time ``ready_at``: if that is later than
+        its own time there, it waited for the compile, idle, as if it had compiled itself."""
+        gap = ready_at - (slot.cursor + now - slot.segment)
+        if gap > 0:
+            slot.hosted += gap
+            slot.cursor += gap
 
     def reach_collective(self, slot: Slot, now: float) -> float:
         """Its body reached a collective at real time ``now``: its virtual time there (the

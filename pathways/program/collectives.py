@@ -91,6 +91,19 @@ class kernel_env:  # noqa: N801 (used as a function: ``with kernel_env(env):``)
         _env.reset(self.token)
 
 
+class _NoHostWork:
+    until = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+_NO_HOST_WORK = _NoHostWork()
+
+
 class KernelEnv:
     """Where one device runs one kernel: the mesh, the device's flat index, and a way to talk."""
 
@@ -102,6 +115,16 @@ class KernelEnv:
             raise ShardingError(f"flat index {flat_index} is outside mesh {self.mesh_shape}")
         self.flat_index = flat_index
         self._seq = 0
+
+    def host_work(self):
+        """A context in which the body does its host's work, not its device's (compiling
+        its program): where a device's time is kept, that time is not the kernel's. A
+        no-op here."""
+        return _NO_HOST_WORK
+
+    def host_work_until(self, ready_at: float) -> None:
+        """The kernel's program became ready (compiled by its host) at ``ready_at``: where a
+        device's time is kept, the kernel does not begin before. A no-op here."""
 
     def next_collective(self) -> int:
         """The sequence number of this kernel's next exchange (0, 1, 2...)."""

@@ -225,8 +225,17 @@ class JaxBody:
         if last is not None and last[0] is in_avals:  # every kernel of a program: one lookup
             plan = last[1]
         else:
-            plan = self.plan(in_avals, single_output)
+            plan = _plans.get((self.token, tuple(in_avals)))
+            if plan is None:  # traced and compiled: the host's work, not the device's
+                env = collectives.current_env()
+                with env.host_work() if env is not None else contextlib.nullcontext() as work:
+                    plan = self.plan(in_avals, single_output)
+                plan.ready_at = getattr(work, "until", None)
             self._last = (in_avals, plan)
+        if plan.ready_at is not None:  # no device starts before its program is compiled
+            env = collectives.current_env()
+            if env is not None:
+                env.host_work_until(plan.ready_at)
         with self._x64(self.x64):
             return plan.run(shards)
 

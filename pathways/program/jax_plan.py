@@ -117,7 +117,10 @@ class Cond:
 
 
 class Plan:
-    """A per-device jaxpr as steps; ``run`` evaluates them on numpy values."""
+    """A per-device jaxpr as steps; ``run`` evaluates them on numpy values. ``ready_at``:
+    when a host finished compiling it (the virtual time of the kernel that did), or None."""
+
+    ready_at: float | None = None
 
     def __init__(self, jaxpr, consts, steps, name):
         self.jaxpr, self.consts, self.steps, self.name = jaxpr, consts, steps, name

@@ -424,3 +424,40 @@ def test_a_body_closing_over_jax_arrays():
     x = rand(4, 4)
     got = pw.reference(pw.shard_map(body, mesh, P("i"), P()))(x)
     assert_same(got, plain_jax(body, (2,), ("i",), P("i"), P())(x))
+
+
+def test_compilation_is_the_hosts_work_not_device_time(pw_process_cluster, tmp_path):
+    """Issue 30: a host compiling a JAX body's program is not device busy time. Every
+    device of the gang waits for it idle (a "compile" span before its first kernel, which
+    begins only when the program is ready); the next call compiles nothing."""
+    from pathways.plot import utilization
+
+    with pw.connect(pw_process_cluster.address) as client:
+        mesh = client.mesh((8,), ("d",))
+        salt = float(np.random.default_rng().integers(1, 1000))  # a program no host has seen
+        f = pw.shard_map(lambda v: jax.lax.psum(jnp.tanh(v) * salt, "d"), mesh, P("d"), P(),
+                         cost=1e-4)
+        x = client.put(np.ones(8, np.float32), mesh, P("d"))
+        with client.trace(tmp_path / "t.json") as tr:
+            first = f(x)
+            first.block_until_ready()
+            np.testing.assert_allclose(f(x).result(), first.result())
+        events = [e for e in tr.trace["traceEvents"] if e.get("ph") == "X"]
+        rows = {}
+        for e in events:
+            rows.setdefault((e["pid"], e["tid"]), []).append(e)
+        assert len(rows) == 8
+        for row in rows.values():
+            row.sort(key=lambda e: e["ts"])
+            compile_, first_k, second_k = row  # each device: compile, then its two kernels
+            assert (compile_["cat"], first_k["cat"], second_k["cat"]) == (
+                "compile", "kernel", "kernel")
+            assert compile_["dur"] > 0
+            assert abs(compile_["ts"] + compile_["dur"] - first_k["ts"]) < 1.0  # µs
+            assert first_k["args"]["compile"] > 0 and "compile" not in second_k["args"]
+        busy = utilization(tr.trace)
+        span = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
+        for (_, tid), row in rows.items():
+            kernels = sum(e["dur"] for e in row if e["cat"] == "kernel")
+            label = next(k for k in busy if k.endswith(f"device {tid}"))
+            assert busy[label] == pytest.approx(kernels / span)
