@@ -50,6 +50,34 @@ def on_host() -> None:
         if "xla_cpu_multi_thread_eigen" not in flags:
             os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false"
                                        " intra_op_parallelism_threads=1").strip()
+        cache = compilation_cache()
+        if cache is not None and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+            os.environ["JAX_COMPILATION_CACHE_DIR"] = cache
+            os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
+def compilation_cache() -> str | None:
+    """The directory of JAX's persistent compilation cache for host processes, so a host
+    (a second run, a restarted or added host) does not compile again what a host of this
+    user compiled before: ``$PATHWAYS_JAX_CACHE`` (``off``: none), else
+    ``$XDG_CACHE_HOME/pathways/jax`` (``~/.cache/...``). Made private (0700); one that is
+    not this user's own or that others may write to is not used (cache entries are
+    executables), nor is one that cannot be made."""
+    where = os.environ.get("PATHWAYS_JAX_CACHE")
+    if where == "off":
+        return None
+    if not where:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                                 ".cache")
+        where = os.path.join(base, "pathways", "jax")
+    try:
+        os.makedirs(where, mode=0o700, exist_ok=True)
+        st = os.stat(where)
+    except OSError:
+        return None
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None
+    return where
 
 
 def require():

@@ -461,3 +461,18 @@ def test_compilation_is_the_hosts_work_not_device_time(pw_process_cluster, tmp_p
             kernels = sum(e["dur"] for e in row if e["cat"] == "kernel")
             label = next(k for k in busy if k.endswith(f"device {tid}"))
             assert busy[label] == pytest.approx(kernels / span)
+
+
+def test_hosts_compilation_cache_is_private_or_not_used(tmp_path, monkeypatch):
+    from pathways.program.jax_body import compilation_cache
+
+    monkeypatch.setenv("PATHWAYS_JAX_CACHE", str(tmp_path / "c"))
+    where = compilation_cache()
+    assert where == str(tmp_path / "c") and os.stat(where).st_mode & 0o777 == 0o700
+    os.chmod(where, 0o777)  # others may write executables into it: not used
+    assert compilation_cache() is None
+    monkeypatch.setenv("PATHWAYS_JAX_CACHE", "off")
+    assert compilation_cache() is None
+    monkeypatch.delenv("PATHWAYS_JAX_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert compilation_cache() == str(tmp_path / "xdg" / "pathways" / "jax")
