@@ -35,6 +35,13 @@ SIMULATED = {
               r"Fig\. 5 controller CPU ms/comp \(net of idle\): [\d.]+ \(", r"Status: ok"],
     "dispatch": [r"Multi-controller /s: [\d,.]+ ", r"OpByOp /s: [\d,.]+ ", r"Chained /s: [\d,.]+ ",
                  r"Fused /s: [\d,.]+ "],
+    "pipeline": [r"Parallel runs/s: [\d,.]+ ", r"Sequential runs/s: [\d,.]+ ",
+                 r"Parallel/Sequential: [\d.]+ ",
+                 r"Hosts CPU ms per comp par, seq: [\d.]+, [\d.]+ "],
+    "multitenancy": [r"Comp/s \(best\): [\d,]+ ", r"Utilization: [\d.]+% ",
+                     r"CPU ms/program: coord, host, clients: [\d.]+, [\d.]+, [\d.]+ "],
+    "moe": [r"Tokens/s \(best, virtual\): [\d,]+ ", r"Wire / routed: [\d.]+ ",
+            r"Host CPU ms/run: \d+ ", r"\| 1 \| \d+ \| [\d.]+ \| 1\.00x \|"],
 }
 
 
