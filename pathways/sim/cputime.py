@@ -5,6 +5,12 @@ role's handler scans every role's objects (a gen-2 pass over a large simulated c
 50-200 ms), a pause the role would not have on a machine of its own with only its own heap.
 ``thread_cpu()`` is ``time.thread_time()`` less the CPU this thread has spent in collections,
 counted by a ``gc.callbacks`` hook (added on first use, per thread).
+
+A role's work must also stay on its thread to be measured: numpy's BLAS (OpenBLAS, MKL) runs a
+large matrix product on a pool of threads, whose CPU no thread meter sees (a 512x256 @
+256x512 product was charged half its CPU, and the share varied 3x between runs). While a
+simulation runs, ``one_thread()`` holds those pools at one thread (threadpoolctl), as a
+role models one core.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ import gc
 import threading
 import time
 
-__all__ = ["collecting", "thread_cpu", "gc_seconds"]
+from threadpoolctl import threadpool_limits
+
+__all__ = ["collecting", "thread_cpu", "gc_seconds", "one_thread"]
 
 _spent: dict[int, float] = {}  # thread id -> CPU seconds in collections so far
 _began: dict[int, float] = {}  # thread id -> when its running collection began
@@ -49,3 +57,36 @@ def collecting() -> bool:
     """Whether this thread is inside a garbage collection (a ``__del__`` the collector runs)."""
     gc_seconds()  # the hook is in place
     return threading.get_ident() in _began
+
+
+_held = {"count": 0, "limits": None}  # simulations running; what restores the pools
+_held_lock = threading.Lock()
+
+
+class one_thread:  # noqa: N801 (used as a function: ``with one_thread():``)
+    """Native thread pools (BLAS) at one thread while any simulation holds this (nests, any
+    order; the pools' own sizes come back when the last is released). ``release()`` is
+    ``__exit__``."""
+
+    def __init__(self):
+        with _held_lock:
+            if _held["count"] == 0:
+                _held["limits"] = threadpool_limits(limits=1)
+            _held["count"] += 1
+        self._released = False
+
+    def release(self) -> None:
+        with _held_lock:
+            if self._released:
+                return
+            self._released = True
+            _held["count"] -= 1
+            if _held["count"] == 0:
+                _held["limits"].restore_original_limits()
+                _held["limits"] = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

@@ -49,6 +49,7 @@ from plaque.errors import PlaqueError
 from plaque.events import Membership
 from plaque.worker import WorkerCore
 
+from .cputime import one_thread
 from .network import FaultHook
 from .roles import RoleLoop
 from .transport import SimNet
@@ -108,7 +109,12 @@ class SimPlaqueCluster(Cluster):
         self.wait_limit = wait_limit
         self.roles: dict[str, RoleLoop] = {}
         self._cpu, self._cost, self._costs, self._record = cpu, cost, dict(costs or {}), record
-        super().__init__("inproc", heartbeat_timeout=heartbeat_timeout)
+        self._one_thread = one_thread()  # BLAS on the role's thread (pathways.sim.cputime)
+        try:
+            super().__init__("inproc", heartbeat_timeout=heartbeat_timeout)
+        except BaseException:
+            self._one_thread.release()
+            raise
 
     def new_role(self, name: str) -> RoleLoop:
         """A new role of this simulation, charged as its other roles are."""
@@ -163,6 +169,7 @@ class SimPlaqueCluster(Cluster):
 
     def _join_loop(self, timeout: float) -> None:
         loop = self._loop
+        self._one_thread.release()
         try:
             if not loop.is_running():
                 loop.run_forever()  # until the shutdown ``close`` scheduled stops it

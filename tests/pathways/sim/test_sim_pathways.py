@@ -367,3 +367,27 @@ def test_run_as_raises_what_the_work_raised_sleeps_in_virtual_time_and_refuses_s
             assert 2.5 <= cluster.run_as(client, sleeps).result(timeout=10) < 2.6
             with pytest.raises(ValueError, match="not a client of this simulated cluster"):
                 cluster.run_as(stranger, fails)
+
+
+def test_native_thread_pools_run_on_the_roles_thread_while_simulating():
+    """BLAS pools at one thread while any simulation runs (their CPU would escape the role's
+    thread meter), their own sizes back after the last one closes."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def sizes():
+        return [p["num_threads"] for p in threadpoolctl.threadpool_info()]
+
+    np.ones((64, 64)) @ np.ones((64, 64))  # BLAS loaded
+    before = sizes()
+    from pathways.simulated import SimCluster
+
+    outer = SimCluster(hosts_per_island=1, devices_per_host=1)
+    inner = SimCluster(hosts_per_island=1, devices_per_host=1)
+    try:
+        assert set(sizes()) <= {1}
+        outer.close()  # closed first: the inner one still holds the pools at one
+        assert set(sizes()) <= {1}
+    finally:
+        outer.close()
+        inner.close()
+    assert sizes() == before
