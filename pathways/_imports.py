@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent
 # top-level launchers (cli, cluster, slurm, k8s), which may import anything. The control
 # plane never sees the program representation: of the lowering it imports only the graph's
 # wire form (``lowering.wire``, which imports no program module).
-_IO = {"errors", "protocol", "service", "checkpoint_format", "checkpoint_metadata"}
+_IO = {"errors", "protocol", "service", "checkpoint_format", "checkpoint_metadata", "dtypes"}
 RULES: dict[str, set[str]] = {
     "program": {"program", "errors"},
     "lib": {"lib", "program", "errors"},

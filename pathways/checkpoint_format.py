@@ -5,6 +5,7 @@ A checkpoint of ``{"w": w, "opt": (m, v)}`` is a directory::
     ckpt/zarr.json            group; attributes["pathways"] = format, the tree's structure
     ckpt/w/zarr.json          array: shape, dtype, chunk shape = w's shard shape,
                               codecs "bytes" then "crc32c"; attributes["pathways"] = spec, mesh
+                              (and dtype, for a type Zarr has not: see below)
     ckpt/w/c/0/0 ...          one chunk per distinct shard, written by the host that holds it
     ckpt/opt.0/...  ckpt/opt.1/...
 
@@ -16,6 +17,14 @@ encode path (3-4x slower when measured here), and any Zarr v3 reader (zarr-pytho
 opens a checkpoint and verifies the checksums. An array stored with other codecs (written by
 another tool) is read through ``zarr``; checkpoints of format 1 (codec "bytes" alone, no
 checksums) still load.
+
+Zarr v3 has no core type for JAX's narrow types (bfloat16, the float8/6/4 variants, int4, ...:
+every numpy dtype of ``ml_dtypes``), and zarr-python reads neither the spec's raw bits types
+(``r16``) nor the names of the zarr-extensions registry ("bfloat16"). Such an array is stored as
+zarr-python's ``raw_bytes`` of the type's size (``{"name": "raw_bytes", "configuration":
+{"length_bytes": 2}}``: each element's little-endian bits) and its real type is named in our
+attributes (``attributes["pathways"]["dtype"] = "bfloat16"``, covered by the checksum). Plain
+zarr opens it as a ``V2`` array, bit for bit: ``.view(ml_dtypes.bfloat16)`` gives the values.
 
 Nothing read from disk is trusted: the client validates all the metadata before anything is
 sent to a host (``pathways.checkpoint_metadata``), and each host checks every chunk it reads
@@ -32,16 +41,18 @@ import math
 import os
 import stat
 import sys
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
+from .dtypes import is_ml_dtype, ml_dtypes_by_name
 from .errors import CheckpointError, ProgramError
 
 __all__ = ["CRC_BYTES", "FORMAT", "MAX_METADATA", "ZARR_DTYPES", "ChunkReader", "Layout",
            "check_dtype", "check_name", "check_own", "chunk_file", "crc32c", "create",
-           "decode_spec", "digest", "encode_spec", "leaf_name", "require_zarr", "seal",
-           "valid_key", "write_chunk"]
+           "decode_spec", "digest", "encode_spec", "leaf_name", "raw_data_type",
+           "require_zarr", "seal", "stored_dtype", "valid_key", "write_chunk"]
 
 # numpy kinds with a Zarr v3 core data type of the same name
 ZARR_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
@@ -73,9 +84,29 @@ def crc32c(data, crc: int = 0) -> int:
 
 
 def check_dtype(dtype, what: str) -> None:
-    if np.dtype(dtype).name not in ZARR_DTYPES:
-        raise ProgramError(f"{what}: dtype {np.dtype(dtype)} has no Zarr v3 data type; a"
-                           f" checkpoint holds {', '.join(ZARR_DTYPES)}")
+    dtype = np.dtype(dtype)
+    if dtype.name not in ZARR_DTYPES and not (is_ml_dtype(dtype) and dtype.isnative):
+        raise ProgramError(f"{what}: dtype {dtype} has no Zarr v3 data type; a checkpoint"
+                           f" holds {', '.join(ZARR_DTYPES)} and, as raw bytes, ml_dtypes'"
+                           f" {', '.join(ml_dtypes_by_name()) or '(not installed)'}")
+
+
+def stored_dtype(name) -> np.dtype:
+    """The dtype a checkpoint names ``name`` (a Zarr core type, or an ml_dtypes type stored
+    as raw bytes); CheckpointError naming it if it names none."""
+    if isinstance(name, str):
+        if name in ZARR_DTYPES:
+            return np.dtype(name)
+        ml = ml_dtypes_by_name().get(name)
+        if ml is not None:
+            return ml
+    raise CheckpointError(f"dtype {name!r} is neither a Zarr v3 core data type nor an"
+                          " ml_dtypes type")
+
+
+def raw_data_type(dtype: np.dtype) -> dict:
+    """The Zarr data type (its zarr.json form) an ml_dtypes ``dtype`` is stored as."""
+    return {"name": "raw_bytes", "configuration": {"length_bytes": dtype.itemsize}}
 
 
 def check_name(name, what: str) -> None:
@@ -118,9 +149,16 @@ def create(path: str, structure, arrays: list[tuple]) -> None:
         "pathways": {"format": FORMAT, "tree": structure}})
     for name, shape, dtype, chunks, attributes in arrays:
         check_name(name, "save")
-        group.create_array(name, shape=shape, chunks=tuple(max(1, c) for c in chunks),
-                           dtype=np.dtype(dtype), compressors=[zarr.codecs.Crc32cCodec()],
-                           filters=None, attributes={"pathways": attributes})
+        dtype = np.dtype(dtype)
+        if is_ml_dtype(dtype):  # as raw bytes, its type in our attributes (module doc)
+            attributes = {**attributes, "dtype": dtype.name}
+            dtype = np.dtype(f"V{dtype.itemsize}")
+        with warnings.catch_warnings():  # raw bytes "may change": we check what we read
+            warnings.simplefilter("ignore", getattr(zarr.errors, "UnstableSpecificationWarning",
+                                                    FutureWarning))
+            group.create_array(name, shape=shape, chunks=tuple(max(1, c) for c in chunks),
+                               dtype=dtype, compressors=[zarr.codecs.Crc32cCodec()],
+                               filters=None, attributes={"pathways": attributes})
     for node in [path, *(os.path.join(path, a[0]) for a in arrays)]:
         seal(node)
 
@@ -175,7 +213,7 @@ def write_chunk(array_dir: str, index, value: np.ndarray) -> None:
 class Layout:
     """How a Pathways-written array's chunks sit on disk: what a host needs to read them."""
     shape: tuple
-    dtype: str
+    dtype: str  # its real type's name ("float32", "bfloat16": ``stored_dtype``)
     chunk: tuple
     endian: str  # "<" or ">"
     checksum: bool  # chunks end with their CRC32C
@@ -203,8 +241,9 @@ class ChunkReader:
         array_dir = os.path.join(self.root, self.name)
         if self.layout is None:
             try:
-                return require_zarr().open_array(store=array_dir, mode="r")[slices]
-            except ImportError:
+                array = require_zarr().open_array(store=array_dir, mode="r")
+                return _typed(array[slices], array.attrs.get("pathways"), array_dir)
+            except (ImportError, CheckpointError):
                 raise
             except Exception as exc:
                 raise CheckpointError(f"array {array_dir} cannot be read: {exc!r}") from None
@@ -212,7 +251,7 @@ class ChunkReader:
 
     def _read_plain(self, array_dir: str, slices) -> np.ndarray:
         shape, chunk = self.layout.shape, self.layout.chunk
-        dtype = np.dtype(self.layout.dtype)
+        dtype = stored_dtype(self.layout.dtype)
         box = [range(*s.indices(n)) for s, n in zip(slices, shape)]
         out = np.empty([len(r) for r in box], dtype=dtype)
         if out.size == 0:
@@ -235,7 +274,7 @@ class ChunkReader:
         """One chunk's values, after checking the file is this checkpoint's own, of exactly
         its size (before reading a byte) and, when it carries one, its checksum."""
         layout = self.layout
-        stored = np.dtype(layout.dtype).newbyteorder(layout.endian)
+        stored = stored_dtype(layout.dtype).newbyteorder(layout.endian)
         nbytes = math.prod(layout.chunk) * stored.itemsize
         size = nbytes + (CRC_BYTES if layout.checksum else 0)
         real = os.path.realpath(path)
@@ -261,6 +300,19 @@ class ChunkReader:
             raise CheckpointError(f"chunk {path} fails its CRC32C checksum: the checkpoint is"
                                   " damaged")
         return buf[:nbytes].view(stored).reshape(layout.chunk)
+
+
+def _typed(values: np.ndarray, ours, array_dir: str) -> np.ndarray:
+    """``values`` zarr-python read, as their real type: raw bytes (a void type) as the
+    ml_dtypes type our attributes name, checked to be of their size."""
+    if values.dtype.kind != "V":
+        return values
+    name = ours.get("dtype") if isinstance(ours, dict) else None
+    dtype = stored_dtype(name) if name is not None else None
+    if dtype is None or dtype.itemsize != values.dtype.itemsize:
+        raise CheckpointError(f"array {array_dir} holds raw bytes of {values.dtype.itemsize}"
+                              f" bytes but names its type {name!r}")
+    return values.view(dtype)
 
 
 def _read_file(path: str, size: int, checked: int) -> tuple[np.ndarray, int]:

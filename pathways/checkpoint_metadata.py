@@ -67,15 +67,32 @@ def open_array(path: str, name: str) -> ArrayInfo:
     _expect(isinstance(meta, dict) and meta.get("node_type") == "array"
             and meta.get("zarr_format") == 3, file, "is not a Zarr v3 array")
     shape = _ints(meta.get("shape"), file, "shape", 0)
-    dtype = meta.get("data_type")
-    _expect(isinstance(dtype, str) and dtype in fmt.ZARR_DTYPES, file, f"has data_type {dtype!r};"
-            f" a checkpoint holds {', '.join(fmt.ZARR_DTYPES)}")
     ours = _pathways_attributes(meta, file) or {}
     _expect(isinstance(ours, dict), file, "has pathways attributes that are not an object")
+    dtype = _dtype(meta.get("data_type"), ours, file)
     layout = _layout(meta, file, shape, dtype)
     _check_seal(meta, ours, file, required=layout is not None and layout.checksum)
     spec = _saved_spec(ours, file, shape, layout)
     return ArrayInfo(name, shape, dtype, spec, layout)
+
+
+def _dtype(data_type, ours: dict, file: str) -> str:
+    """The name of the array's type: a Zarr core data type, or the ml_dtypes type our
+    attributes name for one stored as raw bytes of its size (``checkpoint_format``)."""
+    if isinstance(data_type, str) and data_type in fmt.ZARR_DTYPES:
+        _expect("dtype" not in ours, file, f"has data_type {data_type!r} and names another"
+                f" type {ours.get('dtype')!r}")
+        return data_type
+    name = ours.get("dtype")
+    try:
+        dtype = fmt.stored_dtype(name) if name is not None else None
+    except CheckpointError:
+        dtype = None
+    _expect(dtype is not None and data_type == fmt.raw_data_type(dtype)
+            and name not in fmt.ZARR_DTYPES, file, f"has data_type {data_type!r} (pathways"
+            f" dtype {name!r}); a checkpoint holds {', '.join(fmt.ZARR_DTYPES)} or an ml_dtypes"
+            " type as raw bytes of its size")
+    return name
 
 
 def _expect(ok, file: str, problem: str) -> None:
@@ -179,6 +196,8 @@ def _layout(meta: dict, file: str, shape: tuple, dtype: str) -> fmt.Layout | Non
             and all(c.get("configuration") in (None, {}) for c in codecs[1:]),
             file, f"has codecs {codecs!r}")
     endian = config.get("endian", "little")
+    _expect(endian == "little" or dtype in fmt.ZARR_DTYPES, file, f"stores {dtype} as raw"
+            " bytes with a big-endian bytes codec: raw bytes are little-endian bits")
     return fmt.Layout(shape, dtype, chunk, "<" if endian == "little" else ">", len(codecs) == 2)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from plaque.shipping import ship
 
 from .. import protocol
+from ..dtypes import shippable, wire_name
 from ..errors import DeviceOutOfMemory, PathwaysError
 from ..program import sharding
 from . import fanout
@@ -48,7 +49,7 @@ class Shards:
         """Send each of ``shards`` to its device of ``mesh``, as array ``array_id``."""
         for d, shard in zip(mesh.ids, shards):
             self._session.send(self._cluster.data_address(d), protocol.PutShard(
-                array_id, d, shard, (self._client_id, None)))
+                array_id, d, shippable(shard), (self._client_id, None)))
 
     def generate(self, array_id, fn, shape, dtype, mesh, spec,
                  timeout: float | None = None) -> cf.Future:
@@ -62,7 +63,7 @@ class Shards:
         for i, d in enumerate(mesh.ids):
             slices = sharding.device_slices(shape, mesh.axis_sizes, mesh.axis_names, spec, i)
             futures.append(self._session.request(self._cluster.data_address(d), protocol.Generate(
-                None, array_id, d, blob, slices, block, dtype.str, (self._client_id, None),
+                None, array_id, d, blob, slices, block, wire_name(dtype), (self._client_id, None),
                 timeout)))
         return fanout.all_done(futures, self._session.future)
 

@@ -17,6 +17,7 @@ import numpy as np
 from plaque.logutil import dropped
 
 from .. import checkpoint_format, protocol
+from ..dtypes import shippable, wire_dtype
 from ..errors import PathwaysError, ProgramError, RemoteError
 from ..service import RouterService
 from .host import Host
@@ -139,7 +140,7 @@ class DataService:
 
     def _get(self, ident, msg) -> None:
         self._when_ready(ident, msg, lambda value: self._reply(ident, protocol.Answer(
-            msg.req, value)))
+            msg.req, shippable(value))))
 
     def _save_shard(self, ident, msg) -> None:
         """Write a shard as a checkpoint's chunk, on a worker thread (the loop goes on)."""
@@ -168,7 +169,7 @@ def _make_shard(msg: protocol.Generate) -> np.ndarray:
     """A worker thread: the part of a generated array ``msg`` asks for, checked."""
     import cloudpickle
 
-    shape, dtype = tuple(msg.shape), np.dtype(msg.dtype)
+    shape, dtype = tuple(msg.shape), wire_dtype(msg.dtype)
     value = np.asarray(cloudpickle.loads(msg.blob)(msg.slices))
     if value.shape != shape or value.dtype != dtype:
         raise ProgramError(f"the input function returned {value.dtype}{list(value.shape)}"

@@ -9,8 +9,10 @@ once, with the list of its destinations.
 
 Header layout (little-endian): ``u32`` item count, then per item ``u8`` gang-key length,
 ``u8`` dtype-string length, ``u16`` destination count, ``u8`` ndim, then that many ``i64``:
-gang key, exchange seq, source device, destinations, shape; an ``f64`` lag; then the dtype
-string (``numpy.dtype.str``). Exchange keys are ``(gang key, seq)`` with a gang key of ints.
+gang key, exchange seq, source device, destinations, shape; an ``f64`` lag; then the dtype's
+wire name (``pathways.dtypes.wire_name``: "<f4", "bfloat16"). Exchange keys are ``(gang key,
+seq)`` with a gang key of ints. A value's frame is its raw bytes in C order
+(``pathways.dtypes.raw_bytes``), so ml_dtypes' types travel like numpy's own.
 
 The lag is how far the sender's virtual time at the collective was behind its real time when
 it sent (<= 0). The receiver takes the value as available at its real arrival plus that lag:
@@ -32,6 +34,7 @@ from plaque.logutil import dropped
 from plaque.wire import ProtocolError
 from plaque.zmq_transport import bind_socket
 
+from ..dtypes import from_bytes, raw_bytes, wire_dtype, wire_name
 from ..errors import ProgramError
 
 log = logging.getLogger("pathways.host.ici")
@@ -49,11 +52,7 @@ def encode(items) -> list:
     frames: list = []
     for key, src, dsts, value, *lag in items:
         a = np.asarray(value)
-        if not a.flags.c_contiguous:
-            a = a.copy()  # (ascontiguousarray would make a 0-d array 1-d)
-        if a.dtype.hasobject:
-            raise ProgramError(f"a collective can only carry numeric arrays, got {a.dtype}")
-        dt = a.dtype.str.encode()
+        dt = _wire_name(a.dtype).encode()
         try:
             gang, seq = key
             ints = (*gang, seq, src, *dsts, *a.shape)
@@ -65,7 +64,7 @@ def encode(items) -> list:
                                f"between hosts: its gang key, seq, devices and shape must be "
                                f"64-bit ints, at most 255 and 65535 of them ({exc})") from None
         head.append(dt)
-        frames.append(a.reshape(-1).data)
+        frames.append(raw_bytes(a))
     return [b"".join(head), *frames]
 
 
@@ -87,13 +86,13 @@ def decode(frames) -> list:
             off += 8 * n
             (lag,) = _LAG.unpack_from(meta, off)
             off += _LAG.size
-            dtype = np.dtype(meta[off:off + ndt].decode())
+            dtype = wire_dtype(meta[off:off + ndt].decode())
             off += ndt
             gang, seq, src = ints[:ngang], ints[ngang], ints[ngang + 1]
             dsts, shape = ints[ngang + 2:ngang + 2 + ndst], ints[ngang + 2 + ndst:]
             if any(n < 0 for n in shape):
                 raise ProtocolError(f"ICI item with a negative dimension: {shape}")
-            value = np.frombuffer(frames[1 + i], dtype).reshape(shape).copy()
+            value = from_bytes(frames[1 + i], dtype, shape).copy()
             items.append(((gang, seq), src, dsts, value, lag))
         if off != len(meta):
             raise ProtocolError(f"ICI header has {len(meta) - off} bytes left over")
@@ -102,6 +101,17 @@ def decode(frames) -> list:
         raise
     except Exception as exc:
         raise ProtocolError(f"malformed ICI message: {exc!r}") from None
+
+
+def _wire_name(dtype) -> str:
+    """The wire name of an exchanged value's dtype; ProgramError if it cannot travel."""
+    try:
+        if dtype.hasobject:
+            raise ProgramError(f"an array of {dtype} holds pointers, not values")
+        return wire_name(dtype)
+    except ProgramError as exc:
+        raise ProgramError(f"a collective can only carry numeric arrays (and bools, strings,"
+                           f" times) between hosts: {exc}") from None
 
 
 class IciOutbox:
@@ -118,7 +128,9 @@ class IciOutbox:
 
     def queue(self, key, src, dsts, value, lag: float = 0.0) -> None:
         """Send ``value`` from device ``src`` to devices ``dsts`` at the next ``flush``;
-        ``lag``: the sender's virtual time minus its real time (see the module docstring)."""
+        ``lag``: the sender's virtual time minus its real time (see the module docstring).
+        ProgramError, here in the sender's collective, for a value that cannot travel."""
+        _wire_name(np.asarray(value).dtype)
         by_worker: dict[int, list] = {}
         for d in dsts:
             by_worker.setdefault(self.worker_of[d], []).append(d)

@@ -12,6 +12,7 @@ import logging
 
 import numpy as np
 
+from ..dtypes import shippable, unwrap
 from ..errors import RemoteError
 from ..lowering.specs import ROUTED_PORT, RouteSpec
 from ..program.routing import check_route, slot_rows
@@ -74,7 +75,7 @@ class RouteOp(DispatchedOp):
             for dst in np.unique(where).tolist():
                 sel = order[where == dst]
                 rows = [slot_rows(a, sel, k, i in fn.slot_args) for i, a in enumerate(tokens)]
-                rows = [np.ascontiguousarray(r) for r in rows]
+                rows = [shippable(np.ascontiguousarray(r)) for r in rows]
                 local = (experts[where == dst] % fn.per_device).astype(np.int32)
                 cap.emit(("rows", shard, sel.astype(np.int32), local, rows,
                           spec.links[shard][dst]), ROUTED_PORT, shard=dst)
@@ -104,6 +105,7 @@ class ExpertOp(DispatchedOp):
             self.rows[t] = piece[1] if isinstance(got, list) else got
         elif isinstance(got, list):
             _, src, slots, local, rows, link = piece
+            rows = [unwrap(r) for r in rows]
             nbytes = sum(r.nbytes for r in rows)  # modelled arrival: now + link time
             now = self.host.clock.time()
             got.append((src, slots, local, rows, now + link_time(link, nbytes), now))
@@ -200,7 +202,7 @@ class ExpertKernel(DeviceWork):
         for src in np.unique(sources).tolist():
             sel = sources == src
             link = spec.links[src][self.shard]
-            replies.append((src, ("rows", slots[sel], [np.ascontiguousarray(o[sel])
+            replies.append((src, ("rows", slots[sel], [shippable(np.ascontiguousarray(o[sel]))
                                                        for o in row_outs], link)))
 
         def send(cap):
@@ -247,6 +249,7 @@ class GatherOp(DispatchedOp):
             self.rows[t] = piece[1] if isinstance(got, list) else got
         elif isinstance(got, list):
             _, slots, rows, link = piece
+            rows = [unwrap(r) for r in rows]
             nbytes = sum(r.nbytes for r in rows)
             got.append((slots, rows, self.host.clock.time() + link_time(link, nbytes)))
 
