@@ -85,8 +85,9 @@ class ThreadDriver:
             self._wake_pending = False
             try:
                 ex.turn()
-            except BaseException:  # a bug in the executor itself: keep serving
+            except BaseException as exc:  # a bug in the executor itself: keep serving
                 log.exception("executor %s: internal error", ex.name)
+                ex.internal_error(exc)
             self._wait(ex.next_deadline())
         ex.stop_running()
 
@@ -187,8 +188,9 @@ class LoopDriver:
         self._turning = True
         try:
             ex.turn()
-        except BaseException:  # a bug in the executor itself: keep serving
+        except BaseException as exc:  # a bug in the executor itself: keep serving
             log.exception("executor %s: internal error", ex.name)
+            ex.internal_error(exc)
         finally:
             self._turning = False
         deadline = ex.next_deadline()

@@ -259,6 +259,12 @@ class Exchanges:
             self._watchdog_armed = True
             self.ex.at(min(s.deadline for s in self._parked.values()), self._watchdog)
 
+    def abort_parked(self, reason: str) -> None:
+        """Fail every kernel parked in a collective here (the executor failed): each of
+        their gangs, present and future exchanges, as ``abort_gang``."""
+        for gang in {k[0][0] for k in self._parked}:
+            self.abort_gang(gang, reason)
+
     def abort_gang(self, gang, reason: str) -> None:
         self._failed_gangs[gang] = reason
         while len(self._failed_gangs) > FAILED_GANGS_KEPT:

@@ -171,7 +171,20 @@ class Executor:
                 if device.current is None:
                     busy |= self._take_next(device)
         if self.link is not None:
-            self.link.flush()
+            self.link.flush(self._unsent)
+
+    def internal_error(self, exc: BaseException) -> None:
+        """A turn failed with ``exc`` (a bug of the executor's own): what it may have left
+        undone could hold the gangs waiting in a collective, so each fails now, naming it,
+        instead of waiting for its peers' timeout. The executor keeps serving."""
+        self.exchanges.abort_parked(f"{self.name} failed: {type(exc).__name__}: {exc}")
+
+    def _unsent(self, key, exc: Exception) -> None:
+        """The value of exchange ``key`` could not leave for another host: its gang fails
+        here at once, with why (its peers learn it from the coordinator)."""
+        log.error("executor %s: exchange %r could not be sent: %r", self.name, key, exc)
+        self.exchanges.abort_gang(key[0], f"{self.name} could not send its value to another"
+                                          f" host: {type(exc).__name__}: {exc}")
 
     def next_deadline(self) -> float | None:
         """When the next turn is due (0.0: at once; None: only when woken)."""

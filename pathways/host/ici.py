@@ -137,14 +137,24 @@ class IciOutbox:
         for worker, ds in by_worker.items():
             self._out.setdefault(worker, []).append((key, src, ds, value, lag))
 
-    def flush(self) -> None:
-        """One message per peer host with everything queued for it."""
+    def flush(self, failed=None) -> None:
+        """One message per peer host with everything queued for it. A message that cannot
+        be made or sent: ``failed(key, exc)`` for each of its exchanges (the executor fails
+        their gangs at once, instead of leaving peers to wait for values that never come);
+        raised if no ``failed`` is given."""
         if not self._out:
             return
         out, self._out = self._out, {}
         for worker, items in out.items():
-            frames = encode(items)
-            self._send(worker, frames)
+            try:
+                frames = encode(items)
+                self._send(worker, frames)
+            except Exception as exc:
+                if failed is None:
+                    raise
+                for key in dict.fromkeys(item[0] for item in items):
+                    failed(key, exc)
+                continue
             self.sent["messages"] += 1
             self.sent["bytes"] += sum(memoryview(f).nbytes for f in frames)
 

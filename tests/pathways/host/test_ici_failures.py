@@ -1,0 +1,56 @@
+"""A collective's value that cannot leave its host fails its gang at once, with why, at the
+caller and on the peers: not a peer's timeout a minute later (issue 30). The rest goes on."""
+
+import numpy as np
+import pytest
+
+import pathways as pw
+from pathways import P
+from pathways.errors import PathwaysError
+from pathways.host import ici
+
+
+def test_a_value_the_link_cannot_send_fails_the_gang_at_once_naming_why(monkeypatch):
+    real, broken = ici.encode, []
+
+    def encode(items):
+        if not broken:  # the first ICI message of the run cannot be made
+            broken.append(True)
+            raise ValueError("cannot include dtype 'E' in a buffer")
+        return real(items)
+
+    with pw.local_cluster(hosts_per_island=2, devices_per_host=2, processes=False) as cluster, \
+            pw.connect(cluster.address) as client:
+        mesh = client.mesh((4,), ("d",))
+        total = pw.shard_map(lambda v: pw.psum(v, "d"), mesh, P("d"), P())
+        x = client.put(np.arange(4.0), mesh, P("d"))
+        np.testing.assert_array_equal(total(x).result(timeout=30), [6.0])
+        monkeypatch.setattr(ici, "encode", encode)
+        with pytest.raises(PathwaysError, match="cannot include dtype 'E' in a buffer"):
+            total(x).result(timeout=30)  # not the peers' timeout, 60 s later
+        assert broken
+        np.testing.assert_array_equal(total(x).result(timeout=30), [6.0])  # the rest goes on
+
+
+def test_an_executor_that_fails_fails_its_waiting_gangs_at_once_and_keeps_serving(monkeypatch):
+    from pathways.host.exchange import Exchanges
+
+    real, broken = Exchanges.receive, []
+
+    def receive(self, *item):
+        if self._parked and not broken:  # a bug of the executor's own, while a psum waits
+            broken.append(True)
+            raise RuntimeError("an executor bug")
+        return real(self, *item)
+
+    with pw.local_cluster(hosts_per_island=2, devices_per_host=2, processes=False) as cluster, \
+            pw.connect(cluster.address) as client:
+        mesh = client.mesh((4,), ("d",))
+        total = pw.shard_map(lambda v: pw.psum(v, "d"), mesh, P("d"), P())
+        x = client.put(np.arange(4.0), mesh, P("d"))
+        np.testing.assert_array_equal(total(x).result(timeout=30), [6.0])
+        monkeypatch.setattr(Exchanges, "receive", receive)
+        with pytest.raises(PathwaysError, match="RuntimeError: an executor bug"):
+            total(x).result(timeout=30)  # not the peers' timeout, 60 s later
+        assert broken
+        np.testing.assert_array_equal(total(x).result(timeout=30), [6.0])
