@@ -62,7 +62,7 @@ class Executor:
 
     ``store``: the host's object store, for kernels with ``input_keys``. ``link``: what carries
     collective values to other hosts, as ``pathways.host.ici.IciLink`` does (``queue(key, src,
-    dsts, value, lag)``, ``flush()``, ``receive() -> [(key, src, dsts, value, lag)]``,
+    dsts, value, lag)``, ``flush(failed)``, ``receive() -> [(key, src, dsts, value, lag)]``,
     ``readable()`` and ``fd``). ``clock``: the ``Clock`` it reads (``now`` is its time); a fake
     one's ``sleep`` is used for every timed wait. ``run_on(loop)`` runs it on an event loop,
     ``start()`` on a thread of its own.

@@ -839,7 +839,7 @@ class LoopbackLink:
     def queue(self, key, src, dsts, value, lag=0.0):
         self._queued.append((key, src, tuple(dsts), np.asarray(value).copy(), lag))
 
-    def flush(self):
+    def flush(self, failed=None):
         for key, src, dsts, value, lag in self._queued:
             self.sent.append((key, src, dsts, value, lag))
             self.fake.now += self.transit
