@@ -5,6 +5,11 @@ the hosts and assembles the global value. The client refcounts the logical array
 object), not its shards: when the last reference goes (or ``delete()``), its shards are freed
 on every host. It follows ``concurrent.futures``: ``result(timeout)``, ``done()``,
 ``exception()``, ``add_done_callback``, and it is awaitable.
+
+Its value converts as a numpy array's does, fetched: ``np.asarray(a)``, ``float(a)``,
+``int(a)``, ``bool(a)``, ``operator.index(a)``, and ``jnp.asarray(a)`` (``__jax_array__``).
+What numpy refuses for the shape and dtype (``float`` of a non-scalar) is refused before
+anything is fetched.
 """
 
 from __future__ import annotations
@@ -12,23 +17,40 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import math
+import operator
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import PathwaysError, ProgramError
+from ..errors import PathwaysError, ProgramError, ShardingError
 from ..program.ir import Aval, RemoteValue
+from ..program.mesh import Mesh
+from ..program.sharding import P, as_spec
 
 
 @dataclass(frozen=True)
 class NamedSharding:
-    """Where an array lives, as JAX's ``NamedSharding``: a mesh and a partition spec.
+    """Where an array lives, as JAX's ``NamedSharding``: a mesh (from ``client.mesh``) and a
+    partition spec (a ``P``, or JAX's ``PartitionSpec``, kept as the same ``P``). JAX's own
+    ``jax.sharding.NamedSharding`` cannot hold a pathways mesh: use this one with
+    ``client.put(value, sharding)`` and ``client.device_put(value, sharding)``.
 
     >>> x.sharding.mesh, x.sharding.spec       # the mesh and P(...) it was placed with
+    >>> w = client.device_put(np.eye(4), pw.NamedSharding(mesh, P("data")))
     """
 
     mesh: object
     spec: object
+
+    def __post_init__(self):
+        if not isinstance(self.mesh, Mesh):
+            raise ShardingError(f"NamedSharding needs a mesh from client.mesh(...), got"
+                                f" {self.mesh!r} ({type(self.mesh).__name__})")
+        spec = P() if self.spec is None else as_spec(self.spec)
+        if not isinstance(spec, P):
+            raise ShardingError(f"NamedSharding needs a partition spec P(...), got {spec!r}"
+                                f" ({type(spec).__name__})")
+        object.__setattr__(self, "spec", spec)
 
     def __repr__(self):
         return f"NamedSharding({self.mesh}, {self.spec})"
@@ -61,13 +83,45 @@ class Array(RemoteValue):
 
     def __len__(self):
         if not self.aval.shape:
-            raise TypeError("len() of a 0-d array")
+            raise TypeError("len() of unsized object")  # numpy's words for a 0-d array
         return self.aval.shape[0]
 
     def __array__(self, dtype=None, copy=None):
         """``np.asarray(a)``: the global value (waits for it and fetches it, as result())."""
         value = self.result()
         return value if dtype is None else value.astype(dtype)
+
+    def __jax_array__(self):
+        """``jnp.asarray(a)``: the fetched value as a JAX array on JAX's default device.
+
+        JAX 0.10 converts with it only where it asks for an array itself (``jnp.asarray``,
+        ``jnp.array``, a JAX array's operators): give ``jnp.sum`` and jitted functions
+        ``jnp.asarray(a)``, as JAX's own error says."""
+        import jax.numpy as jnp
+
+        return jnp.asarray(self.result())
+
+    def _scalar(self, convert):
+        """``convert`` of the fetched value, as numpy does it; what numpy refuses for this
+        shape and dtype (a size > 1 array to ``float``) it refuses first on a stand-in of
+        zeros (one element, broadcast), so without waiting or fetching."""
+        convert(np.broadcast_to(np.zeros((), self.dtype), self.shape))
+        return convert(self.result())
+
+    def __float__(self):
+        return self._scalar(float)
+
+    def __int__(self):
+        return self._scalar(int)
+
+    def __complex__(self):
+        return self._scalar(complex)
+
+    def __bool__(self):
+        return self._scalar(bool)
+
+    def __index__(self):
+        return self._scalar(operator.index)
 
     def _compute_elsewhere(self, *args, **kwargs):
         raise ProgramError(

@@ -21,20 +21,28 @@ import math
 import os
 import pickle
 import shutil
+import sys
 
 import numpy as np
 
 from plaque import security
 
 from .. import protocol
-from ..errors import ClientClosed, PathwaysError, ProgramError, SliceSuspended, received
+from ..errors import (
+    ClientClosed,
+    PathwaysError,
+    ProgramError,
+    ShardingError,
+    SliceSuspended,
+    received,
+)
 from ..lowering.lower import Placement
 from ..program import sharding, tree
 from ..program.compiled import Aval, CompiledFunction
 from ..program.mesh import Device, Mesh
 from ..protocol import RunArg
-from . import checkpoint, suspension
-from .array import Array
+from . import checkpoint, pytrees, suspension
+from .array import Array, NamedSharding
 from .cluster_view import ClusterView
 from .ledger import ArrayLedger
 from .program_cache import ProgramCache
@@ -220,19 +228,103 @@ class Client:
                     client=self)
 
     # ---- arrays ---------------------------------------------------------------------------
-    def put(self, value, mesh: Mesh, spec=None) -> Array:
+    def put(self, value, mesh: Mesh, spec=None):
         """Shard ``value`` over ``mesh`` by ``spec`` and send each shard to its device.
+
+        ``value`` is an array (numpy, JAX, a Python number) or a tree of them (dicts, lists,
+        tuples, None; with JAX loaded, any JAX pytree: ``pathways.client.pytrees``), and the
+        result is the same tree of arrays; ``spec`` (a ``P`` or JAX's ``PartitionSpec``;
+        none: ``P()``) is then one spec for every leaf or a tree prefix of specs. A
+        ``pw.NamedSharding`` may stand for ``mesh`` and ``spec``. A leaf numpy makes no
+        numeric array of (a string, a set) is refused, and nothing is sent unless every leaf
+        fits.
 
         >>> x = client.put(np.arange(32.0).reshape(8, 4), mesh, P("data"))
         >>> w = client.put(np.eye(4), mesh)        # no spec: a full copy on every device
+        >>> params = client.put({"w": np.eye(4), "b": np.zeros(4)}, mesh,
+        ...                     {"w": P("data"), "b": P()})
+        >>> params["w"].spec, params["b"].spec
+        (P('data', None), P(None))
         """
-        self.suspensions.check([mesh])
-        value = np.asarray(value)  # no copy yet: a huge view must fail before it is copied
-        spec = sharding.normalize_spec(spec, value.ndim, mesh.axis_names)
-        block = sharding.shard_shape(value.shape, mesh.axis_sizes, mesh.axis_names, spec)
-        self.shards.check_fits(math.prod(block) * value.dtype.itemsize, mesh, "put")
-        if value.dtype.hasobject:
-            _check_picklable(value)
+        if isinstance(mesh, NamedSharding) or _is_jax_sharding(mesh):
+            if spec is not None:
+                raise ShardingError("put takes a mesh and a spec, or a NamedSharding alone;"
+                                    f" got {mesh!r} and the spec {spec!r}")
+            return self.device_put(value, mesh)
+        if not isinstance(mesh, Mesh):
+            raise ProgramError(f"put needs a mesh from client.mesh(...) or a pw.NamedSharding,"
+                               f" got {mesh!r} ({type(mesh).__name__})")
+        return self._place(value, spec, lambda s: s is None or isinstance(s, sharding.P)
+                           or sharding.is_jax_spec(s),
+                           lambda s, path: (mesh, s), "put")
+
+    def device_put(self, x, sharding):
+        """``x`` placed as ``sharding`` says, as ``jax.device_put(x, sharding)`` does:
+        ``sharding`` is a ``pw.NamedSharding(mesh, spec)``, or a tree prefix of them, and
+        ``x`` an array or a tree of them as for ``put``. Returns the same tree of arrays. A
+        leaf that is a ``pw.Array`` of this client placed so already is returned as it is;
+        another ``pw.Array`` is fetched and put again (through this client).
+
+        >>> s = pw.NamedSharding(mesh, P("data"))
+        >>> state = client.device_put({"w": x0, "step": np.arange(8)}, s)
+        >>> state["w"].sharding == x.sharding
+        True
+        >>> client.device_put(x, x.sharding) is x
+        True
+        """
+        def where(item, path):
+            if isinstance(item, NamedSharding):
+                return item.mesh, item.spec
+            if _is_jax_sharding(item):
+                raise ShardingError(
+                    f"device_put: {pytrees.where(path)} would go to {item!r}, a JAX sharding"
+                    " of JAX's own devices; give pw.NamedSharding(mesh, spec) with a mesh"
+                    " from client.mesh(...) (the spec may be JAX's PartitionSpec)")
+            raise ShardingError(f"device_put: {pytrees.where(path)} would go to {item!r};"
+                                " give a pw.NamedSharding(mesh, spec) (pathways has no"
+                                " default device)")
+
+        return self._place(x, sharding, lambda s: s is None or isinstance(s, NamedSharding),
+                           where, "device_put", keep_placed=True)
+
+    def _place(self, value, items, is_item, where, what: str, keep_placed: bool = False):
+        """``value``'s tree with each leaf put where its item of the tree prefix ``items``
+        says (``where(item, path)``: mesh and spec); every leaf is checked before any is
+        sent. ``keep_placed``: a pw.Array of this client placed so already stays as it is."""
+        leaves, paths, treedef = pytrees.flatten(value)
+        per_leaf = pytrees.per_leaf(items, value, treedef, len(leaves), is_item, what)
+        places = [where(item, path) for item, path in zip(per_leaf, paths)]
+        self.suspensions.check([mesh for mesh, _ in places])
+        plans = []
+        for leaf, path, (mesh, spec) in zip(leaves, paths, places):
+            try:
+                if keep_placed and self._placed(leaf, mesh, spec):
+                    plans.append(leaf)
+                    continue
+                array = pytrees.numeric(leaf, path, what)  # no copy yet: a huge view must
+                spec = sharding.normalize_spec(spec, array.ndim, mesh.axis_names)  # fail first
+                block = sharding.shard_shape(array.shape, mesh.axis_sizes, mesh.axis_names,
+                                             spec)
+            except ShardingError as exc:
+                raise pytrees.at(path, exc) from None
+            self.shards.check_fits(math.prod(block) * array.dtype.itemsize, mesh, what)
+            if array.dtype.hasobject:
+                _check_picklable(array)
+            plans.append((array, mesh, spec))
+        return pytrees.unflatten(treedef, [self._send(p) for p in plans])
+
+    def _placed(self, leaf, mesh: Mesh, spec) -> bool:
+        """Whether ``leaf`` is a live array of this client on ``mesh`` with ``spec``."""
+        if not isinstance(leaf, Array) or leaf.client is not self or leaf.is_deleted():
+            return False
+        return leaf.mesh == mesh and leaf.spec == sharding.normalize_spec(
+            spec, leaf.ndim, mesh.axis_names)
+
+    def _send(self, plan) -> Array:
+        """The array ``_place`` planned: a copy of the value, split and sent to the hosts."""
+        if isinstance(plan, Array):
+            return plan
+        value, mesh, spec = plan
         value = np.array(value, copy=True)
         shards = sharding.split(value, mesh.axis_sizes, mesh.axis_names, spec)
         array_id = self.shards.new_id()
@@ -482,6 +574,13 @@ class Client:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _is_jax_sharding(obj) -> bool:
+    """Whether ``obj`` is one of JAX's shardings (False, importing nothing, if JAX is not
+    loaded)."""
+    jax_sharding = getattr(getattr(sys.modules.get("jax"), "sharding", None), "Sharding", None)
+    return jax_sharding is not None and isinstance(obj, jax_sharding)
 
 
 def _check_picklable(value: np.ndarray) -> None:

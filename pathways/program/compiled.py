@@ -23,7 +23,7 @@ from . import collectives, jax_body, replication, tree
 from . import cost as cost_model
 from .ir import Aval, RemoteValue, current_trace
 from .mesh import Mesh
-from .sharding import P, global_shape_of, normalize_spec, shard_shape
+from .sharding import P, as_spec, global_shape_of, normalize_spec, shard_shape
 
 COSTS_KEPT = 1024  # signatures whose modelled cost a compiled function remembers
 
@@ -43,6 +43,14 @@ class Signature:
 ABSTRACT_PASS = ("while finding its output shapes and dtypes (abstract evaluation: the body runs"
                  " once on the client on zero-filled shards, with collectives answering as if"
                  " every device held the same values)")
+
+
+def _as_specs(specs):
+    """``specs`` (a spec, or a tree of them) with JAX's PartitionSpecs as ``P``."""
+    if not tree.is_node(specs):
+        return as_spec(specs)
+    leaves, treedef = tree.flatten(specs)
+    return tree.unflatten(treedef, [as_spec(s) for s in leaves])
 
 
 def _specs(specs, what: str) -> tuple[tuple, bool]:
@@ -77,6 +85,7 @@ class CompiledFunction:
             raise ProgramError(f"shard_map needs a Mesh (client.mesh(...)), got {mesh!r}")
         self.body, self.mesh, self.cost = body, mesh, cost
         self.name = name or getattr(body, "__name__", "body")
+        in_specs, out_specs = _as_specs(in_specs), _as_specs(out_specs)
         flat_in, self._broadcast_in = _specs(in_specs, "in_specs")
         flat_out, single = _specs(out_specs, "out_specs")
         self.in_specs, self.out_specs, self.single_output = flat_in, flat_out, single

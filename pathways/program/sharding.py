@@ -13,12 +13,18 @@ dimension 1 would need 2 * 4 = 8 blocks, and 6 is not divisible by 8: a Sharding
 
 A dimension split over axes (a, b) is cut into size(a) * size(b) equal blocks, and the device at
 coordinates (ca, cb) holds block ``ca * size(b) + cb``: the same row-major rule as flat indices.
+
+JAX's ``jax.sharding.PartitionSpec`` means the same and is taken wherever a ``P`` is: the edges
+that take specs (``normalize_spec``, ``shard_map``, ``NamedSharding``) convert it with
+``as_spec``. JAX is never imported here: only a program that has imported it can hold one of
+its specs.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,12 +33,14 @@ from ..errors import ShardingError
 
 __all__ = [
     "P",
+    "as_spec",
     "assemble",
     "axis_group",
     "axis_size",
     "check_mesh",
     "device_slices",
     "global_shape_of",
+    "is_jax_spec",
     "normalize_spec",
     "shard_shape",
     "split",
@@ -40,7 +48,8 @@ __all__ = [
 
 
 class P(tuple):
-    """A partition spec: ``P("data", None)``, ``P(("data", "model"))``, ``P()``.
+    """A partition spec: ``P("data", None)``, ``P(("data", "model"))``, ``P()``. JAX's
+    ``jax.sharding.PartitionSpec`` is taken wherever a P is, with the same meaning.
 
     >>> P("data", None)          # dimension 0 split over "data", dimension 1 whole
     >>> P(("data", "model"))     # dimension 0 split over both axes, "data" major
@@ -56,6 +65,38 @@ class P(tuple):
 
     def __repr__(self) -> str:
         return "P(" + ", ".join(repr(e) for e in self) + ")"
+
+
+def is_jax_spec(obj) -> bool:
+    """Whether ``obj`` is JAX's ``PartitionSpec`` (False, importing nothing, if JAX is not
+    loaded: then nothing can be one)."""
+    sharding = getattr(sys.modules.get("jax"), "sharding", None)
+    jax_spec = getattr(sharding, "PartitionSpec", None)
+    return jax_spec is not None and isinstance(obj, jax_spec)
+
+
+def as_spec(spec):
+    """``spec`` as a ``P`` if it is JAX's ``PartitionSpec`` (same entries: None, an axis name,
+    a tuple of names; ``PartitionSpec()`` is ``P()``); anything else unchanged.
+
+    JAX's ``PartitionSpec.UNCONSTRAINED`` (let the compiler choose) and its unreduced or
+    reduced axes have no meaning here: a ShardingError says so.
+    """
+    if not is_jax_spec(spec):
+        return spec
+    if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
+        raise ShardingError(f"partition spec {spec!r} has unreduced or reduced axes, which"
+                            " pathways does not have: name the axes a dimension is split over,"
+                            " and sum partial values in the body (pw.psum)")
+    entries = tuple(getattr(spec, "partitions", spec))
+    unconstrained = getattr(type(spec), "UNCONSTRAINED", None)
+    for i, entry in enumerate(entries):
+        if unconstrained is not None and entry is unconstrained:
+            raise ShardingError(
+                f"entry {i} of partition spec {spec!r} is PartitionSpec.UNCONSTRAINED, which"
+                " lets JAX's compiler choose; pathways places every dimension as its spec"
+                " says: give None (not split) or the mesh axes to split it over")
+    return P(*entries)
 
 
 def check_mesh(mesh_shape, axis_names) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -81,10 +122,10 @@ def normalize_spec(spec, ndim: int, axis_names) -> P:
     tuple becomes the bare name, so equal shardings compare equal.
     """
     names = tuple(axis_names)
-    if spec is None:
-        spec = P()
+    spec = P() if spec is None else as_spec(spec)
     if not isinstance(spec, (tuple, list)):
-        raise ShardingError(f"a partition spec must be P(...), got {spec!r}")
+        raise ShardingError(f"a partition spec must be P(...) (or JAX's PartitionSpec), got"
+                            f" {spec!r} ({type(spec).__name__})")
     spec = P(*spec)
     if len(spec) > ndim:
         raise ShardingError(
