@@ -422,10 +422,9 @@ def _layer_notes(sizes: Sizes, cells: list[Cell], simulated: bool) -> list[str]:
          " handlers, kernel bodies included (one core per host process, not this"
          f" {os.cpu_count()}-core machine); control, client and Plaque messages take DCN time,"
          " all_to_all values the modelled ICI time in their kernels. Tokens/s per virtual"
-         " second; host CPU ms/run = CPU charged to the host roles, summed. A matmul that"
-         " numpy's BLAS splits over threads is charged its calling thread's CPU, waits"
-         " included, which varies from run to run; OPENBLAS_NUM_THREADS=1 (here:"
-         f" {os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}) gives steadier figures."
+         " second; host CPU ms/run = CPU charged to the host roles, summed. numpy's BLAS"
+         " runs on one thread while the simulation runs (pathways.sim.cputime.one_thread:"
+         " a pool's CPU would escape the role's thread meter)."
          if simulated else
          f"Tokens/s: this {os.cpu_count()}-core machine runs {D} host processes, so the step"
          f" rate is bound by CPU; host CPU ms/run (summed over the {D} hosts, from /proc)"
