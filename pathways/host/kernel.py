@@ -20,6 +20,7 @@ import numpy as np
 
 import plaque
 
+from ..dtypes import shippable, unwrap
 from ..errors import RemoteError
 from ..lowering.specs import KernelSpec, SendSpec
 from ..program import cost as cost_model
@@ -123,6 +124,7 @@ class Assembler:
             host.store.fail(key, RemoteError(piece[1]), owner)
             return
         _, dst_slices, block, link = piece
+        block = unwrap(block)  # unpickled already if it came from a shard of this worker
         now = host.clock.time()
         got = self.assembling.get((t, port))
         if got is None:
@@ -291,7 +293,7 @@ class SendOp(DispatchedOp):
                 block = np.asarray(value[src_slices])  # stays 0-d for a scalar
                 if not block.flags.c_contiguous:
                     block = block.copy()
-                cap.emit(("piece", dst_slices, block, link), shard=dst)
+                cap.emit(("piece", dst_slices, shippable(block), link), shard=dst)
         if self.spec.uses:
             host.store.release_use(key, self.spec.uses)
         cap.release()
