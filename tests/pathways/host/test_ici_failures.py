@@ -10,6 +10,22 @@ from pathways.errors import PathwaysError
 from pathways.host import ici
 
 
+def fails_once_then_recovers(monkeypatch, owner, name, broken_version, message, broken):
+    """A psum across 2 hosts works; with ``owner.name`` broken it fails at once naming
+    ``message`` (within 30 s: not the peers' 60 s collective timeout); then works again."""
+    with pw.local_cluster(hosts_per_island=2, devices_per_host=2, processes=False) as cluster, \
+            pw.connect(cluster.address) as client:
+        mesh = client.mesh((4,), ("d",))
+        total = pw.shard_map(lambda v: pw.psum(v, "d"), mesh, P("d"), P())
+        x = client.put(np.arange(4.0), mesh, P("d"))
+        np.testing.assert_array_equal(total(x).result(timeout=30), [6.0])
+        monkeypatch.setattr(owner, name, broken_version)
+        with pytest.raises(PathwaysError, match=message):
+            total(x).result(timeout=30)
+        assert broken
+        np.testing.assert_array_equal(total(x).result(timeout=30), [6.0])
+
+
 def test_a_value_the_link_cannot_send_fails_the_gang_at_once_naming_why(monkeypatch):
     real, broken = ici.encode, []
 
@@ -19,17 +35,8 @@ def test_a_value_the_link_cannot_send_fails_the_gang_at_once_naming_why(monkeypa
             raise ValueError("cannot include dtype 'E' in a buffer")
         return real(items)
 
-    with pw.local_cluster(hosts_per_island=2, devices_per_host=2, processes=False) as cluster, \
-            pw.connect(cluster.address) as client:
-        mesh = client.mesh((4,), ("d",))
-        total = pw.shard_map(lambda v: pw.psum(v, "d"), mesh, P("d"), P())
-        x = client.put(np.arange(4.0), mesh, P("d"))
-        np.testing.assert_array_equal(total(x).result(timeout=30), [6.0])
-        monkeypatch.setattr(ici, "encode", encode)
-        with pytest.raises(PathwaysError, match="cannot include dtype 'E' in a buffer"):
-            total(x).result(timeout=30)  # not the peers' timeout, 60 s later
-        assert broken
-        np.testing.assert_array_equal(total(x).result(timeout=30), [6.0])  # the rest goes on
+    fails_once_then_recovers(monkeypatch, ici, "encode", encode,
+                             "cannot include dtype 'E' in a buffer", broken)
 
 
 def test_an_executor_that_fails_fails_its_waiting_gangs_at_once_and_keeps_serving(monkeypatch):
@@ -43,14 +50,5 @@ def test_an_executor_that_fails_fails_its_waiting_gangs_at_once_and_keeps_servin
             raise RuntimeError("an executor bug")
         return real(self, *item)
 
-    with pw.local_cluster(hosts_per_island=2, devices_per_host=2, processes=False) as cluster, \
-            pw.connect(cluster.address) as client:
-        mesh = client.mesh((4,), ("d",))
-        total = pw.shard_map(lambda v: pw.psum(v, "d"), mesh, P("d"), P())
-        x = client.put(np.arange(4.0), mesh, P("d"))
-        np.testing.assert_array_equal(total(x).result(timeout=30), [6.0])
-        monkeypatch.setattr(Exchanges, "receive", receive)
-        with pytest.raises(PathwaysError, match="RuntimeError: an executor bug"):
-            total(x).result(timeout=30)  # not the peers' timeout, 60 s later
-        assert broken
-        np.testing.assert_array_equal(total(x).result(timeout=30), [6.0])
+    fails_once_then_recovers(monkeypatch, Exchanges, "receive", receive,
+                             "RuntimeError: an executor bug", broken)
