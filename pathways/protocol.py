@@ -255,9 +255,11 @@ class AbortGangs(Message):
 
 @message
 class AbortGang(Message):
-    """From a host whose kernel failed: stop that gang's collectives here too."""
+    """From a host whose kernel failed: stop that gang's collectives here too. ``root``: the
+    failure's own error (a RemoteError), which the gang's other kernels fail with."""
     gang: tuple
     reason: str
+    root: object = None
 
 
 # ---- client -> host data service -----------------------------------------------------------------

@@ -184,7 +184,8 @@ class Exchanges:
         """The shard reaches an exchange: its virtual time there (it must not be failed)."""
         gang = key[0]
         if gang in self._failed_gangs:
-            raise Abandoned(f"exchange {key!r} at {me!r} abandoned: {self._failed_gangs[gang]}")
+            reason, root = self._failed_gangs[gang]
+            raise Abandoned(f"exchange {key!r} at {me!r} abandoned: {reason}", root=root)
         return self.ex.timeline.reach_collective(shard, self.ex.now())
 
     def _queue_remote(self, key, me, dsts, value, at: float) -> None:
@@ -265,8 +266,10 @@ class Exchanges:
         for gang in {k[0][0] for k in self._parked}:
             self.abort_gang(gang, reason)
 
-    def abort_gang(self, gang, reason: str) -> None:
-        self._failed_gangs[gang] = reason
+    def abort_gang(self, gang, reason: str, root=None) -> None:
+        """Fail ``gang``'s exchanges here, present and future; ``root``: the failure's own
+        error, which its kernels fail with instead of their Abandoned."""
+        self._failed_gangs[gang] = (reason, root)
         while len(self._failed_gangs) > FAILED_GANGS_KEPT:
             self._failed_gangs.popitem(last=False)
         for k in [k for k in self._mail if k[0][0] == gang]:
@@ -277,7 +280,7 @@ class Exchanges:
             if k[0][0] == gang:
                 del self._parked[k]
                 self.ex.resume_later(shard, Abandoned(
-                    f"exchange {k[0]!r} at {k[1]!r} abandoned: {reason}"))
+                    f"exchange {k[0]!r} at {k[1]!r} abandoned: {reason}", root=root))
 
 
 class ExecutorEnv(KernelEnv):

@@ -124,12 +124,13 @@ class Executor:
         if self.driver is not None:
             self.driver.wake()
 
-    def abort_gang(self, gang_key, reason: str) -> None:
-        """Fail every exchange, present and future, of ``gang_key`` on this executor."""
+    def abort_gang(self, gang_key, reason: str, root=None) -> None:
+        """Fail every exchange, present and future, of ``gang_key`` on this executor (with
+        ``root``, the failure's own error, when it is known)."""
         if self.on_thread():
-            self.exchanges.abort_gang(gang_key, reason)
+            self.exchanges.abort_gang(gang_key, reason, root)
         else:
-            self.call_soon(lambda: self.exchanges.abort_gang(gang_key, reason))
+            self.call_soon(lambda: self.exchanges.abort_gang(gang_key, reason, root))
 
     def close(self, timeout: float = 5.0) -> bool:
         """Stop; queued kernels of every device, and the running ones, are told via

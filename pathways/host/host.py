@@ -93,11 +93,11 @@ class Host:
             if cap.valid:  # not uninstalled meanwhile
                 cap.release()
 
-    def abort_gang(self, gang_key, devices, reason) -> None:
+    def abort_gang(self, gang_key, devices, reason, root=None) -> None:
         """Executor thread: stop this gang's collectives here and on its other hosts."""
-        self.executor.abort_gang(gang_key, reason)
+        self.executor.abort_gang(gang_key, reason, root)
         workers = {self.worker_of[d] for d in devices if d in self.worker_of} - {self.core.id}
-        msg = protocol.AbortGang(gang_key, reason)
+        msg = protocol.AbortGang(gang_key, reason, root)
         for w in workers:
             self.core.call_soon(lambda w=w: self.core.send_user(w, msg))
 
@@ -111,7 +111,7 @@ class Host:
         handler(self, msg)
 
     def _abort_gang(self, msg) -> None:
-        self.executor.abort_gang(msg.gang, msg.reason)
+        self.executor.abort_gang(msg.gang, msg.reason, msg.root)
 
     def _abort_gangs(self, msg) -> None:
         runs = set()

@@ -228,7 +228,7 @@ class Kernel(DeviceWork):
         self._release_inputs()
         gang = (self.arg.client, self.arg.run_id, self.spec.index)
         self.host.abort_gang(gang, self.spec.fn.mesh.ids, f"{self.name} failed on device"
-                             f" {self.device_id}: {exc!r}")
+                             f" {self.device_id}: {exc!r}", root=err)
 
         def fail(cap):
             raise err
@@ -238,7 +238,12 @@ class Kernel(DeviceWork):
 
 def kernel_error(name: str, device: int, exc: BaseException) -> RemoteError:
     """What the readers of a failed kernel's outputs get: where it failed (function, device,
-    host), why (the exception's class and message), and its traceback as lines."""
+    host), why (the exception's class and message), and its traceback as lines. A kernel
+    that failed because another of its gang did (an abandoned collective that knows why)
+    fails with that failure's own error: the real exception, wherever it is read."""
+    root = getattr(exc, "root", None)
+    if isinstance(root, RemoteError):
+        return root
     if isinstance(exc, RemoteError):
         return exc
     return RemoteError.from_origin({

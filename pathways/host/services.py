@@ -39,8 +39,9 @@ class HostServices(Protocol):
     def post_release(self, cap) -> None:
         """Executor thread: release the Plaque capability ``cap`` on the host's loop."""
 
-    def abort_gang(self, gang_key, devices, reason: str) -> None:
-        """Executor thread: stop this gang's collectives here and on its other hosts."""
+    def abort_gang(self, gang_key, devices, reason: str, root=None) -> None:
+        """Executor thread: stop this gang's collectives here and on its other hosts;
+        ``root``: the failure's own error, which the gang's other kernels fail with."""
 
     def put(self, key: Key, value, owner: Owner, arrival: float | None = None) -> None:
         """Loop thread: store a buffer that came from outside (a transfer, routed rows) once

@@ -121,4 +121,10 @@ def _gang(key):
 
 
 class Abandoned(CollectiveTimeout):
-    """An exchange woken by ``Rendezvous.abort``: a consequence of another device's failure."""
+    """An exchange woken by ``Rendezvous.abort``: a consequence of another device's failure.
+    ``root``: that failure's own error (a ``RemoteError``) when it is known, which is what a
+    kernel failing with this one fails with."""
+
+    def __init__(self, *args, root=None):
+        super().__init__(*args)
+        self.root = root

@@ -37,11 +37,13 @@ def _check_survives(client, other, exc_type):
     mesh = client.mesh((2,), ("d",))
     x = client.put(np.array([1.0, 0.0]), mesh, P("d"))  # device 0 raises, device 1 waits
     f = pw.shard_map(_on_real_data(exc_type), mesh, P("d"), P("d"))
-    # the run fails with the body's exception, or with its peer's abandoned psum naming it
-    # (whichever reaches the coordinator first)
+    # the run fails with the body's own exception, naming its device, whichever kernel's
+    # failure reaches the coordinator first (the peer's abandoned psum carries the root)
     with pytest.raises(pw.RemoteError,
-                       match=rf"{exc_type.__name__}(: |\(')stopped by the body"):
+                       match=rf"{exc_type.__name__}: stopped by the body") as caught:
         f(x).result(timeout=30)
+    assert "Abandoned" not in str(caught.value)
+    assert caught.value.device == mesh.ids[0]
     y = client.generate(_raises_in_generate(exc_type), (4,), np.float64, mesh, P("d"))
     with pytest.raises(pw.RemoteError, match=exc_type.__name__):
         y.result(timeout=30)

@@ -391,3 +391,30 @@ def test_native_thread_pools_run_on_the_roles_thread_while_simulating():
         outer.close()
         inner.close()
     assert sizes() == before
+
+
+def test_a_gang_fails_with_the_root_exception_even_when_a_peers_failure_arrives_first():
+    """Device 1's body raises; device 0, waiting in a psum, fails because of it. Host 1's
+    messages to the coordinator are late, so host 0's failure reaches it first: the call
+    still fails with device 1's own exception, not its peer's abandoned psum."""
+    from pathways.sim.network import NO_FAULT, Fault
+
+    def late_from_host_1(src, dst, nbytes, rng):
+        return Fault(delay=0.5) if src == "host-1/plaque" and dst.startswith("sim-") \
+            else NO_FAULT
+
+    def body(v):
+        if v.sum() > 0:
+            raise ValueError("the root cause")
+        return pw.psum(v, "d")
+
+    with pw.local_cluster(hosts_per_island=2, devices_per_host=1, simulate=True,
+                          faults=late_from_host_1, heartbeat_timeout=5.0) as cluster:
+        with pw.connect(cluster.address) as client:
+            mesh = client.mesh((2,), ("d",))
+            x = client.put(np.array([0.0, 1.0]), mesh, P("d"))
+            f = pw.shard_map(body, mesh, P("d"), P())
+            with pytest.raises(ValueError, match="the root cause") as caught:
+                f(x).result(timeout=30)
+            assert isinstance(caught.value, pw.RemoteError)
+            assert caught.value.device == mesh.ids[1] and "Abandoned" not in str(caught.value)
