@@ -251,6 +251,7 @@ class AbortGangs(Message):
     gangs: list
     reason: str
     outputs: list
+    root: object = None  # the run's error (a RemoteError): what their kernels fail with
 
 
 @message

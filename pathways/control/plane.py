@@ -456,18 +456,20 @@ class ControlPlane:
         self._reply(run.ident, m.RunFailed(run.run_id, error))
         # Kernels of this run still queued or waiting in collectives on surviving hosts
         # must not hold their devices until a timeout: fail their gangs now.
-        self._abort([run], str(error))
+        self._abort([run], str(error), error)
         # Sequence numbers of this run whose kernels never reached a host (its START was
         # cut short) would stall their devices: skip them (no-op where they ran).
         self._skip(run.seqs, f"its run failed: {error}")
 
-    def _abort(self, runs, reason: str) -> None:
-        """Fail the gangs of these runs on every host (collectives and waiting kernels)."""
+    def _abort(self, runs, reason: str, root=None) -> None:
+        """Fail the gangs of these runs on every host (collectives and waiting kernels);
+        ``root``: the runs' error, when it is a kernel's own (a RemoteError)."""
         gangs = [(run.prog.client, run.run_id, e) for run in runs
                  for e in range(len(run.prog.gangs))]
         outputs = [aid for run in runs for aid in run.arg.outputs.values()]
         if gangs:
-            self._to_hosts(m.AbortGangs(gangs, reason, outputs))
+            self._to_hosts(m.AbortGangs(gangs, reason, outputs,
+                                        root if isinstance(root, RemoteError) else None))
 
     def _explain(self, error):
         """What a client should see: a lost Plaque worker is a lost host, named; a kernel's

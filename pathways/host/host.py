@@ -116,7 +116,7 @@ class Host:
     def _abort_gangs(self, msg) -> None:
         runs = set()
         for gang in msg.gangs:
-            self.executor.abort_gang(gang, msg.reason)
+            self.executor.abort_gang(gang, msg.reason, msg.root)
             runs.add(tuple(gang[:2]))
         # kernels of these runs waiting for inputs that will never come must not hold
         # their devices: fail the run's buffers nobody has produced yet
