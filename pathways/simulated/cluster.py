@@ -319,4 +319,19 @@ class SimCluster:
             return
         self.closed = True
         _RUNNING.pop(self.address, None)
+        self._stop_spawned()
         self.coordinator.close()
+
+    def _stop_spawned(self) -> None:
+        """Work of ``spawn``/``run_as`` still waiting fails now, with a clear error, in the
+        caller's thread: a greenlet left parked would be killed by the garbage collector
+        later, running its code inside whatever simulation runs then."""
+        me = greenlet.getcurrent()
+        for glet in list(self._spawned):
+            if glet is me or glet.dead:
+                continue
+            try:
+                glet.throw(SimulationError(f"the simulated cluster {self.address} closed while"
+                                           " this work waited"))
+            except Exception:  # it did not catch it: it ended with it, as it should
+                pass

@@ -418,3 +418,21 @@ def test_a_gang_fails_with_the_root_exception_even_when_a_peers_failure_arrives_
                 f(x).result(timeout=30)
             assert isinstance(caught.value, pw.RemoteError)
             assert caught.value.device == mesh.ids[1] and "Abandoned" not in str(caught.value)
+
+
+def test_work_still_waiting_when_the_cluster_closes_fails_then_clearly():
+    from pathways.sim import SimulationError
+
+    cluster = pw.local_cluster(hosts_per_island=1, devices_per_host=1, simulate=True)
+    sim = cluster.__enter__()
+    try:
+        client = pw.connect(sim.address)
+        never = sim.future()  # nobody sets it
+        task = sim.run_as(client, lambda: never.result())
+        sim.run_for(1.0)
+        assert not task.done()
+    finally:
+        cluster.__exit__(None, None, None)
+    with pytest.raises(SimulationError, match="closed while this work waited"):
+        task.result(timeout=1)
+    assert not sim._spawned  # nothing left for the garbage collector to kill later
