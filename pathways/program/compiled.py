@@ -198,9 +198,8 @@ class CompiledFunction:
             self._as_jax()
         if self.jax is not None:
             self.shard_avals(in_avals)  # our errors for a wrong count or an uneven split
-            plan = self.jax.plan(in_avals, self.single_output)
             outs, shards = ([Aval(tuple(a.shape), np.dtype(a.dtype)) for a in avals]
-                            for avals in (plan.out_avals, plan.shard_out_avals))
+                            for avals in self.jax.avals(in_avals, self.single_output))
             return Signature(tuple(outs), tuple(shards), tuple(() for _ in outs),
                              tuple(in_avals))
         zeros = [np.zeros(a.shape, a.dtype) for a in self.shard_avals(in_avals)]

@@ -27,7 +27,7 @@ from collections import OrderedDict
 
 from ..errors import ProgramError, ShardingError
 from . import collectives
-from .jax_plan import Plan, plan_of
+from .jax_plan import Plan, plan_of, shapes_of
 
 __all__ = ["JaxBody", "NotNumpy", "came_from_jax", "is_jax_type", "out_shapes", "require",
            "returns_jax", "uses_jax"]
@@ -220,12 +220,33 @@ class JaxBody:
             if plan is not None:
                 _plans.move_to_end(key)
                 return plan
-            plan = _plans[key] = self._trace(in_avals, single_output)
+            traced = _avals.pop(key, None)  # this process's client traced it already
+            closed = traced[1] if traced else self._trace(in_avals, single_output)
+            with require().enable_x64(self.x64):
+                plan = _plans[key] = plan_of(closed, self.name)
             while len(_plans) > PLANS_KEPT:
                 _plans.popitem(last=False)
             return plan
 
-    def _trace(self, in_avals, single_output) -> Plan:
+    def avals(self, in_avals, single_output: bool) -> tuple[list, list]:
+        """(global output avals, one device's output avals) for global argument avals, from
+        the trace alone: what a client needs, with nothing compiled (its hosts compile, in
+        ``plan``). Traced once per process."""
+        key = (self.token, tuple(in_avals))
+        plan = _plans.get(key)
+        if plan is not None:
+            return plan.out_avals, plan.shard_out_avals
+        with _plans_lock:
+            got = _avals.get(key)
+            if got is None:
+                closed = self._trace(in_avals, single_output)
+                got = _avals[key] = (shapes_of(closed, self.name), closed)
+                while len(_avals) > PLANS_KEPT:
+                    _avals.popitem(last=False)
+            return got[0]
+
+    def _trace(self, in_avals, single_output):
+        """The closed jaxpr of the body's ``jax.shard_map`` on arguments of ``in_avals``."""
         jax = require()
         from jax.sharding import AbstractMesh
         from jax.sharding import PartitionSpec as JaxP
@@ -243,9 +264,7 @@ class JaxBody:
                                check_vma=self.check_rep)
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals]
         with _traced(self.name, in_avals), jax.enable_x64(self.x64):
-            closed = jax.make_jaxpr(mapped)(*structs)
-        with jax.enable_x64(self.x64):
-            return plan_of(closed, self.name)
+            return jax.make_jaxpr(mapped)(*structs)
 
     def run(self, shards, in_avals, single_output: bool) -> tuple:
         """One device's outputs (numpy) for its ``shards``, inside its kernel environment."""
@@ -269,6 +288,8 @@ class JaxBody:
 
 
 _plans: OrderedDict[tuple, Plan] = OrderedDict()
+_avals: OrderedDict[tuple, tuple] = OrderedDict()  # ``avals`` of bodies not planned: (its
+# answer, the closed jaxpr, which ``plan`` takes up if a host of this process runs the body)
 _plans_lock = threading.RLock()
 
 

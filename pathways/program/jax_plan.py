@@ -172,12 +172,24 @@ def _is_literal(var) -> bool:
     return type(var).__name__ == "Literal"
 
 
-def plan_of(closed, name) -> Plan:
-    """The plan of the per-device jaxpr inside the shard_map of ``closed``."""
+def shapes_of(closed, name) -> tuple[list, list]:
+    """(global output avals, one device's output avals) of the shard_map ``closed`` holds:
+    what ``plan_of`` would give as ``out_avals`` and ``shard_out_avals``, nothing compiled."""
+    inner = _shard_map_eqn(closed, name).params["jaxpr"]
+    return list(closed.out_avals), [v.aval for v in inner.outvars]
+
+
+def _shard_map_eqn(closed, name):
     outer = closed.jaxpr
     if len(outer.eqns) != 1 or outer.eqns[0].primitive.name != "shard_map":
         raise ProgramError(f"{name}: unexpected trace (equations outside the shard_map)")
-    eqn = outer.eqns[0]
+    return outer.eqns[0]
+
+
+def plan_of(closed, name) -> Plan:
+    """The plan of the per-device jaxpr inside the shard_map of ``closed``."""
+    outer = closed.jaxpr
+    eqn = _shard_map_eqn(closed, name)
     inner = eqn.params["jaxpr"]
     # Arguments of the outer jaxpr are ours; the rest are constants the body closed over.
     const_of = dict(zip(outer.constvars, closed.consts))
