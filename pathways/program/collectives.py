@@ -93,7 +93,9 @@ class kernel_env:  # noqa: N801 (used as a function: ``with kernel_env(env):``)
 
 
 class _NoHostWork:
-    until = None
+    """``KernelEnv.host_work`` where no device's time is kept: nothing to do."""
+
+    until = None  # when the host work ended (unknown here)
 
     def __enter__(self):
         return self
@@ -102,7 +104,7 @@ class _NoHostWork:
         return None
 
 
-_NO_HOST_WORK = _NoHostWork()
+NO_HOST_WORK = _NoHostWork()
 
 
 class KernelEnv:
@@ -121,7 +123,7 @@ class KernelEnv:
         """A context in which the body does its host's work, not its device's (compiling
         its program): where a device's time is kept, that time is not the kernel's. A
         no-op here."""
-        return _NO_HOST_WORK
+        return NO_HOST_WORK
 
     def host_work_until(self, ready_at: float) -> None:
         """The kernel's program became ready (compiled by its host) at ``ready_at``: where a
@@ -385,15 +387,11 @@ def ordered_sum(values: list) -> np.ndarray:
     # A fixed order (position 0 first) is what makes float sums bitwise equal on all members.
     dtype = values[0].dtype
     wide = sum_dtype(dtype)
-    if wide == dtype:
-        total = values[0].copy()
-        for value in values[1:]:
-            total = total + value
-        return np.asarray(total)
-    total = values[0].astype(wide)
+    widen = wide != dtype
+    total = values[0].astype(wide)  # a copy: the values given stay as they are
     for value in values[1:]:
-        total = total + value.astype(wide)
-    return np.asarray(total.astype(dtype))
+        total = total + (value.astype(wide) if widen else value)
+    return np.asarray(total.astype(dtype) if widen else total)
 
 
 @functools.cache

@@ -275,9 +275,10 @@ class JaxBody:
             plan = _plans.get((self.token, tuple(in_avals)))
             if plan is None:  # traced and compiled: the host's work, not the device's
                 env = collectives.current_env()
-                with env.host_work() if env is not None else contextlib.nullcontext() as work:
+                work = env.host_work() if env is not None else collectives.NO_HOST_WORK
+                with work:
                     plan = self.plan(in_avals, single_output)
-                plan.ready_at = getattr(work, "until", None)
+                plan.ready_at = work.until
             self._last = (in_avals, plan)
         if plan.ready_at is not None:  # no device starts before its program is compiled
             env = collectives.current_env()

@@ -63,10 +63,9 @@ _held = {"count": 0, "limits": None}  # simulations running; what restores the p
 _held_lock = threading.Lock()
 
 
-class one_thread:  # noqa: N801 (used as a function: ``with one_thread():``)
-    """Native thread pools (BLAS) at one thread while any simulation holds this (nests, any
-    order; the pools' own sizes come back when the last is released). ``release()`` is
-    ``__exit__``."""
+class one_thread:  # noqa: N801 (used as a function: ``held = one_thread()``)
+    """Native thread pools (BLAS) at one thread until ``release()`` (any number held at once,
+    released in any order; the pools' own sizes come back when the last is released)."""
 
     def __init__(self):
         with _held_lock:
@@ -84,9 +83,3 @@ class one_thread:  # noqa: N801 (used as a function: ``with one_thread():``)
             if _held["count"] == 0:
                 _held["limits"].restore_original_limits()
                 _held["limits"] = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()

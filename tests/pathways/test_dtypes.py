@@ -5,7 +5,6 @@ bit; psum adds them as JAX does; the wire refuses data types it does not know.""
 
 import json
 import pickle
-import time
 
 import numpy as np
 import pytest
@@ -286,11 +285,10 @@ def test_a_bfloat16_psum_across_hosts_answers_at_once():
     with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=4) as cluster, \
             pw.connect(cluster.address) as c:
         m = c.mesh((8,), ("data",))
-        start = time.monotonic()
         x = c.put(np.ones(8, jnp.bfloat16), m, P("data"))
+        # within 30 s: not the 60 s collective timeout the run ended in
         y = pw.shard_map(lambda a: lax.psum(a, "data"), m, P("data"), P())(x).result(30)
         assert y.dtype == jnp.bfloat16 and y.tolist() == [8]
-        assert time.monotonic() - start < 30
         mixed = c.put(np.array([1.0] + [2.0 ** -8] * 7, jnp.bfloat16), m, P("data"))
         z = pw.shard_map(lambda a: lax.psum(a, "data"), m, P("data"), P())(mixed).result(30)
         assert z.tolist() == [1.03125]  # as JAX adds bfloat16: in float32, rounded once
