@@ -7,7 +7,9 @@ A ``Client`` is composed of parts, each in its own module, that the client's oth
 ``cluster_view`` (``ClusterView``: devices, hosts, each slice's newest mapping), ``runs``
 (``RunBook`` of ``Run``: the runs in flight), ``program_cache`` (``ProgramCache``), ``ledger``
 (``ArrayLedger``: arrays alive, held, freed), ``shards`` (``Shards``: put, generate, fetch,
-delete) and ``suspension`` (``Suspensions``: the suspended slices and their lock).
+delete) and ``suspension`` (``Suspensions``: the suspended slices and their lock). ``put`` and
+``device_put`` are ``placing``'s (a value or a tree of them onto meshes, each leaf checked
+first; trees are read by ``pytrees``).
 """
 
 from .array import Array, NamedSharding

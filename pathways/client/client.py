@@ -10,7 +10,8 @@ The client composes its state from objects that the other modules of this packag
 place: ``session`` (the I/O), ``cluster`` (devices, hosts, the newest mapping of each slice),
 ``runs`` (the runs in flight), ``programs`` (the program cache), ``ledger`` (the arrays' lives:
 holds and freeing), ``shards`` (shards to and from the hosts) and ``suspensions`` (the slices
-suspended). It keeps the user's calls and the handlers of the coordinator's messages.
+suspended); ``put`` and ``device_put`` are ``placing``'s. It keeps the user's calls and the
+handlers of the coordinator's messages.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ import concurrent.futures as cf
 import logging
 import math
 import os
-import pickle
 import shutil
-import sys
 
 import numpy as np
 
@@ -32,7 +31,6 @@ from ..errors import (
     ClientClosed,
     PathwaysError,
     ProgramError,
-    ShardingError,
     SliceSuspended,
     received,
 )
@@ -41,8 +39,8 @@ from ..program import sharding, tree
 from ..program.compiled import Aval, CompiledFunction
 from ..program.mesh import Device, Mesh
 from ..protocol import RunArg
-from . import checkpoint, pytrees, suspension
-from .array import Array, NamedSharding
+from . import checkpoint, placing, suspension
+from .array import Array
 from .cluster_view import ClusterView
 from .ledger import ArrayLedger
 from .program_cache import ProgramCache
@@ -246,17 +244,7 @@ class Client:
         >>> params["w"].spec, params["b"].spec
         (P('data', None), P(None))
         """
-        if isinstance(mesh, NamedSharding) or _is_jax_sharding(mesh):
-            if spec is not None:
-                raise ShardingError("put takes a mesh and a spec, or a NamedSharding alone;"
-                                    f" got {mesh!r} and the spec {spec!r}")
-            return self.device_put(value, mesh)
-        if not isinstance(mesh, Mesh):
-            raise ProgramError(f"put needs a mesh from client.mesh(...) or a pw.NamedSharding,"
-                               f" got {mesh!r} ({type(mesh).__name__})")
-        return self._place(value, spec, lambda s: s is None or isinstance(s, sharding.P)
-                           or sharding.is_jax_spec(s),
-                           lambda s, path: (mesh, s), "put")
+        return placing.put(self, value, mesh, spec)
 
     def device_put(self, x, sharding):
         """``x`` placed as ``sharding`` says, as ``jax.device_put(x, sharding)`` does:
@@ -272,66 +260,7 @@ class Client:
         >>> client.device_put(x, x.sharding) is x
         True
         """
-        def where(item, path):
-            if isinstance(item, NamedSharding):
-                return item.mesh, item.spec
-            if _is_jax_sharding(item):
-                raise ShardingError(
-                    f"device_put: {pytrees.where(path)} would go to {item!r}, a JAX sharding"
-                    " of JAX's own devices; give pw.NamedSharding(mesh, spec) with a mesh"
-                    " from client.mesh(...) (the spec may be JAX's PartitionSpec)")
-            raise ShardingError(f"device_put: {pytrees.where(path)} would go to {item!r};"
-                                " give a pw.NamedSharding(mesh, spec) (pathways has no"
-                                " default device)")
-
-        return self._place(x, sharding, lambda s: s is None or isinstance(s, NamedSharding),
-                           where, "device_put", keep_placed=True)
-
-    def _place(self, value, items, is_item, where, what: str, keep_placed: bool = False):
-        """``value``'s tree with each leaf put where its item of the tree prefix ``items``
-        says (``where(item, path)``: mesh and spec); every leaf is checked before any is
-        sent. ``keep_placed``: a pw.Array of this client placed so already stays as it is."""
-        leaves, paths, treedef = pytrees.flatten(value)
-        per_leaf = pytrees.per_leaf(items, value, treedef, len(leaves), is_item, what)
-        places = [where(item, path) for item, path in zip(per_leaf, paths)]
-        self.suspensions.check([mesh for mesh, _ in places])
-        plans = []
-        for leaf, path, (mesh, spec) in zip(leaves, paths, places):
-            try:
-                if keep_placed and self._placed(leaf, mesh, spec):
-                    plans.append(leaf)
-                    continue
-                array = pytrees.numeric(leaf, path, what)  # no copy yet: a huge view must
-                spec = sharding.normalize_spec(spec, array.ndim, mesh.axis_names)  # fail first
-                block = sharding.shard_shape(array.shape, mesh.axis_sizes, mesh.axis_names,
-                                             spec)
-            except ShardingError as exc:
-                raise pytrees.at(path, exc) from None
-            self.shards.check_fits(math.prod(block) * array.dtype.itemsize, mesh, what)
-            if array.dtype.hasobject:
-                _check_picklable(array)
-            plans.append((array, mesh, spec))
-        return pytrees.unflatten(treedef, [self._send(p) for p in plans])
-
-    def _placed(self, leaf, mesh: Mesh, spec) -> bool:
-        """Whether ``leaf`` is a live array of this client on ``mesh`` with ``spec``."""
-        if not isinstance(leaf, Array) or leaf.client is not self or leaf.is_deleted():
-            return False
-        return leaf.mesh == mesh and leaf.spec == sharding.normalize_spec(
-            spec, leaf.ndim, mesh.axis_names)
-
-    def _send(self, plan) -> Array:
-        """The array ``_place`` planned: a copy of the value, split and sent to the hosts."""
-        if isinstance(plan, Array):
-            return plan
-        value, mesh, spec = plan
-        value = np.array(value, copy=True)
-        shards = sharding.split(value, mesh.axis_sizes, mesh.axis_names, spec)
-        array_id = self.shards.new_id()
-        self.shards.put(array_id, mesh, shards)
-        done: cf.Future = cf.Future()
-        done.set_result(None)
-        return Array(self, array_id, Aval.of(value), mesh, spec, done, value=value)
+        return placing.device_put(self, x, sharding)
 
     def generate(self, fn, shape, dtype, mesh: Mesh, spec=None,
                  timeout: float | None = None) -> Array:
@@ -574,24 +503,6 @@ class Client:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def _is_jax_sharding(obj) -> bool:
-    """Whether ``obj`` is one of JAX's shardings (False, importing nothing, if JAX is not
-    loaded)."""
-    jax_sharding = getattr(getattr(sys.modules.get("jax"), "sharding", None), "Sharding", None)
-    return jax_sharding is not None and isinstance(obj, jax_sharding)
-
-
-def _check_picklable(value: np.ndarray) -> None:
-    """An object array travels pickled: one that cannot be must fail at ``put``, not later
-    on the client's loop thread with its consumers waiting forever."""
-    try:
-        pickle.dumps(value, protocol=5)
-    except Exception as exc:
-        raise ProgramError(f"put: this object array cannot be sent to the hosts (it does not"
-                           f" pickle: {exc!r}); put numeric arrays, or objects that pickle")\
-            from None
 
 
 def connect(address: str | None = None, dispatch: str = "parallel", timeout: float = 30.0,
