@@ -53,8 +53,15 @@ import numpy as np
 import pathways as pw
 from bench import profiling
 from bench.multicontroller import MultiController, expected_value, trivial_body
-from bench.results import bench_parser, plot_sweep, publish, security_for_all, wants_simulation
-from bench.scale import SIM_CPU, parse_sizes
+from bench.results import (
+    SIM_CPU,
+    bench_parser,
+    parse_sizes,
+    plot_sweep,
+    publish,
+    security_for_all,
+    wants_simulation,
+)
 from bench.sim_multicontroller import SimMultiController
 from pathways import P, protocol
 
@@ -182,7 +189,7 @@ def measure_config(rig: PathwaysRig, mc: MultiController | SimMultiController, c
         return Cell("MC", mc.hosts, c, units, r.wall, r.utilization, mc.per_host)
 
     runners = {"MC": run_mc, **{m: rig.run for m in MODES}}
-    clocks = {"MC": getattr(mc, "clock", time.perf_counter), **{m: rig.clock for m in MODES}}
+    clocks = {"MC": mc.clock, **{m: rig.clock for m in MODES}}
     units = {}
     for mode, run in runners.items():
         warm = WARM_UNITS[mode]

@@ -292,6 +292,11 @@ class MultiController:
             self.close()
             raise
 
+    def clock(self) -> float:
+        """Seconds to time its runs with from outside: real ones (``SimMultiController``'s
+        are virtual)."""
+        return time.perf_counter()
+
     def _expect(self, conn, kind: str, timeout: float):
         try:
             if not conn.poll(timeout):

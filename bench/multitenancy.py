@@ -148,12 +148,12 @@ def _this_run(observer, reports, start):
 
 
 def run_clients(cluster, weights, programs, observer):
-    if isinstance(cluster, SimCluster):
-        return run_clients_simulated(cluster, weights, programs, observer)
     """Clients of ``weights`` (one process each) submit ``programs`` each, started together.
 
     Returns (client reports, {device: this run's kernel records}, [CPU seconds of the
     coordinator, of the host, wall seconds from the start to the last report])."""
+    if isinstance(cluster, SimCluster):
+        return run_clients_simulated(cluster, weights, programs, observer)
     ctx = mp.get_context("spawn")
     go, results = ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_client, args=(i, cluster.address, w, programs, go, results),

@@ -56,7 +56,7 @@ import numpy as np
 
 import pathways as pw
 from bench import profiling
-from bench.results import bench_parser, publish, wants_simulation
+from bench.results import SIM_CPU, bench_parser, parse_sizes, publish, wants_simulation
 from pathways import P
 
 TITLE = "Parallel vs sequential dispatch: a chain of S computations across hosts (paper Figure 7)"
@@ -130,15 +130,14 @@ class SimMeter:
         self.cluster, self.clock = cluster, cluster.clock
 
     def read(self) -> dict[str, float]:
-        roles = self.cluster.roles.items()
-        return {"user": self.cluster.user.used, **{n: r.cpu_used for n, r in roles}}
+        return profiling.charged_cpu(self.cluster)
 
     def figures(self, before, after, wall: float) -> tuple[dict[str, float], float]:
         used = {name: after[name] - before.get(name, 0.0) for name in after}
-        hosts = [v for name, v in used.items() if name.startswith("host-")]
-        client = used["user"] + sum(v for n, v in used.items() if n.startswith("client-"))
-        cpu = {"client": client, "coordinator": used["coordinator"], "hosts": sum(hosts)}
-        return cpu, max(hosts) / wall
+        cpu = dict(zip(("client", "coordinator", "hosts"),
+                       profiling.client_coordinator_hosts(used)))
+        busiest = max(v for name, v in used.items() if name.startswith("host-"))
+        return cpu, busiest / wall
 
 
 @dataclass
@@ -429,8 +428,6 @@ def _setup(args, simulated: bool, sizes: list[Size]) -> str:
 
 
 def _notes(args, simulated: bool, sizes: list[Size], elapsed: float) -> str:
-    from bench.scale import SIM_CPU  # not at the top: bench.scale imports this module
-
     judged = [(size, s) for size in sizes for s in size.stage_counts if s >= TARGET_FROM]
     met = ("not judged (no chain that long)" if not judged else
            "met" if all(size.ratio(s) >= TARGET_RATIO for size, s in judged) else "MISSED")
@@ -453,8 +450,8 @@ def _notes(args, simulated: bool, sizes: list[Size], elapsed: float) -> str:
            if simulated else "CPU time of the cluster processes and this client over"
            " computations; machine busy: whole-machine CPU use during the cell."),
         f"Target: parallel >= {TARGET_RATIO:g}x sequential at {TARGET_FROM}+ stages: "
-        + "".join(f"{size.label + ' ' if simulated else ''}S={s} {size.ratio(s):.2f}x, "
-                  for size, s in judged) + f"{met}.",
+        + ", ".join(f"{size.label + ' ' if simulated else ''}S={s} {size.ratio(s):.2f}x"
+                    for size, s in judged) + f": {met}.",
     ]
     if simulated:
         lines.append("Wall time of each size's simulation: "
@@ -485,8 +482,6 @@ def main(argv=None) -> int:
     simulate = wants_simulation(argv)
     args = _parser(simulate).parse_args(argv)
     if simulate:
-        from bench.scale import parse_sizes  # not at the top: bench.scale imports this module
-
         wanted = parse_sizes(args.sizes or (SIM_QUICK_SIZES if args.quick else SIM_SIZES))
         if any(h < 2 for h, _ in wanted):
             raise SystemExit("--sizes: at least 2 hosts (consecutive stages on other hosts)")

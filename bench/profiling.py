@@ -2,7 +2,8 @@
 
 ``record`` attaches py-spy (samples holding the GIL only, so idle waiting does not count) to
 every given process, keeps the workload busy meanwhile, and returns the frames most often on
-the sampled stacks, per process.
+the sampled stacks, per process. ``cpu_seconds`` reads a process's CPU time from /proc;
+``charged_cpu`` is its counterpart for the roles of a simulated cluster.
 """
 
 from __future__ import annotations
@@ -101,3 +102,17 @@ def cpu_seconds(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / _TICK
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def charged_cpu(cluster) -> dict[str, float]:
+    """The simulated ``cluster``'s counterpart of ``cpu_seconds``: CPU seconds charged so far
+    to each of its roles, by name, and to the user's thread as "user"."""
+    return {"user": cluster.user.used, **{n: r.cpu_used for n, r in cluster.roles.items()}}
+
+
+def client_coordinator_hosts(used: dict[str, float]) -> tuple[float, float, float]:
+    """``charged_cpu`` figures (or differences of them) grouped: (client: the user's thread
+    and the client roles, the coordinator, the hosts summed)."""
+    client = used["user"] + sum(v for n, v in used.items() if n.startswith("client-"))
+    hosts = sum(v for n, v in used.items() if n.startswith("host-"))
+    return client, used["coordinator"], hosts

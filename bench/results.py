@@ -14,6 +14,9 @@ import sys
 _BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 _REPO_ROOT = os.path.dirname(_BENCH_DIR)
 RESULTS_PATH = os.path.join(_BENCH_DIR, "RESULTS.md")
+# what the notes of a simulated bench say of the CPU it charges
+SIM_CPU = ("Measured CPU leaves out garbage collections (this process's heap holds every"
+           " role's objects; a real process would scan only its own).")
 
 
 def machine() -> dict:
@@ -184,3 +187,12 @@ def wants_simulation(argv=None) -> bool:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--simulate", action="store_true")
     return pre.parse_known_args(argv)[0].simulate
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    """``--sizes`` ("4x16,8x16": hosts x devices per host) as [(hosts, per_host)]."""
+    out = []
+    for part in text.split(","):
+        h, d = part.lower().split("x")
+        out.append((int(h), int(d)))
+    return out

@@ -63,7 +63,7 @@ import pathways as pw
 from bench import profiling
 from bench.multicontroller import expected_value, trivial_body
 from bench.pipeline import chain_total, stage_body
-from bench.results import bench_parser, publish, wants_simulation
+from bench.results import SIM_CPU, bench_parser, parse_sizes, publish, wants_simulation
 from pathways import P
 
 TITLE = "Scale: one controller, one island of 64 to 1,024 emulated devices"
@@ -75,9 +75,6 @@ SIM_TITLE = ("Scale, simulated: one controller, one island of 64 to 4,096 device
              " time")
 SIM_SIZES = "4x16,8x16,16x32,32x32,64x32,64x64"
 SIM_QUICK_SIZES = "4x2,4x4"
-# what the notes of a simulated bench say of the CPU it charges
-SIM_CPU = ("Measured CPU leaves out garbage collections (this process's heap holds every"
-           " role's objects; a real process would scan only its own).")
 
 
 def idle_cpu(pids: list[int], seconds: float) -> float:
@@ -218,16 +215,9 @@ def measure(work, pids, budget: float, reps: int, timeout: float, idle: float) -
 # ---- the same, simulated: every figure from the simulation's roles --------------------------
 
 def sim_cpu(cluster) -> tuple[float, float, float]:
-    """CPU seconds charged so far to the client (the user's thread and the client roles),
-    the coordinator and the hosts of the simulated ``cluster``."""
-    client = cluster.user.used
-    hosts = 0.0
-    for name, role in cluster.roles.items():
-        if name.startswith("client-"):
-            client += role.cpu_used
-        elif name.startswith("host-"):
-            hosts += role.cpu_used
-    return client, cluster.roles["coordinator"].cpu_used, hosts
+    """CPU seconds charged so far to the client, the coordinator and the hosts of the
+    simulated ``cluster``."""
+    return profiling.client_coordinator_hosts(profiling.charged_cpu(cluster))
 
 
 def idle_cpu_simulated(cluster, seconds: float) -> float:
@@ -439,14 +429,6 @@ def verdict(sizes: list[Size]) -> str:
                         " error)" if unknown else "")
                      + f"; with the idle cost included: {_exponent(raw_worst)}")
     return "; ".join(parts)
-
-
-def parse_sizes(text: str) -> list[tuple[int, int]]:
-    out = []
-    for part in text.split(","):
-        h, d = part.lower().split("x")
-        out.append((int(h), int(d)))
-    return out
 
 
 def _parser(simulate: bool):
