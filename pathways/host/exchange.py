@@ -23,6 +23,7 @@ from collections import OrderedDict
 from ..errors import CollectiveTimeout, ProgramError
 from ..program.collectives import KernelEnv, ordered_sum
 from ..program.rendezvous import FAILED_GANGS_KEPT, Abandoned
+from .batching import BATCHING, Batch, Box, box_of
 
 log = logging.getLogger("pathways.host.exchange")
 
@@ -54,7 +55,60 @@ class Exchanges:
         self._failed_gangs: OrderedDict = OrderedDict()
         self._plans: dict = {}  # gather_plan's answers
         self._groups: dict = {}  # (key, local member) -> its _Group, for gathers
+        self._batches: dict = {}  # key -> its _Batch, for batched segments
+        self._boxes: dict = {}  # (id(devices), shape, names) -> (devices, Box or None)
         self._watchdog_armed = False  # one timer for every parked exchange's timeout
+
+    def box(self, devices: dict, mesh_shape, axis_names) -> Box | None:
+        """The box of this host's devices of a mesh (``devices``: flat index -> device, as
+        the host keeps it per mesh), or None (see ``_box_of``); worked out once per mesh."""
+        k = (id(devices), mesh_shape, axis_names)  # meshes of the same devices share them
+        hit = self._boxes.get(k)
+        if hit is not None and hit[0] is devices:
+            return hit[1]
+        box = box_of(devices, mesh_shape, axis_names, self.ex.devices) if BATCHING else None
+        if len(self._boxes) < PLANS_KEPT:
+            self._boxes[k] = (devices, box)
+        return box
+
+    def batch(self, shard, key, box: Box, me, args, run):
+        """In the shard's greenlet: ``me``'s results of a computation run once for every
+        device of ``box`` (``run(coords, [each member's args]) -> [each one's results]``),
+        when the last of them reaches it. Waiting for the others is not its device's time
+        (they run side by side); each is booked an equal share of the computation's real
+        time (``Timeline.leave_batch``)."""
+        at = self._arrive(shard, key, me)
+        batch = self._batches.get(key)
+        if batch is None:
+            batch = self._batches[key] = Batch(key, box.members)
+        batch.box[me] = args
+        if len(batch.box) < len(box.members):
+            shard.waiting = ["group", batch]
+            self._park(shard, key, me)
+            batch.parked.append((me, shard))
+            try:
+                self.ex.park()  # resumed when the last member has run the computation
+            finally:
+                shard.waiting = None
+                self._parked.pop((key, me), None)
+            if batch.error is not None:
+                raise batch.error
+        else:
+            del self._batches[key]
+            began = self.ex.now()
+            try:
+                batch.results = run(box.coords, [batch.box[d] for d in box.members])
+            except BaseException as exc:
+                batch.error = exc
+            batch.box = {}
+            batch.share = (self.ex.now() - began) / len(box.members)
+            for member, waiting in batch.parked:
+                if self._parked.pop((key, member), None) is waiting:
+                    self.ex.resume_later(waiting, None)
+            if batch.error is not None:
+                raise batch.error
+        self.ex.timeline.leave_batch(shard, at, batch.share, self.ex.now())
+        return batch.results[box.place[me]]
 
     def exchange(self, shard, key, me, outgoing: dict, sources: list) -> dict:
         """In the shard's greenlet: send ``outgoing`` {device: value}, wait for ``sources``;
@@ -276,6 +330,8 @@ class Exchanges:
             del self._mail[k]
         for k in [k for k in self._groups if k[0][0] == gang]:
             del self._groups[k]
+        for k in [k for k in self._batches if k[0] == gang]:
+            del self._batches[k]
         for k, shard in list(self._parked.items()):
             if k[0][0] == gang:
                 del self._parked[k]
@@ -299,6 +355,7 @@ class ExecutorEnv(KernelEnv):
         self.devices, self.gang_key = devices, gang_key
         self.executor, self.shard = executor, shard
         self.bytes_sent_remote = 0
+        self._batches = 0  # batched segments reached so far
 
     def gather_all(self, members, position, x):
         plan = self.executor.exchanges.gather_plan(self.devices, members, position)
@@ -314,6 +371,22 @@ class ExecutorEnv(KernelEnv):
 
     def host_work(self):
         return HostWork(self.executor, self.shard)
+
+    def local_batch(self):
+        box = self.executor.exchanges.box(self.devices, self.mesh_shape, self.axis_names)
+        return None if box is None else box.batch
+
+    def batched(self, run, args):
+        """This device's results of ``run`` (``jax_batch.HostBatch.run``), run once for all
+        of its host's devices of the gang."""
+        exchanges = self.executor.exchanges
+        box = exchanges.box(self.devices, self.mesh_shape, self.axis_names)
+        labels = self.shard.kernel.labels
+        if labels is not None:  # traces say which kernels ran together
+            labels["batch"] = len(box.members)
+        self._batches += 1
+        key = (self.gang_key, ("batch", self._batches))
+        return exchanges.batch(self.shard, key, box, self.devices[self.flat_index], args, run)
 
     def host_work_until(self, ready_at: float) -> None:
         self.executor.timeline.host_work_until(self.shard, ready_at, self.executor.now())

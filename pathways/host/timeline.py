@@ -21,6 +21,7 @@ carries out the actions it returns:
     Timeline.begin / ended                        its body went on the thread / returned
     Timeline.host_work                            its body compiled: the device was idle
     Timeline.reach_collective / leave_collective  its body waits for peers in a collective
+    Timeline.leave_batch                          its host ran a segment for several devices
     Timeline.finish(slot)      -> now?            its body is done for good
     Timeline.hold / admitted                      its outputs wait for HBM / got it
     Lane.release(slot)                            published: the device is free at its end
@@ -199,6 +200,14 @@ class Timeline:
         which occupies its device), back on the thread at real time ``now``."""
         slot.cursor = max(at, last)
         slot.waited += slot.cursor - at
+        slot.segment = now
+
+    def leave_batch(self, slot: Slot, at: float, share: float, now: float) -> None:
+        """It reached a computation its host ran once for several devices at virtual time
+        ``at``; its share of that computation's real time was ``share``: it goes on from
+        ``at + share`` (its wait for the others to arrive is not its device's: they ran side
+        by side), back on the thread at real time ``now``."""
+        slot.cursor = at + share
         slot.segment = now
 
     def finish(self, slot: Slot, now: float) -> bool:

@@ -129,6 +129,12 @@ class KernelEnv:
         """The kernel's program became ready (compiled by its host) at ``ready_at``: where a
         device's time is kept, the kernel does not begin before. A no-op here."""
 
+    def local_batch(self):
+        """The ``HostBatch`` of the devices of this kernel's gang whose JAX segments run
+        together with this device's (``pathways.program.jax_batch``), or None: this device
+        runs its own. None here."""
+        return None
+
     def next_collective(self) -> int:
         """The sequence number of this kernel's next exchange (0, 1, 2...)."""
         seq, self._seq = self._seq, self._seq + 1

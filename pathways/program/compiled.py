@@ -283,8 +283,8 @@ class CompiledFunction:
         seconds = self._costs.get(key)
         if seconds is None:
             if self.jax is not None and sig is not None:
-                plan = self.jax.plan(sig.ins, self.single_output)
-                default = cost_model.kernel_time(plan.flops, plan.bytes, spec)
+                flops, nbytes = self.jax.cost(sig.ins, self.single_output)
+                default = cost_model.kernel_time(flops, nbytes, spec)
             else:
                 default = cost_model.estimate_kernel(list(inputs), list(outputs), spec)
             seconds = cost_model.resolve_cost(self.cost, [a.shape for a in inputs], default)

@@ -8,7 +8,9 @@ exactly as under ``jax.shard_map``. The per-device jaxpr inside becomes a plan
 (``pathways.program.jax_plan``: XLA-compiled segments between collectives that run through
 ``pathways.program.collectives``), cached per (function, argument avals) in each process. A kernel's
 modelled time is the roofline (``pw.DeviceSpec``) of the flops and bytes XLA's cost analysis
-reports for its segments, unless ``cost=`` is given.
+reports for its segments, unless ``cost=`` is given. A host that holds every device the body's
+collectives reach runs each segment once for all of its devices of the gang
+(``pathways.program.jax_batch``; the plan is cached per box shape).
 
 JAX's own configuration decides dtypes (``jax_enable_x64``, off by default: float64 arguments
 become float32, as under ``jax.jit``): the client's setting where a function is first traced
@@ -27,6 +29,7 @@ from collections import OrderedDict
 
 from ..errors import ProgramError, ShardingError
 from . import collectives
+from .jax_batch import HostBatch
 from .jax_plan import Plan, plan_of, shapes_of
 
 __all__ = ["JaxBody", "NotNumpy", "came_from_jax", "is_jax_type", "out_shapes", "require",
@@ -212,18 +215,24 @@ class JaxBody:
                               _last=None)
         return other
 
-    def plan(self, in_avals, single_output: bool) -> Plan:
-        """The plan for global argument avals (``Aval``s), traced once per process."""
-        key = (self.token, tuple(in_avals))
+    def plan(self, in_avals, single_output: bool, batch: HostBatch | None = None) -> Plan:
+        """The plan for global argument avals (``Aval``s), traced once per process; with a
+        ``batch``, its segments run once for that box of a host's devices."""
+        key = (self.token, tuple(in_avals), batch)
         with _plans_lock:
             plan = _plans.get(key)
             if plan is not None:
                 _plans.move_to_end(key)
                 return plan
-            traced = _avals.pop(key, None)  # this process's client traced it already
+            # this process's client traced it already (a batched plan leaves the trace for
+            # the per-device one: a host may need both)
+            traced = (_avals.get if batch is not None else _avals.pop)(key[:2], None)
             closed = traced[1] if traced else self._trace(in_avals, single_output)
             with require().enable_x64(self.x64):
-                plan = _plans[key] = plan_of(closed, self.name)
+                plan = plan_of(closed, self.name, batch)
+            if batch is not None and not plan.batched:  # the per-device plan, kept once
+                plan = _plans.setdefault(key[:2] + (None,), plan)
+            _plans[key] = plan
             while len(_plans) > PLANS_KEPT:
                 _plans.popitem(last=False)
             return plan
@@ -233,7 +242,7 @@ class JaxBody:
         the trace alone: what a client needs, with nothing compiled (its hosts compile, in
         ``plan``). Traced once per process."""
         key = (self.token, tuple(in_avals))
-        plan = _plans.get(key)
+        plan = _plans.get((*key, None))
         if plan is not None:
             return plan.out_avals, plan.shard_out_avals
         with _plans_lock:
@@ -267,25 +276,34 @@ class JaxBody:
             return jax.make_jaxpr(mapped)(*structs)
 
     def run(self, shards, in_avals, single_output: bool) -> tuple:
-        """One device's outputs (numpy) for its ``shards``, inside its kernel environment."""
+        """One device's outputs (numpy) for its ``shards``, inside its kernel environment
+        (where its host runs several devices of the gang, their segments run together:
+        ``pathways.program.jax_batch``)."""
+        env = collectives.current_env()
+        batch = env.local_batch() if env is not None else None
         last = self._last
-        if last is not None and last[0] is in_avals:  # every kernel of a program: one lookup
-            plan = last[1]
+        if last is not None and last[0] is in_avals and last[1] is batch:
+            plan = last[2]  # every kernel of a program: one lookup
         else:
-            plan = _plans.get((self.token, tuple(in_avals)))
+            plan = _plans.get((self.token, tuple(in_avals), batch))
             if plan is None:  # traced and compiled: the host's work, not the device's
-                env = collectives.current_env()
                 work = env.host_work() if env is not None else collectives.NO_HOST_WORK
                 with work:
-                    plan = self.plan(in_avals, single_output)
+                    plan = self.plan(in_avals, single_output, batch)
                 plan.ready_at = work.until
-            self._last = (in_avals, plan)
-        if plan.ready_at is not None:  # no device starts before its program is compiled
-            env = collectives.current_env()
-            if env is not None:
-                env.host_work_until(plan.ready_at)
+            self._last = (in_avals, batch, plan)
+        if plan.ready_at is not None and env is not None:  # no device starts before its
+            env.host_work_until(plan.ready_at)  # program is compiled
         with self._x64(self.x64):
             return plan.run(shards)
+
+    def cost(self, in_avals, single_output: bool) -> tuple[float, float]:
+        """(flops, bytes) XLA counts for one device's run: of the plan that ran last in this
+        process, if it was for ``in_avals``, else of the per-device plan."""
+        last = self._last
+        plan = last[2] if last is not None and last[0] is in_avals else \
+            self.plan(in_avals, single_output)
+        return plan.flops, plan.bytes
 
 
 _plans: OrderedDict[tuple, Plan] = OrderedDict()

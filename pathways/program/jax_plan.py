@@ -29,22 +29,27 @@ __all__ = ["Plan", "plan_of"]
 
 # The collective primitives a plan runs itself, and the ones that only retag a value's
 # variation (JAX's check_vma bookkeeping): identities for us.
-_COLLECTIVES = {"psum", "psum_invariant", "pmax", "pmin", "ppermute", "all_gather",
+COLLECTIVES = {"psum", "psum_invariant", "pmax", "pmin", "ppermute", "all_gather",
                 "all_gather_invariant", "reduce_scatter", "all_to_all", "axis_index"}
 _IDENTITIES = {"pvary"}
-_INLINED_CALLS = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call",
+INLINED_CALLS = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call",
                   "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint"}
 
 
 @dataclass
 class Segment:
-    """Equations between collectives, compiled: reads ``ins``, defines ``outs``."""
+    """Equations between collectives, compiled: reads ``ins``, defines ``outs``. ``batch``:
+    None, or the ``pathways.program.jax_batch.HostBatch`` it was compiled for (one XLA
+    computation for all of a host's devices; ``flops`` and ``bytes`` are then one device's
+    share, and ``stacked`` says which inputs differ per device)."""
 
     ins: list
     outs: list
     compiled: object
     flops: float
     bytes: float
+    batch: object = None
+    stacked: list | None = None
 
 
 @dataclass
@@ -121,6 +126,7 @@ class Plan:
     when a host finished compiling it (the virtual time of the kernel that did), or None."""
 
     ready_at: float | None = None
+    batched = False  # its segments run once for several devices of a host (jax_batch)
 
     def __init__(self, jaxpr, consts, steps, name):
         self.jaxpr, self.consts, self.steps, self.name = jaxpr, consts, steps, name
@@ -136,8 +142,12 @@ class Plan:
             env[var] = np.asarray(value, dtype=var.aval.dtype)
         for step in self.steps:
             if isinstance(step, Segment):
-                outs = step.compiled(*[env[v] for v in step.ins])
-                env.update(zip(step.outs, (np.asarray(o) for o in outs)))
+                args = [env[v] for v in step.ins]
+                if step.batch is None:
+                    outs = step.compiled(*args)
+                    env.update(zip(step.outs, (np.asarray(o) for o in outs)))
+                else:  # once for all of this host's devices: each gets its own
+                    env.update(zip(step.outs, step.batch.run(step, args)))
             elif isinstance(step, Collective):
                 _run_collective(step.eqn, env)
             else:  # a call or a loop with collectives inside
@@ -186,8 +196,9 @@ def _shard_map_eqn(closed, name):
     return outer.eqns[0]
 
 
-def plan_of(closed, name) -> Plan:
-    """The plan of the per-device jaxpr inside the shard_map of ``closed``."""
+def plan_of(closed, name, batch=None) -> Plan:
+    """The plan of the per-device jaxpr inside the shard_map of ``closed``; ``batch``: None,
+    or the ``HostBatch`` of the host devices whose segments run as one computation."""
     outer = closed.jaxpr
     eqn = _shard_map_eqn(closed, name)
     inner = eqn.params["jaxpr"]
@@ -203,7 +214,10 @@ def plan_of(closed, name) -> Plan:
               for v in eqn.invars[:n_consts]]
     body = _Jaxpr(inner.constvars + inner.invars[:len(consts)], inner.invars[len(consts):],
                   inner.outvars, inner.eqns)
-    plan = _plan_jaxpr(body, consts, name)
+    if batch is not None and not batch.holds(inner.eqns):
+        batch = None  # cut by a collective to other hosts: each device runs its own
+    plan = _plan_jaxpr(body, consts, name, batch)
+    plan.batched = batch is not None
     plan.out_avals = list(closed.out_avals)
     return plan
 
@@ -226,54 +240,63 @@ def _open(jaxpr_param) -> tuple[_Jaxpr, list]:
                   list(jaxpr.eqns)), consts
 
 
-def _sub_jaxprs(eqn):
+def sub_jaxprs(eqn):
     for value in eqn.params.values():
         for item in value if isinstance(value, (tuple, list)) else (value,):
             if hasattr(item, "eqns") or hasattr(getattr(item, "jaxpr", None), "eqns"):
                 yield getattr(item, "jaxpr", item)
 
 
-def _communicates(eqn, kinds=_COLLECTIVES | _IDENTITIES) -> bool:
+def communicates(eqn, kinds=COLLECTIVES | _IDENTITIES) -> bool:
     """Whether ``eqn`` is, or holds in a nested jaxpr, a collective (or a pvary)."""
     if eqn.primitive.name in kinds:
         return True
-    return any(_communicates(e, kinds) for j in _sub_jaxprs(eqn) for e in j.eqns)
+    return any(communicates(e, kinds) for j in sub_jaxprs(eqn) for e in j.eqns)
 
 
-def _plan_jaxpr(jaxpr: _Jaxpr, consts, name) -> Plan:
+def _plan_jaxpr(jaxpr: _Jaxpr, consts, name, batch=None) -> Plan:
+    """Steps of ``jaxpr``: segments between the collectives it cuts at (with a ``batch``,
+    only those reaching devices outside it: the others run inside its segments)."""
     steps, pending = [], []
     later = _uses_after(jaxpr)
+    shared = set(jaxpr.constvars)  # the same value on every device
 
     def close(i):
         if pending:
-            steps.append(_segment(pending, later[i], name))
+            eqns = list(pending)  # its own list: a segment's function keeps it (and JAX
+            # traces it again for arguments of another type)
+            steps.append(_segment(eqns, later[i], name) if batch is None else
+                         batch.segment(eqns, later[i], shared, name))
             pending.clear()
 
     for i, eqn in enumerate(jaxpr.eqns):
         prim = eqn.primitive.name
-        if prim in _COLLECTIVES:
+        if prim in COLLECTIVES and (batch is None or batch.cuts(eqn)):
             close(i)
             steps.append(Collective(eqn))
-        elif _communicates(eqn, _COLLECTIVES):
+        elif prim not in COLLECTIVES and communicates(eqn, COLLECTIVES) and (
+                batch is None or not batch.keeps(eqn)):
             close(i)
-            steps.append(_control_step(eqn, name))
+            steps.append(_control_step(eqn, name, batch))
         else:
             pending.append(eqn)
     close(len(jaxpr.eqns))
     return Plan(jaxpr, consts, steps, name)
 
 
-def _control_step(eqn, name):
-    """The step of a call, scan, while or cond whose jaxprs hold collectives."""
+def _control_step(eqn, name, batch=None):
+    """The step of a call, scan, while or cond whose jaxprs hold collectives. With a
+    ``batch``, a call's and a scan's bodies are batched too (every device runs them alike);
+    a while loop's and a cond's run per device (their trip count or branch may differ)."""
     prim = eqn.primitive.name
 
-    def plan(param):
-        return _plan_jaxpr(*_open(param), name)
+    def plan(param, batch=None):
+        return _plan_jaxpr(*_open(param), name, batch)
 
-    if prim in _INLINED_CALLS:
-        return Call(eqn, plan(_call_jaxpr(eqn)))
+    if prim in INLINED_CALLS:
+        return Call(eqn, plan(_call_jaxpr(eqn), batch))
     if prim == "scan":
-        return Scan(eqn, plan(eqn.params["jaxpr"]))
+        return Scan(eqn, plan(eqn.params["jaxpr"], batch))
     if prim == "while":
         return While(eqn, plan(eqn.params["cond_jaxpr"]), plan(eqn.params["body_jaxpr"]))
     if prim == "cond":
@@ -303,17 +326,11 @@ def _uses_after(jaxpr: _Jaxpr) -> list[set]:
 def _segment(eqns, live_after, name) -> Segment:
     """Compile ``eqns`` into one XLA computation of the variables they read from outside."""
     import jax  # the optional extra: only JAX bodies get here
-    defined, ins = set(), []
-    for eqn in eqns:
-        for v in eqn.invars:
-            if not _is_literal(v) and v not in defined and v not in ins:
-                ins.append(v)
-        defined.update(eqn.outvars)
-    outs = [v for v in _ordered(eqns) if v in live_after]
+    ins, outs = segment_vars(eqns, live_after)
 
     def run(*values):
         env = dict(zip(ins, values))
-        _eval(eqns, env)
+        eval_eqns(eqns, env)
         return tuple(env[v] for v in outs)
 
     structs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in ins]
@@ -323,10 +340,22 @@ def _segment(eqns, live_after, name) -> Segment:
     except Exception as exc:
         raise ProgramError(f"{name}: XLA could not compile a segment of the body: {exc}") \
             from exc
-    flops, nbytes = _cost(compiled)
+    flops, nbytes = xla_cost(compiled)
     # Calls go through the jitted function: JAX's C++ dispatch path, and its cache already
     # holds what was just compiled.
     return Segment(ins, outs, jitted, flops, nbytes)
+
+
+def segment_vars(eqns, live_after) -> tuple[list, list]:
+    """(variables ``eqns`` read from outside, in first-read order; variables they define that
+    are read after them, in definition order)."""
+    defined, ins = set(), []
+    for eqn in eqns:
+        for v in eqn.invars:
+            if not _is_literal(v) and v not in defined and v not in ins:
+                ins.append(v)
+        defined.update(eqn.outvars)
+    return ins, [v for v in _ordered(eqns) if v in live_after]
 
 
 def _ordered(eqns):
@@ -334,7 +363,7 @@ def _ordered(eqns):
         yield from (v for v in eqn.outvars if type(v).__name__ != "DropVar")
 
 
-def _cost(compiled) -> tuple[float, float]:
+def xla_cost(compiled) -> tuple[float, float]:
     """(flops, bytes accessed) XLA reports for a compiled computation (0 if it reports none)."""
     try:
         analysis = compiled.cost_analysis()
@@ -347,9 +376,10 @@ def _cost(compiled) -> tuple[float, float]:
         max(0.0, float(analysis.get("bytes accessed", 0.0)))
 
 
-def _eval(eqns, env) -> None:
+def eval_eqns(eqns, env, collective=None) -> None:
     """Bind ``eqns`` on the values in ``env`` (inside a jit trace): nested calls are inlined
-    and pvary is an identity, so nothing needs JAX's shard_map axis context."""
+    and pvary is an identity, so nothing needs JAX's shard_map axis context. ``collective``:
+    what computes a collective equation, ``collective(eqn, args) -> outs`` (a batch's)."""
     def read(v):
         return v.val if _is_literal(v) else env[v]
 
@@ -358,11 +388,13 @@ def _eval(eqns, env) -> None:
         args = [read(v) for v in eqn.invars]
         if prim in _IDENTITIES:
             outs = args
-        elif prim in _INLINED_CALLS:
+        elif collective is not None and prim in COLLECTIVES:
+            outs = collective(eqn, args)
+        elif prim in INLINED_CALLS:
             sub, consts = _open(_call_jaxpr(eqn))
             inner = dict(zip(sub.constvars, consts))
             inner.update(zip(sub.invars, args))
-            _eval(sub.eqns, inner)
+            eval_eqns(sub.eqns, inner, collective)
             outs = [v.val if _is_literal(v) else inner[v] for v in sub.outvars]
         else:
             with eqn.ctx.manager:
@@ -389,27 +421,27 @@ def _run_collective(eqn, env) -> None:
             env[var] = np.asarray(value, dtype=var.aval.dtype).reshape(var.aval.shape)
 
 
-def _axes(p, key):
+def axes_of(p, key):
     axes = p[key]
     return axes if isinstance(axes, str) else tuple(axes)
 
 
 def _collective(prim, p, x):
     if prim in ("psum", "psum_invariant"):
-        return collectives.psum(x, _axes(p, "axes"))
+        return collectives.psum(x, axes_of(p, "axes"))
     if prim == "pmax":
-        return collectives.pmax(x, _axes(p, "axes"))
+        return collectives.pmax(x, axes_of(p, "axes"))
     if prim == "pmin":
-        return collectives.pmin(x, _axes(p, "axes"))
+        return collectives.pmin(x, axes_of(p, "axes"))
     if prim == "ppermute":
-        return collectives.ppermute(x, _axes(p, "axis_name"), p["perm"])
+        return collectives.ppermute(x, axes_of(p, "axis_name"), p["perm"])
     if prim in ("all_gather", "all_gather_invariant"):
-        return collectives.all_gather(x, _axes(p, "axis_name"), p["all_gather_dimension"],
+        return collectives.all_gather(x, axes_of(p, "axis_name"), p["all_gather_dimension"],
                                       p["tiled"])
     if prim == "reduce_scatter":
-        return collectives.psum_scatter(x, _axes(p, "axis_name"), p["scatter_dimension"],
+        return collectives.psum_scatter(x, axes_of(p, "axis_name"), p["scatter_dimension"],
                                         p["tiled"])
     # all_to_all: the primitive always splits into group-size chunks and concatenates
     # (lax.all_to_all's untiled form reshapes around it)
-    return collectives.all_to_all(x, _axes(p, "axis_name"), p["split_axis"], p["concat_axis"],
+    return collectives.all_to_all(x, axes_of(p, "axis_name"), p["split_axis"], p["concat_axis"],
                                   tiled=True)

@@ -1,0 +1,62 @@
+"""What a host needs to run a JAX body's segments once for several of its devices.
+
+``box_of`` finds whether a host's devices of a mesh form a box of it (every combination of
+their coordinates is one of them), which is when ``pathways.program.jax_batch`` can run a
+segment once for all of them; ``Box`` is that box as the host uses it, ``Batch`` one run of
+a segment while its members arrive (``pathways.host.exchange.Exchanges.batch``).
+``PATHWAYS_JAX_BATCH=off`` turns it off: every device runs its own segments (to compare).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+__all__ = ["BATCHING", "Batch", "Box", "box_of"]
+
+BATCHING = os.environ.get("PATHWAYS_JAX_BATCH", "on") != "off"
+
+
+class Box:
+    """This host's devices of a mesh, when they form a box of it (``jax_batch.HostBatch``):
+    the devices in box order (row-major over their coordinates), their mesh coordinates, and
+    each one's place in that order."""
+
+    __slots__ = ("batch", "members", "coords", "place")
+
+    def __init__(self, batch, members: tuple, coords: np.ndarray):
+        self.batch, self.members, self.coords = batch, members, coords
+        self.place = {d: i for i, d in enumerate(members)}
+
+
+class Batch:
+    """One batched segment's run on this host: the members' arguments so far, then their
+    results (``box`` and ``devs`` are what the exchanges' watchdog reads, as of a gather's
+    group)."""
+
+    __slots__ = ("key", "devs", "box", "parked", "results", "error", "share")
+
+    def __init__(self, key, devs: tuple):
+        self.key, self.devs = key, devs
+        self.box: dict = {}  # member -> its arguments
+        self.parked: list = []  # (member, shard) waiting for the rest
+        self.results = self.error = None
+        self.share = 0.0  # each member's part of the computation's real time
+
+
+def box_of(devices: dict, mesh_shape, axis_names, local) -> Box | None:
+    """The box of the mesh's devices (``devices``: flat index -> device) that are in
+    ``local``, or None if there are fewer than two or they do not form a box."""
+    from ..program.jax_batch import HostBatch
+
+    flats = sorted(f for f, d in devices.items() if d in local)
+    if len(flats) < 2:
+        return None
+    coords = np.array(np.unravel_index(flats, mesh_shape), dtype=np.int32).T
+    extents = tuple(len(set(coords[:, a])) for a in range(len(mesh_shape)))
+    if math.prod(extents) != len(flats):
+        return None
+    return Box(HostBatch(tuple(mesh_shape), tuple(axis_names), extents),
+               tuple(devices[f] for f in flats), coords)

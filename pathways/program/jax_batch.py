@@ -1,0 +1,260 @@
+"""A JAX body's segments run once for all of a host's devices: one XLA computation, vmapped.
+
+A host runs the shards of a gang on several of its devices. When those devices form a box of
+the mesh (every combination of their coordinates is one of them; ``extents``: how many
+coordinates each axis has among them), each segment of the body's plan is compiled once, for
+the whole box: the per-device equations under ``jax.vmap`` once per mesh axis (outermost
+first, named after the axis), jitted, on arguments stacked along a leading dimension of the
+box's devices in row-major order. Collectives over axes the box holds whole (``inside``) run
+inside that computation; those that reach other hosts still cut the plan and run through the
+host's exchange, per device, as before (``pathways.program.jax_plan``).
+
+Inside a computation the collectives keep the per-device path's meaning, bit for bit:
+
+- psum (and psum_scatter) gathers the group's values and adds them in position order, position
+  0 first, in ``collectives.sum_dtype`` (what ``collectives.ordered_sum`` does; XLA does not
+  reorder floating-point additions), so a result does not depend on where a device runs;
+- pmax / pmin fold the gathered values in position order;
+- all_gather gathers one axis at a time (the last named innermost: the first named is major,
+  as ``sharding.axis_group`` orders a group);
+- ppermute and all_to_all over one axis are JAX's own (vmap's rules move data only); over
+  several axes they cut the plan;
+- axis_index reads the device's mesh coordinates, an argument of the computation (the
+  same compiled computation serves every host whose box has the same extents).
+
+Each device's kernel keeps its own timeline: the host's executor (``ExecutorEnv.batched``)
+gathers its members' arguments, runs the computation once, and books each member a share of
+its real time. ``flops`` and ``bytes`` of a batched segment are XLA's counts divided by the
+number of devices (the gathers of inside collectives are counted too).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ProgramError
+from . import collectives
+from .jax_plan import (
+    COLLECTIVES,
+    INLINED_CALLS,
+    Segment,
+    axes_of,
+    communicates,
+    eval_eqns,
+    segment_vars,
+    sub_jaxprs,
+    xla_cost,
+)
+
+__all__ = ["HostBatch"]
+
+_MOVES_DATA = {"ppermute", "all_to_all"}  # collectives whose vmap rule JAX has: one axis only
+
+
+@dataclass(frozen=True)
+class HostBatch:
+    """How a host's devices of a gang lie in the mesh: ``extents[i]`` coordinates of mesh
+    axis ``axis_names[i]`` among them (their product is how many there are)."""
+
+    mesh_shape: tuple
+    axis_names: tuple
+    extents: tuple
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.extents)
+
+    def inside(self, axes) -> bool:
+        """Whether every device of a group over ``axes`` (a name or a tuple) is in the box."""
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        index = {a: i for i, a in enumerate(self.axis_names)}
+        return all(self.extents[index[a]] == self.mesh_shape[index[a]] for a in axes)
+
+    # -- planning (``jax_plan._plan_jaxpr``) -----------------------------------------------
+
+    def holds(self, eqns) -> bool:
+        """Whether the body of ``eqns`` runs whole as batched segments: none of its
+        collectives reaches devices outside the box (nor sits in a loop or conditional).
+        A body that would be cut runs per device instead: measured on 2 hosts x 4 devices
+        (bench/jax_steps.py), cut batched plans took no less time per step and 40% longer
+        to compile."""
+        for eqn in eqns:
+            if eqn.primitive.name in COLLECTIVES:
+                if self.cuts(eqn):
+                    return False
+            elif communicates(eqn, COLLECTIVES) and not self.keeps(eqn):
+                return False
+        return True
+
+    def cuts(self, eqn) -> bool:
+        """Whether the collective ``eqn`` runs through the exchange, outside a segment."""
+        prim, p = eqn.primitive.name, eqn.params
+        if p.get("axis_index_groups") is not None:
+            return True  # the per-device path says it is not supported
+        if prim == "axis_index":
+            return False
+        axes = axes_of(p, "axes" if prim in ("psum", "psum_invariant", "pmax", "pmin")
+                     else "axis_name")
+        if prim in _MOVES_DATA and not isinstance(axes, str) and len(axes) != 1:
+            return True
+        return not self.inside(axes)
+
+    def keeps(self, eqn) -> bool:
+        """Whether ``eqn``, holding collectives, can still go into a segment: a call (inlined
+        there) whose collectives, however deep in calls, the segment runs itself."""
+        if eqn.primitive.name not in INLINED_CALLS:
+            return False
+        for jaxpr in sub_jaxprs(eqn):
+            for inner in jaxpr.eqns:
+                if inner.primitive.name in COLLECTIVES:
+                    if self.cuts(inner):
+                        return False
+                elif communicates(inner, COLLECTIVES) and not self.keeps(inner):
+                    return False
+        return True
+
+    def segment(self, eqns, live_after, shared: set, name) -> Segment:
+        """``eqns`` compiled once for every device of the box (see the module docstring);
+        ``shared``: variables whose value is the same on every device (not stacked)."""
+        import jax
+
+        ins, outs = segment_vars(eqns, live_after)
+        stacked = [v not in shared for v in ins]
+        axes, extents, n = self.axis_names, self.extents, self.size
+        lower = _Lowering(self)
+
+        def per_device(coords, *values):
+            env = dict(zip(ins, values))
+            eval_eqns(eqns, env, lambda eqn, args: lower.collective(eqn, args, coords))
+            return tuple(env[v] for v in outs)
+
+        mapped = per_device
+        in_axes = (0, *(0 if s else None for s in stacked))
+        for axis in reversed(axes):
+            mapped = jax.vmap(mapped, in_axes=in_axes, axis_name=axis)
+
+        def run(coords, *values):
+            values = [v.reshape(extents + v.shape[1:]) if s else v
+                      for v, s in zip(values, stacked)]
+            results = mapped(coords.reshape(extents + coords.shape[1:]), *values)
+            return tuple(r.reshape((n,) + r.shape[len(extents):]) for r in results)
+
+        structs = [jax.ShapeDtypeStruct((n, len(axes)), np.int32)]
+        structs += [jax.ShapeDtypeStruct(((n,) if s else ()) + v.aval.shape, v.aval.dtype)
+                    for v, s in zip(ins, stacked)]
+        jitted = jax.jit(run)
+        try:
+            compiled = jitted.lower(*structs).compile()
+        except Exception as exc:
+            raise ProgramError(f"{name}: XLA could not compile a segment of the body for"
+                               f" {n} devices: {exc}") from exc
+        flops, nbytes = xla_cost(compiled)
+        return Segment(ins, outs, jitted, flops / n, nbytes / n, batch=self, stacked=stacked)
+
+    # -- running (``Plan.run``, on each device's greenlet) ---------------------------------
+
+    def run(self, segment: Segment, args: list) -> list:
+        """This device's outputs of ``segment`` on its ``args``: its host runs the segment
+        once its devices of the box have all reached it (``ExecutorEnv.batched``)."""
+        env = collectives.current_env()
+        return env.batched(lambda coords, each: _call(segment, coords, each), args)
+
+
+def _call(segment: Segment, coords: np.ndarray, each: list) -> list:
+    """Run ``segment`` on the devices' arguments ``each`` (in box order), with their mesh
+    coordinates ``coords``: each device's outputs, in the same order."""
+    args = [coords]
+    for j, stacked in enumerate(segment.stacked):
+        args.append(np.stack([a[j] for a in each]) if stacked else each[0][j])
+    outs = [np.asarray(o) for o in segment.compiled(*args)]
+    return [[o[i] for o in outs] for i in range(len(each))]
+
+
+class _Lowering:
+    """The collectives of a batched segment, as JAX operations on the vmapped axes (inside
+    ``jax.vmap``: ``args`` are one device's values, ``coords`` its mesh coordinates)."""
+
+    def __init__(self, batch: HostBatch):
+        self.batch = batch
+        self.size_of = dict(zip(batch.axis_names, batch.mesh_shape))
+        self.number = {a: i for i, a in enumerate(batch.axis_names)}
+
+    def collective(self, eqn, args, coords) -> list:
+        from jax import lax
+        from jax import numpy as jnp
+
+        prim, p = eqn.primitive.name, eqn.params
+        if prim == "axis_index":
+            return [self.position(axes_of(p, "axis_name"), coords)]
+        if prim in _MOVES_DATA:  # JAX's own rule under vmap
+            with eqn.ctx.manager:
+                outs = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(p))
+            return list(outs) if eqn.primitive.multiple_results else [outs]
+        if prim in ("psum", "psum_invariant"):
+            return [_ordered_sum(self.gather(x, axes_of(p, "axes"))) for x in args]
+        if prim in ("pmax", "pmin"):
+            fold = jnp.maximum if prim == "pmax" else jnp.minimum
+            return [_fold(self.gather(x, axes_of(p, "axes")), fold) for x in args]
+        axes = axes_of(p, "axis_name")
+        if prim in ("all_gather", "all_gather_invariant"):
+            dim, tiled = p["all_gather_dimension"], p["tiled"]
+            gathered = jnp.moveaxis(self.gather(args[0], axes), 0, dim)
+            if tiled:
+                shape = gathered.shape
+                gathered = gathered.reshape(shape[:dim] + (shape[dim] * shape[dim + 1],)
+                                            + shape[dim + 2:])
+            return [gathered]
+        if prim == "reduce_scatter":
+            dim, tiled = p["scatter_dimension"], p["tiled"]
+            total = _ordered_sum(self.gather(args[0], axes))
+            pos = self.position(axes, coords)
+            if tiled:
+                block = total.shape[dim] // self.group_size(axes)
+                return [lax.dynamic_slice_in_dim(total, pos * block, block, dim)]
+            return [lax.dynamic_index_in_dim(total, pos, dim, keepdims=False)]
+        raise ProgramError(f"{prim} is not supported inside a batched segment")  # (cut)
+
+    def group_size(self, axes) -> int:
+        axes = (axes,) if isinstance(axes, str) else axes
+        return math.prod(self.size_of[a] for a in axes)
+
+    def gather(self, x, axes):
+        """Every group member's ``x`` along a new leading dimension, in position order."""
+        from jax import lax
+
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        for axis in reversed(axes):  # the last named innermost: the first named is major
+            x = lax.all_gather(x, axis)
+        n = self.group_size(axes)
+        return x.reshape((n,) + x.shape[len(axes):])
+
+    def position(self, axes, coords):
+        """This device's position in its group over ``axes`` (the first named major)."""
+        from jax import numpy as jnp
+
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        pos = jnp.int32(0)
+        for axis in axes:
+            pos = pos * self.size_of[axis] + coords[self.number[axis]]
+        return pos
+
+
+def _ordered_sum(gathered):
+    """``collectives.ordered_sum`` of the gathered values, in JAX: position 0 first, in the
+    values' ``sum_dtype``, rounded once at the end."""
+    dtype = np.dtype(gathered.dtype)
+    wide = collectives.sum_dtype(dtype)
+    total = gathered[0].astype(wide)
+    for i in range(1, gathered.shape[0]):
+        total = total + gathered[i].astype(wide)
+    return total.astype(dtype)
+
+
+def _fold(gathered, fold):
+    total = gathered[0]
+    for i in range(1, gathered.shape[0]):
+        total = fold(total, gathered[i])
+    return total
