@@ -153,3 +153,46 @@ def test_random_elementwise_bodies_equal_the_reference_bitwise(one_host, names, 
     x, y = rand(16, 4, seed=seed), rand(64, 4, seed=seed + 1)
     got = fn(one_host.put(x, mesh, P("d")), one_host.put(y, mesh, both)).result()
     np.testing.assert_array_equal(got, np.asarray(pw.reference(fn)(x, y)))
+
+
+def _fails_once_then_recovers(client, monkeypatch, owner, name, broken_version, message):
+    """A batched psum works; with ``owner.name`` broken once, the call fails naming
+    ``message`` well within the 60 s a waiting member would otherwise give its peers; then
+    it works again."""
+    mesh = client.mesh((2, 4), ("d", "m"))
+    total = pw.shard_map(lambda v: lax.psum(jnp.cos(v), ("d", "m")), mesh, P("d", "m"), P())
+    x = client.put(rand(2, 4, seed=7), mesh, P("d", "m"))
+    want = total(x).result(timeout=30)
+    monkeypatch.setattr(owner, name, broken_version)
+    with pytest.raises(pw.PathwaysError, match=message):
+        total(x).result(timeout=30)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(total(x).result(timeout=30), want)
+
+
+def test_a_failing_batched_computation_fails_every_member_with_its_error(one_host,
+                                                                         monkeypatch):
+    from pathways.program import jax_batch
+
+    def broken(segment, coords, each):
+        raise FloatingPointError("XLA failed here")
+
+    _fails_once_then_recovers(one_host, monkeypatch, jax_batch, "_call", broken,
+                              "FloatingPointError: XLA failed here")
+
+
+def test_a_member_that_fails_before_the_batch_fails_the_others_at_once(one_host,
+                                                                      monkeypatch):
+    """One device's body fails before it reaches the batched segment: the others, parked
+    there, fail at once with its error (not the collective timeout)."""
+    from pathways.host.exchange import Exchanges
+
+    real = Exchanges.batch
+
+    def batch(self, shard, key, box, me, args, run):
+        if me == box.members[-1]:  # the last member never arrives
+            raise MemoryError("device ran out before the batch")
+        return real(self, shard, key, box, me, args, run)
+
+    _fails_once_then_recovers(one_host, monkeypatch, Exchanges, "batch", batch,
+                              "device ran out before the batch")
