@@ -9,11 +9,13 @@ box's devices in row-major order. Collectives over axes the box holds whole (``i
 inside that computation; those that reach other hosts still cut the plan and run through the
 host's exchange, per device, as before (``pathways.program.jax_plan``).
 
-Inside a computation the collectives keep the per-device path's meaning, bit for bit:
+Inside a computation the collectives keep the per-device path's meaning:
 
 - psum (and psum_scatter) gathers the group's values and adds them in position order, position
-  0 first, in ``collectives.sum_dtype`` (what ``collectives.ordered_sum`` does; XLA does not
-  reorder floating-point additions), so a result does not depend on where a device runs;
+  0 first, in ``collectives.sum_dtype`` (what ``collectives.ordered_sum`` does), so values
+  do not depend on where a device runs: bit for bit the per-device path's for elementwise
+  bodies (XLA may still fold those additions into the matmul that made the values, which
+  rounds differently, as fusing segments may);
 - pmax / pmin fold the gathered values in position order;
 - all_gather gathers one axis at a time (the last named innermost: the first named is major,
   as ``sharding.axis_group`` orders a group);
