@@ -55,13 +55,13 @@ class Exchanges:
         self._failed_gangs: OrderedDict = OrderedDict()
         self._plans: dict = {}  # gather_plan's answers
         self._groups: dict = {}  # (key, local member) -> its _Group, for gathers
-        self._batches: dict = {}  # key -> its _Batch, for batched segments
+        self._batches: dict = {}  # key -> its Batch, for batched segments
         self._boxes: dict = {}  # (id(devices), shape, names) -> (devices, Box or None)
         self._watchdog_armed = False  # one timer for every parked exchange's timeout
 
     def box(self, devices: dict, mesh_shape, axis_names) -> Box | None:
         """The box of this host's devices of a mesh (``devices``: flat index -> device, as
-        the host keeps it per mesh), or None (see ``_box_of``); worked out once per mesh."""
+        the host keeps it per mesh), or None (see ``box_of``); worked out once per mesh."""
         k = (id(devices), mesh_shape, axis_names)  # meshes of the same devices share them
         hit = self._boxes.get(k)
         if hit is not None and hit[0] is devices:

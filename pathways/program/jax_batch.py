@@ -6,8 +6,9 @@ coordinates each axis has among them), each segment of the body's plan is compil
 the whole box: the per-device equations under ``jax.vmap`` once per mesh axis (outermost
 first, named after the axis), jitted, on arguments stacked along a leading dimension of the
 box's devices in row-major order. Collectives over axes the box holds whole (``inside``) run
-inside that computation; those that reach other hosts still cut the plan and run through the
-host's exchange, per device, as before (``pathways.program.jax_plan``).
+inside that computation; those that reach other hosts would cut the plan and run through the
+host's exchange, per device (``pathways.program.jax_plan``), but a host runs such a body per
+device instead (``JaxBody.plan``, see ``HostBatch.holds``).
 
 Inside a computation the collectives keep the per-device path's meaning:
 

@@ -30,7 +30,7 @@ from collections import OrderedDict
 from ..errors import ProgramError, ShardingError
 from . import collectives
 from .jax_batch import HostBatch
-from .jax_plan import Plan, plan_of, shapes_of
+from .jax_plan import Plan, body_eqns, plan_of, shapes_of
 
 __all__ = ["JaxBody", "NotNumpy", "came_from_jax", "is_jax_type", "out_shapes", "require",
            "returns_jax", "uses_jax"]
@@ -228,11 +228,13 @@ class JaxBody:
             # the per-device one: a host may need both)
             traced = (_avals.get if batch is not None else _avals.pop)(key[:2], None)
             closed = traced[1] if traced else self._trace(in_avals, single_output)
+            if batch is not None and not batch.holds(body_eqns(closed, self.name)):
+                if not traced:  # cut by a collective to another host: the per-device plan
+                    _avals[key[:2]] = (shapes_of(closed, self.name), closed)
+                plan = _plans[key] = self.plan(in_avals, single_output)
+                return plan
             with require().enable_x64(self.x64):
-                plan = plan_of(closed, self.name, batch)
-            if batch is not None and not plan.batched:  # the per-device plan, kept once
-                plan = _plans.setdefault(key[:2] + (None,), plan)
-            _plans[key] = plan
+                plan = _plans[key] = plan_of(closed, self.name, batch)
             while len(_plans) > PLANS_KEPT:
                 _plans.popitem(last=False)
             return plan

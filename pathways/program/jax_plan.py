@@ -126,7 +126,6 @@ class Plan:
     when a host finished compiling it (the virtual time of the kernel that did), or None."""
 
     ready_at: float | None = None
-    batched = False  # its segments run once for several devices of a host (jax_batch)
 
     def __init__(self, jaxpr, consts, steps, name):
         self.jaxpr, self.consts, self.steps, self.name = jaxpr, consts, steps, name
@@ -189,6 +188,11 @@ def shapes_of(closed, name) -> tuple[list, list]:
     return list(closed.out_avals), [v.aval for v in inner.outvars]
 
 
+def body_eqns(closed, name) -> list:
+    """The equations of the per-device jaxpr inside the shard_map of ``closed``."""
+    return list(_shard_map_eqn(closed, name).params["jaxpr"].eqns)
+
+
 def _shard_map_eqn(closed, name):
     outer = closed.jaxpr
     if len(outer.eqns) != 1 or outer.eqns[0].primitive.name != "shard_map":
@@ -214,10 +218,7 @@ def plan_of(closed, name, batch=None) -> Plan:
               for v in eqn.invars[:n_consts]]
     body = _Jaxpr(inner.constvars + inner.invars[:len(consts)], inner.invars[len(consts):],
                   inner.outvars, inner.eqns)
-    if batch is not None and not batch.holds(inner.eqns):
-        batch = None  # cut by a collective to other hosts: each device runs its own
     plan = _plan_jaxpr(body, consts, name, batch)
-    plan.batched = batch is not None
     plan.out_avals = list(closed.out_avals)
     return plan
 
