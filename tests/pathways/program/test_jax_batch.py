@@ -100,9 +100,9 @@ def test_meshes_of_the_same_devices_batch_each_by_its_own_axes(one_host):
 
 
 def test_training_step_with_grad_and_scan_matches_the_reference(one_host):
-    """jax.grad through collectives, and a scan whose body holds one (planned as a loop
-    over a batched body), on one host: the reference's values (matmuls may round
-    differently batched, so within float32 rounding)."""
+    """jax.grad through collectives (batched), then the same with a scan whose body holds
+    one (a loop the host runs per device), on one host: the reference's values (matmuls
+    may round differently batched, so within float32 rounding)."""
     mesh = one_host.mesh((2, 4), ("d", "m"))
 
     def step(w, x):
@@ -111,15 +111,21 @@ def test_training_step_with_grad_and_scan_matches_the_reference(one_host):
             return lax.pmean(lax.psum(jnp.sum(h * h), "m"), "d")
 
         value, grad = jax.value_and_grad(loss)(w)
-        acc, _ = lax.scan(lambda c, _: (c + lax.ppermute(c, "m", RING), None), grad, None,
-                          length=3)
-        return value, w - 0.1 * grad, acc
+        return value, w - 0.1 * grad
 
-    fn = pw.shard_map(step, mesh, (P(None, "m"), P("d")), (P(), P(None, "m"), P(None, "m")))
+    def looped(w, x):
+        value, w = step(w, x)
+        acc, _ = lax.scan(lambda c, _: (c + lax.ppermute(c, "m", RING), None), w, None,
+                          length=3)
+        return value, w, acc
+
     w, x = rand(6, 8, seed=5), rand(4, 6, seed=6)
-    got = fn(one_host.put(w, mesh, P(None, "m")), one_host.put(x, mesh, P("d")))
-    for g, r in zip(got, pw.reference(fn)(w, x)):
-        np.testing.assert_allclose(g.result(), np.asarray(r), rtol=1e-6, atol=1e-6)
+    for body, out_specs in ((step, (P(), P(None, "m"))),
+                            (looped, (P(), P(None, "m"), P(None, "m")))):
+        fn = pw.shard_map(body, mesh, (P(None, "m"), P("d")), out_specs)
+        got = fn(one_host.put(w, mesh, P(None, "m")), one_host.put(x, mesh, P("d")))
+        for g, r in zip(got, pw.reference(fn)(w, x)):
+            np.testing.assert_allclose(g.result(), np.asarray(r), rtol=1e-6, atol=1e-6)
 
 
 UNARY = {"tanh": jnp.tanh, "scale": lambda v: 1.5 * v - 0.25, "sq": lambda v: v * v}
