@@ -210,14 +210,13 @@ def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_t
     ...         print(client.devices())
     """
     if simulate is None and simulation_defaults is not None and processes:
-        # under ``pathways simulate``: keys and kernel limits mean nothing in a simulation
+        # under ``pathways simulate``: keys mean nothing in a simulation
         simulate, simulation = True, {**simulation_defaults, **simulation}
-        keys, insecure, kernel_limit = None, False, 30.0
+        keys, insecure = None, False
     if simulate:
-        if keys is not None or insecure or not processes or kernel_limit != 30.0:
-            raise ValueError("a simulated cluster takes no keys, insecure, processes or"
-                             " kernel_limit: it has no socket outside this process, and kernel"
-                             " time limits (which stop a real thread) are off in it")
+        if keys is not None or insecure or not processes:
+            raise ValueError("a simulated cluster takes no keys, insecure or processes: it has"
+                             " no socket outside this process")
         from .simulated import SimCluster
 
         simulation.setdefault("seed", 0)
@@ -226,7 +225,7 @@ def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_t
         sim = SimCluster(islands, hosts_per_island, devices_per_host,
                          heartbeat_timeout=heartbeat_timeout, policy=policy, window=window,
                          client_timeout=client_timeout, hbm_gib=hbm_gib, timeout=timeout,
-                         **simulation)
+                         kernel_limit=kernel_limit or None, **simulation)
         try:
             yield sim
         finally:

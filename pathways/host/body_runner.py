@@ -23,7 +23,7 @@ from ..errors import KernelTimeout, PathwaysError
 from ..program.cost import check_seconds
 from .device import DeviceWork, report_error
 from .timeline import Lane, Slot
-from .watchdog import Watchdog
+from .watchdog import Watchdog, timer_watchdog
 
 __all__ = ["BodyRunner", "Shard", "kernel_name"]
 
@@ -157,8 +157,9 @@ class BodyRunner:
 
     def _switch_watched(self, shard: Shard, switch, args) -> None:
         """``switch`` with the body under the watchdog: past its deadline it is interrupted."""
-        if self._watchdog is None:
-            self._watchdog = Watchdog(threading.get_ident())
+        if self._watchdog is None:  # a simulation's hosts share its thread: no thread
+            shared = timer_watchdog() if self.ex.clock.on_loop else None
+            self._watchdog = shared or Watchdog(threading.get_ident())
         self._watchdog.watch(shard, shard.limit_at)
         try:
             switch(*args)

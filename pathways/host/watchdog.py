@@ -14,6 +14,12 @@ The exception may land in the executor's own code right around a switch; ``unwat
 there and cancels one still pending, and the executor treats such a stray as the body's
 timeout. A parked body (waiting in a collective) is not on the thread: the collective's own
 timeout covers it, and if it resumes past its deadline it is interrupted at once.
+
+A simulated cluster runs every host's bodies on its one thread and starts no thread of its
+own: there ``timer_watchdog`` gives the process's one ``TimerWatchdog`` instead, which arms
+the CPU-time interval timer (``ITIMER_VIRTUAL``) for the body on the thread and raises
+``KernelTimeout`` from its signal. A body spinning past its limit is stopped; one blocked
+without using CPU is not (a simulated body does not wait on anything real).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import time
 
 from ..errors import KernelTimeout
 
-__all__ = ["Watchdog"]
+__all__ = ["TimerWatchdog", "Watchdog", "timer_watchdog"]
 
 SIGNAL = signal.SIGUSR2
 POLL = 0.05  # seconds between the watchdog's looks when no deadline is nearer
@@ -99,6 +105,51 @@ class Watchdog:
         # thread may hold it in unwatch).
         if self._fired is not None and self._fired is self._watched:
             raise KernelTimeout("the kernel's time limit passed")
+
+
+class TimerWatchdog:
+    """``Watchdog``'s interface without a thread, for bodies on the main thread: the
+    process's CPU-time timer is armed while a body is on the thread (see the module text)."""
+
+    def __init__(self):
+        self._watched = None
+        self._fired = None
+        signal.signal(signal.SIGVTALRM, self._on_signal)
+
+    def watch(self, body, deadline: float) -> None:
+        self._fired = None
+        self._watched = body
+        signal.setitimer(signal.ITIMER_VIRTUAL, max(deadline - time.monotonic(), 1e-3))
+
+    def unwatch(self):
+        """The watched body left the thread: the body interrupted, or None."""
+        while True:
+            try:
+                signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+                fired, self._watched, self._fired = self._fired, None, None
+                return fired
+            except KernelTimeout:
+                continue  # it landed here: the body is still the one that timed out
+
+    def stop(self) -> None:
+        """Shared by every host of the process: nothing to stop."""
+
+    def _on_signal(self, signum, frame):
+        if self._watched is not None and self._fired is None:
+            self._fired = self._watched
+            raise KernelTimeout("the kernel's time limit passed")
+
+
+_timer: list = []  # the process's TimerWatchdog, once made
+
+
+def timer_watchdog() -> TimerWatchdog | None:
+    """The process's ``TimerWatchdog``, or None off the main thread (signals go there)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if not _timer:
+        _timer.append(TimerWatchdog())
+    return _timer[0]
 
 
 def _async_raise(ident: int, exc) -> None:

@@ -19,8 +19,11 @@ role: ``"measured"`` (thread CPU time, the default: each role as if on its own c
 ``FaultPlan`` or its text (``pathways.simulated.faults``: kills, freezes, lost and late
 messages), or a message-fault hook of ``pathways.sim``.
 
-Not simulated yet (a clear error, not a wrong answer): kernel time limits (they interrupt a
-real thread: off here), suspend/resume, host processes of their own.
+Kernel time limits (``kernel_limit``, 30 s by default, or a function's ``limit=``) hold as on
+real hosts, in the CPU seconds a body spins (``pathways.host.watchdog.TimerWatchdog``: no
+thread): a body that never returns fails its call instead of stopping the simulation for
+good. Not simulated yet (a clear error, not a wrong answer): suspend/resume, host processes of
+their own.
 
 >>> import numpy as np, pathways as pw
 >>> from pathways import P
@@ -47,6 +50,7 @@ from ..client import session as client_session
 from ..control.coordinator import Coordinator
 from ..errors import PathwaysError
 from ..host.clock import Clock
+from ..host.executor import KERNEL_LIMIT
 from ..host.process import build_host
 from ..program.cost import DCN, DeviceSpec
 from ..sim import DrivenFuture, SimNet, SimPlaqueCluster, SimulationError, VirtualTimeLoop
@@ -109,11 +113,12 @@ class SimCluster:
                  bandwidth: float = HOST_NETWORK.bandwidth, heartbeat_timeout: float = 3.0,
                  policy: str = "fifo", window: int = 8, client_timeout: float = 5.0,
                  hbm_gib: float = 16.0, faults=None, record: bool = False,
-                 timeout: float = 60.0):
+                 timeout: float = 60.0, kernel_limit: float | None = KERNEL_LIMIT):
         self._started = time.perf_counter()
         self.thread = threading.current_thread()  # the one thread that drives it
         self._spawned: dict = {}  # greenlet -> the role it runs on (``spawn``)
         self.cpu, self.cost, self.record, self.hbm_gib = cpu, cost, record, hbm_gib
+        self.kernel_limit = kernel_limit
         self.closed = False
         self.address = f"sim://{next(_NUMBERS)}"
         self.clients = itertools.count()  # numbers the clients' roles: client-0, client-1...
@@ -151,7 +156,8 @@ class SimCluster:
         net, role = self.net, self.plaque.new_role(name)
         transport = net.transport(f"{name}/plaque")
         host, data, core = build_host(
-            island, devices, DeviceSpec(hbm_bytes=int(self.hbm_gib * 2**30)), None, role,
+            island, devices, DeviceSpec(hbm_bytes=int(self.hbm_gib * 2**30)),
+            self.kernel_limit, role,
             link=lambda worker_of: SimIciLink(net, role, f"{name}/ici", worker_of),
             serve=lambda handle: SimService(net, role, f"{name}/data", handle),
             address=transport.address, plaque=self.plaque.address,

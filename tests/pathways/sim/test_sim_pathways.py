@@ -436,3 +436,25 @@ def test_work_still_waiting_when_the_cluster_closes_fails_then_clearly():
     with pytest.raises(SimulationError, match="closed while this work waited"):
         task.result(timeout=1)
     assert not sim._spawned  # nothing left for the garbage collector to kill later
+
+
+def test_a_body_that_never_returns_fails_its_call_and_the_simulation_goes_on():
+    """Kernel time limits hold in a simulation (in the CPU seconds a body spins, with no
+    thread): a body that never returns fails with KernelTimeout naming its limit, and the
+    cluster keeps serving."""
+    def spin(x):
+        while x.sum() > 0:  # only on real data: the client's shape pass sees zeros
+            pass
+        return x
+
+    threads = set(threading.enumerate())
+    with pw.local_cluster(hosts_per_island=1, devices_per_host=2, simulate=True,
+                          kernel_limit=0.5) as cluster, pw.connect(cluster.address) as client:
+        mesh = client.mesh((2,), ("i",))
+        stuck = pw.shard_map(spin, mesh, P("i"), P("i"))
+        with pytest.raises(pw.PathwaysError, match="KernelTimeout.*limit of 0.5 s"):
+            stuck(client.put(np.ones(2), mesh, P("i"))).result()
+        fine = pw.shard_map(lambda x: x + 1, mesh, P("i"), P("i"))
+        np.testing.assert_array_equal(fine(client.put(np.ones(2), mesh, P("i"))).result(),
+                                      [2.0, 2.0])
+        assert set(threading.enumerate()) == threads
