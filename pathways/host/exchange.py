@@ -91,8 +91,6 @@ class Exchanges:
             finally:
                 shard.waiting = None
                 self._parked.pop((key, me), None)
-            if batch.error is not None:
-                raise batch.error
         else:
             del self._batches[key]
             began = self.ex.now()
@@ -105,8 +103,8 @@ class Exchanges:
             for member, waiting in batch.parked:
                 if self._parked.pop((key, member), None) is waiting:
                     self.ex.resume_later(waiting, None)
-            if batch.error is not None:
-                raise batch.error
+        if batch.error is not None:  # every member fails with the computation's error
+            raise batch.error
         self.ex.timeline.leave_batch(shard, at, batch.share, self.ex.now())
         return batch.results[box.place[me]]
 
@@ -356,6 +354,7 @@ class ExecutorEnv(KernelEnv):
         self.executor, self.shard = executor, shard
         self.bytes_sent_remote = 0
         self._batches = 0  # batched segments reached so far
+        self._box = None  # local_batch's answer
 
     def gather_all(self, members, position, x):
         plan = self.executor.exchanges.gather_plan(self.devices, members, position)
@@ -373,20 +372,21 @@ class ExecutorEnv(KernelEnv):
         return HostWork(self.executor, self.shard)
 
     def local_batch(self):
-        box = self.executor.exchanges.box(self.devices, self.mesh_shape, self.axis_names)
-        return None if box is None else box.batch
+        self._box = self.executor.exchanges.box(self.devices, self.mesh_shape,
+                                                self.axis_names)
+        return None if self._box is None else self._box.batch
 
     def batched(self, run, args):
         """This device's results of ``run`` (``jax_batch.HostBatch.run``), run once for all
-        of its host's devices of the gang."""
-        exchanges = self.executor.exchanges
-        box = exchanges.box(self.devices, self.mesh_shape, self.axis_names)
+        of its host's devices of the gang (the box ``local_batch`` found)."""
+        box = self._box
         labels = self.shard.kernel.labels
         if labels is not None:  # traces say which kernels ran together
             labels["batch"] = len(box.members)
         self._batches += 1
         key = (self.gang_key, ("batch", self._batches))
-        return exchanges.batch(self.shard, key, box, self.devices[self.flat_index], args, run)
+        return self.executor.exchanges.batch(self.shard, key, box,
+                                             self.devices[self.flat_index], args, run)
 
     def host_work_until(self, ready_at: float) -> None:
         self.executor.timeline.host_work_until(self.shard, ready_at, self.executor.now())

@@ -111,7 +111,8 @@ class TimerWatchdog:
     """``Watchdog``'s interface without a thread, for bodies on the main thread: the
     process's CPU-time timer is armed while a body is on the thread (see the module text)."""
 
-    def __init__(self):
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock  # what deadlines are read on (real time, as ``Watchdog``'s)
         self._watched = None
         self._fired = None
         signal.signal(signal.SIGVTALRM, self._on_signal)
@@ -119,7 +120,7 @@ class TimerWatchdog:
     def watch(self, body, deadline: float) -> None:
         self._fired = None
         self._watched = body
-        signal.setitimer(signal.ITIMER_VIRTUAL, max(deadline - time.monotonic(), 1e-3))
+        signal.setitimer(signal.ITIMER_VIRTUAL, max(deadline - self.clock(), 1e-3))
 
     def unwatch(self):
         """The watched body left the thread: the body interrupted, or None."""
