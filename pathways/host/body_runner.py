@@ -106,8 +106,10 @@ class BodyRunner:
                 f"{shard.device.name} closed while seq {shard.seq} ran"))
 
     def limit(self, kernel) -> float | None:
-        """Seconds ``kernel``'s body may run: its own ``limit``, else the executor's."""
-        return kernel.limit or self.ex.kernel_limit
+        """Seconds ``kernel``'s body may run: its own ``limit``, else the executor's (per
+        program call it runs: a fused kernel runs several)."""
+        default = self.ex.kernel_limit
+        return kernel.limit or (default * kernel.calls if default else default)
 
     def _runner(self, shard: Shard) -> None:
         """A greenlet that runs bodies, one after the other (made once, reused)."""

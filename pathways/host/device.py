@@ -80,6 +80,7 @@ class DeviceWork:
     labels: dict | None = None  # for its KernelRecord
     not_before: float = 0.0  # modelled arrival of data pushed to it: it starts no earlier
     limit: float | None = None  # seconds its body may run (None: the executor's default)
+    calls: int = 1  # program calls it runs (a fused kernel: several), each the default
 
     def input_keys(self) -> list:
         return []

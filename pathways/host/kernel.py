@@ -185,6 +185,11 @@ class Kernel(DeviceWork):
         """Seconds the body may run (None: the host's default)."""
         return self.spec.fn.limit
 
+    @property
+    def calls(self) -> int:
+        """How many of the program's calls the body runs (``pathways.program.fusion``)."""
+        return self.spec.fn.calls
+
     def key(self, var_id):
         return (self.arg.array_id(var_id), self.device_id)
 

@@ -76,6 +76,7 @@ class CompiledFunction:
     """
 
     routed = False  # True for a RoutedFunction: its rows go where the data says (expert_map)
+    calls = 1  # the program calls one kernel runs (``pathways.program.fusion``: several)
 
     def __init__(self, body, mesh: Mesh, in_specs, out_specs, cost=None, name=None,
                  check_rep=True, limit=None):

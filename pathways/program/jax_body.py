@@ -30,7 +30,7 @@ from collections import OrderedDict
 from ..errors import ProgramError, ShardingError
 from . import collectives
 from .jax_batch import HostBatch
-from .jax_plan import Plan, body_eqns, plan_of, shapes_of
+from .jax_plan import Plan, open_body, plan_body, shapes_of
 
 __all__ = ["JaxBody", "NotNumpy", "came_from_jax", "is_jax_type", "out_shapes", "require",
            "returns_jax", "uses_jax"]
@@ -224,20 +224,28 @@ class JaxBody:
             if plan is not None:
                 _plans.move_to_end(key)
                 return plan
-            # this process's client traced it already (a batched plan leaves the trace for
-            # the per-device one: a host may need both)
-            traced = (_avals.get if batch is not None else _avals.pop)(key[:2], None)
-            closed = traced[1] if traced else self._trace(in_avals, single_output)
-            if batch is not None and not batch.holds(body_eqns(closed, self.name)):
-                if not traced:  # cut by a collective to another host: the per-device plan
-                    _avals[key[:2]] = (shapes_of(closed, self.name), closed)
+            body, consts, out_avals = self._body(in_avals, single_output, batch is not None)
+            if batch is not None and not batch.holds(body.eqns):
+                # cut by a collective to another host: the per-device plan
                 plan = _plans[key] = self.plan(in_avals, single_output)
                 return plan
             with require().enable_x64(self.x64):
-                plan = _plans[key] = plan_of(closed, self.name, batch)
+                plan = _plans[key] = plan_body(body, consts, self.name, batch)
+            plan.out_avals = out_avals
             while len(_plans) > PLANS_KEPT:
                 _plans.popitem(last=False)
             return plan
+
+    def _body(self, in_avals, single_output: bool, keep: bool) -> tuple:
+        """(the per-device jaxpr, its constants, the global output avals) for ``in_avals``.
+        The trace this process's client made is taken up (``keep``: left for a per-device
+        plan the host may need as well, a batched plan's or not)."""
+        key = (self.token, tuple(in_avals))
+        traced = (_avals.get if keep else _avals.pop)(key, None)
+        closed = traced[1] if traced else self.traced(in_avals, single_output)
+        if keep and not traced:
+            _avals[key] = (shapes_of(closed, self.name), closed)
+        return (*open_body(closed, self.name), list(closed.out_avals))
 
     def avals(self, in_avals, single_output: bool) -> tuple[list, list]:
         """(global output avals, one device's output avals) for global argument avals, from
@@ -250,13 +258,13 @@ class JaxBody:
         with _plans_lock:
             got = _avals.get(key)
             if got is None:
-                closed = self._trace(in_avals, single_output)
+                closed = self.traced(in_avals, single_output)
                 got = _avals[key] = (shapes_of(closed, self.name), closed)
                 while len(_avals) > PLANS_KEPT:
                     _avals.popitem(last=False)
             return got[0]
 
-    def _trace(self, in_avals, single_output):
+    def traced(self, in_avals, single_output):
         """The closed jaxpr of the body's ``jax.shard_map`` on arguments of ``in_avals``."""
         jax = require()
         from jax.sharding import AbstractMesh

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import ProgramError
 from . import collectives
 
-__all__ = ["Plan", "plan_of"]
+__all__ = ["Plan", "chain_bodies", "open_body", "plan_body", "plan_of"]
 
 # The collective primitives a plan runs itself, and the ones that only retag a value's
 # variation (JAX's check_vma bookkeeping): identities for us.
@@ -188,11 +188,6 @@ def shapes_of(closed, name) -> tuple[list, list]:
     return list(closed.out_avals), [v.aval for v in inner.outvars]
 
 
-def body_eqns(closed, name) -> list:
-    """The equations of the per-device jaxpr inside the shard_map of ``closed``."""
-    return list(_shard_map_eqn(closed, name).params["jaxpr"].eqns)
-
-
 def _shard_map_eqn(closed, name):
     outer = closed.jaxpr
     if len(outer.eqns) != 1 or outer.eqns[0].primitive.name != "shard_map":
@@ -203,6 +198,20 @@ def _shard_map_eqn(closed, name):
 def plan_of(closed, name, batch=None) -> Plan:
     """The plan of the per-device jaxpr inside the shard_map of ``closed``; ``batch``: None,
     or the ``HostBatch`` of the host devices whose segments run as one computation."""
+    plan = plan_body(*open_body(closed, name), name, batch)
+    plan.out_avals = list(closed.out_avals)
+    return plan
+
+
+def plan_body(body, consts, name, batch=None) -> Plan:
+    """The plan of a per-device jaxpr (``open_body``'s, or several chained by
+    ``chain_bodies``) on its constants."""
+    return _plan_jaxpr(body, consts, name, batch)
+
+
+def open_body(closed, name) -> tuple[_Jaxpr, list]:
+    """(the per-device jaxpr inside the shard_map of ``closed``, with the constants the body
+    closed over as its first constant variables; those constants)."""
     outer = closed.jaxpr
     eqn = _shard_map_eqn(closed, name)
     inner = eqn.params["jaxpr"]
@@ -216,11 +225,44 @@ def plan_of(closed, name, batch=None) -> Plan:
         raise ProgramError(f"{name}: unexpected trace (shard_map arguments out of order)")
     consts = [_read(const_of, v) if _is_literal(v) else np.asarray(const_of[v])
               for v in eqn.invars[:n_consts]]
-    body = _Jaxpr(inner.constvars + inner.invars[:len(consts)], inner.invars[len(consts):],
-                  inner.outvars, inner.eqns)
-    plan = _plan_jaxpr(body, consts, name, batch)
-    plan.out_avals = list(closed.out_avals)
-    return plan
+    return _Jaxpr(inner.constvars + inner.invars[:len(consts)], inner.invars[len(consts):],
+                  inner.outvars, inner.eqns), consts
+
+
+def chain_bodies(bodies, wiring, exports) -> tuple[_Jaxpr, list]:
+    """One per-device jaxpr running ``bodies`` (``open_body``'s: (jaxpr, constants)) one
+    after the other. ``wiring[m][i]`` says where argument i of body m comes from:
+    ``("in", j)``, argument j of the chain, or ``("out", n, k)``, result k of an earlier body
+    n; the chain returns the results ``exports`` names, as ``(n, k)``. Every variable is new
+    (a body chained twice is two copies), so the result plans like any body."""
+    from jax.extend.core import Var  # the optional extra: only JAX bodies get here
+
+    n_in = 1 + max((src[1] for w in wiring for src in w if src[0] == "in"), default=-1)
+    invars: list = [None] * n_in
+    constvars, consts, eqns, results = [], [], [], []
+    for (body, cs), wires in zip(bodies, wiring):
+        new: dict = {}
+        for v, c in zip(body.constvars, cs):
+            new[v] = Var(v.aval)
+            constvars.append(new[v])
+            consts.append(c)
+        for v, src in zip(body.invars, wires):
+            if src[0] == "in":
+                if invars[src[1]] is None:
+                    invars[src[1]] = Var(v.aval)
+                new[v] = invars[src[1]]
+            else:
+                new[v] = results[src[1]][src[2]]
+
+        def read(v, new=new):
+            return v if _is_literal(v) else new[v]
+
+        for e in body.eqns:
+            outs = [v if type(v).__name__ == "DropVar" else new.setdefault(v, Var(v.aval))
+                    for v in e.outvars]
+            eqns.append(e.replace(invars=[read(v) for v in e.invars], outvars=outs))
+        results.append([read(v) for v in body.outvars])
+    return _Jaxpr(constvars, invars, [results[n][k] for n, k in exports], eqns), consts
 
 
 @dataclass

@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 
 from ..errors import ProgramError
-from . import tree
+from . import fusion, tree
 from .compiled import CompiledFunction, check_arguments, describe, leaf_paths
 from .ir import Aval, Eqn, Program, Var, current_trace, evaluate, tracing
 
@@ -101,6 +101,7 @@ class ProgramFunction:
         self.__doc__ = getattr(fn, "__doc__", None)
         self._cache: dict[tuple, Program] = {}
         self._tree_cache: dict[tuple, tuple[Program, object]] = {}  # pytree arguments
+        self._runnable: dict[int, tuple[Program, Program]] = {}  # id(traced) -> it, fused
 
     def trace(self, avals) -> Program:
         key = tuple(avals)
@@ -124,10 +125,18 @@ class ProgramFunction:
             self._tree_cache[key] = (trace_program(flat_fn, key[1], self.__name__), out_def[0])
         return self._tree_cache[key]
 
+    def runnable(self, program: Program) -> Program:
+        """What runs for the traced ``program``: its consecutive JAX calls fused
+        (``pathways.program.fusion``), made once."""
+        hit = self._runnable.get(id(program))
+        if hit is None:
+            hit = self._runnable[id(program)] = (program, fusion.fused(program))
+        return hit[1]
+
     def _call_tree(self, args):
         leaves, in_def = tree.flatten(args)
         program, out_def = self.trace_tree(in_def, [Aval(a.shape, a.dtype) for a in leaves])
-        outs = leaves[0].client.run_program(program, leaves)
+        outs = leaves[0].client.run_program(self.runnable(program), leaves)
         return tree.unflatten(out_def, outs)
 
     def __call__(self, *arrays):
@@ -137,7 +146,7 @@ class ProgramFunction:
         if any(tree.is_node(a) for a in arrays):
             return self._call_tree(arrays)
         program = self.trace([Aval(a.shape, a.dtype) for a in arrays])
-        return arrays[0].client.run_program(program, arrays)
+        return arrays[0].client.run_program(self.runnable(program), arrays)
 
 
 def program(fn) -> ProgramFunction:
