@@ -163,9 +163,29 @@ def _call(segment: Segment, coords: np.ndarray, each: list) -> list:
     coordinates ``coords``: each device's outputs, in the same order."""
     args = [coords]
     for j, stacked in enumerate(segment.stacked):
-        args.append(np.stack([a[j] for a in each]) if stacked else each[0][j])
+        if stacked:
+            values = [a[j] for a in each]
+            rows = _rows_of(values)
+            args.append(rows if rows is not None else np.stack(values))
+        else:
+            args.append(each[0][j])
     outs = [np.asarray(o) for o in segment.compiled(*args)]
     return [[o[i] for o in outs] for i in range(len(each))]
+
+
+def _rows_of(values: list) -> np.ndarray | None:
+    """The array whose rows ``values`` are, in order (a batched segment's result passed on to
+    the next as it was split: no need to stack it again), or None."""
+    base = getattr(values[0], "base", None)
+    if not isinstance(base, np.ndarray) or base.shape != (len(values), *values[0].shape) \
+            or base.dtype != values[0].dtype:
+        return None
+    start, step = base.__array_interface__["data"][0], base.strides[0]
+    for i, v in enumerate(values):
+        if v.base is not base or v.__array_interface__["data"][0] != start + i * step \
+                or v.strides != base.strides[1:]:
+            return None
+    return base
 
 
 class _Lowering:

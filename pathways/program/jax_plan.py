@@ -18,6 +18,7 @@ and ``Plan.bytes`` are what XLA's cost analysis counts in its segments.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -206,7 +207,7 @@ def plan_of(closed, name, batch=None) -> Plan:
 def plan_body(body, consts, name, batch=None) -> Plan:
     """The plan of a per-device jaxpr (``open_body``'s, or several chained by
     ``chain_bodies``) on its constants."""
-    return _plan_jaxpr(body, consts, name, batch)
+    return _plan_jaxpr(body, consts, name, batch, {})
 
 
 def open_body(closed, name) -> tuple[_Jaxpr, list]:
@@ -239,8 +240,9 @@ def chain_bodies(bodies, wiring, exports) -> tuple[_Jaxpr, list]:
 
     n_in = 1 + max((src[1] for w in wiring for src in w if src[0] == "in"), default=-1)
     invars: list = [None] * n_in
-    constvars, consts, eqns, results = [], [], [], []
+    constvars, consts, eqns, results, starts = [], [], [], [], []
     for (body, cs), wires in zip(bodies, wiring):
+        starts.append(len(eqns))
         new: dict = {}
         for v, c in zip(body.constvars, cs):
             new[v] = Var(v.aval)
@@ -262,17 +264,20 @@ def chain_bodies(bodies, wiring, exports) -> tuple[_Jaxpr, list]:
                     for v in e.outvars]
             eqns.append(e.replace(invars=[read(v) for v in e.invars], outvars=outs))
         results.append([read(v) for v in body.outvars])
-    return _Jaxpr(constvars, invars, [results[n][k] for n, k in exports], eqns), consts
+    return _Jaxpr(constvars, invars, [results[n][k] for n, k in exports], eqns,
+                  tuple(starts[1:])), consts
 
 
 @dataclass
 class _Jaxpr:
-    """The parts of a jaxpr a plan needs (constants first, then arguments)."""
+    """The parts of a jaxpr a plan needs (constants first, then arguments). ``starts``: the
+    indices of equations where a chained body begins (``chain_bodies``)."""
 
     constvars: list
     invars: list
     outvars: list
     eqns: list
+    starts: tuple = ()
 
 
 def _open(jaxpr_param) -> tuple[_Jaxpr, list]:
@@ -297,22 +302,36 @@ def communicates(eqn, kinds=COLLECTIVES | _IDENTITIES) -> bool:
     return any(communicates(e, kinds) for j in sub_jaxprs(eqn) for e in j.eqns)
 
 
-def _plan_jaxpr(jaxpr: _Jaxpr, consts, name, batch=None) -> Plan:
+def _plan_jaxpr(jaxpr: _Jaxpr, consts, name, batch=None, made=None) -> Plan:
     """Steps of ``jaxpr``: segments between the collectives it cuts at (with a ``batch``,
-    only those reaching devices outside it: the others run inside its segments)."""
+    only those reaching devices outside it: the others run inside its segments, and between
+    chained bodies, so a body chained K times compiles once). ``made``: the segments compiled
+    for this plan so far, by structure (``_structure``): a segment equal to one of them
+    (the same equations of a body chained again, wired alike) reuses its computation."""
     steps, pending = [], []
     later = _uses_after(jaxpr)
     shared = set(jaxpr.constvars)  # the same value on every device
+    made = {} if made is None else made
+    starts = set(jaxpr.starts) if batch is not None else set()
 
     def close(i):
         if pending:
             eqns = list(pending)  # its own list: a segment's function keeps it (and JAX
             # traces it again for arguments of another type)
-            steps.append(_segment(eqns, later[i], name) if batch is None else
-                         batch.segment(eqns, later[i], shared, name))
+            ins, outs = segment_vars(eqns, later[i])
+            key = _structure(eqns, ins, outs, shared)
+            twin = made.get(key)
+            if twin is not None:
+                steps.append(dataclasses.replace(twin, ins=ins, outs=outs))
+            else:
+                steps.append(_segment(eqns, later[i], name) if batch is None else
+                             batch.segment(eqns, later[i], shared, name))
+                made[key] = steps[-1]
             pending.clear()
 
     for i, eqn in enumerate(jaxpr.eqns):
+        if i in starts:
+            close(i)
         prim = eqn.primitive.name
         if prim in COLLECTIVES and (batch is None or batch.cuts(eqn)):
             close(i)
@@ -320,21 +339,21 @@ def _plan_jaxpr(jaxpr: _Jaxpr, consts, name, batch=None) -> Plan:
         elif prim not in COLLECTIVES and communicates(eqn, COLLECTIVES) and (
                 batch is None or not batch.keeps(eqn)):
             close(i)
-            steps.append(_control_step(eqn, name, batch))
+            steps.append(_control_step(eqn, name, batch, made))
         else:
             pending.append(eqn)
     close(len(jaxpr.eqns))
     return Plan(jaxpr, consts, steps, name)
 
 
-def _control_step(eqn, name, batch=None):
+def _control_step(eqn, name, batch=None, made=None):
     """The step of a call, scan, while or cond whose jaxprs hold collectives. With a
     ``batch``, a call's and a scan's bodies are batched too (every device runs them alike);
     a while loop's and a cond's run per device (their trip count or branch may differ)."""
     prim = eqn.primitive.name
 
     def plan(param, batch=None):
-        return _plan_jaxpr(*_open(param), name, batch)
+        return _plan_jaxpr(*_open(param), name, batch, made)
 
     if prim in INLINED_CALLS:
         return Call(eqn, plan(_call_jaxpr(eqn), batch))
@@ -353,6 +372,23 @@ def _call_jaxpr(eqn):
         if key in eqn.params:
             return eqn.params[key]
     raise ProgramError(f"cannot read the jaxpr of a {eqn.primitive.name} call")
+
+
+def _structure(eqns, ins, outs, shared) -> tuple:
+    """What a segment computes, as a key: two segments with equal keys compute the same
+    function of their inputs in order. Equations are known by primitive and parameters
+    (the same dict: ``chain_bodies`` copies equations, not their parameters), variables by
+    position (inputs, then each result in order), literals by value."""
+    names = {v: k for k, v in enumerate(ins)}
+    key: list = [tuple((str(v.aval), v in shared) for v in ins)]
+    for e in eqns:
+        args = tuple(("literal", repr(v.val), str(v.aval)) if _is_literal(v) else names[v]
+                     for v in e.invars)
+        key.append((e.primitive.name, id(e.params), args, tuple(str(v.aval) for v in e.outvars)))
+        for v in e.outvars:
+            names.setdefault(v, len(names))
+    key.append(tuple(names[v] for v in outs))
+    return tuple(key)
 
 
 def _uses_after(jaxpr: _Jaxpr) -> list[set]:
