@@ -19,9 +19,12 @@ parameters, the new Adam state and the loss.
 Sides. pw on ``local_cluster(hosts_per_island=1, devices_per_host=8)`` ("1x8") and on
 ``hosts_per_island=2, devices_per_host=4`` ("2x4"), in two modes: "step" calls
 ``pw.shard_map(step)`` in a loop, feeding the state back; "program" runs a ``@pw.program``
-of K chained steps again and again. Baseline: ``jax.jit(jax.shard_map(step))`` on a JAX mesh
-of 8 CPU devices, in a subprocess started with ``--xla_force_host_platform_device_count=8``
-(this process's JAX keeps its one device), reporting JSON on stdout. The hosts' persistent
+of K chained steps again and again (its calls fused into one kernel per device:
+``pathways.program.fusion``), and "unfused" the same program with fusion off, first, in the
+same cluster (``PATHWAYS_JAX_FUSE=off``: one kernel per call), for the before/after.
+Baseline: ``jax.jit(jax.shard_map(step))`` on a JAX mesh of 8 CPU devices, in a subprocess
+started with ``--xla_force_host_platform_device_count=8`` (this process's JAX keeps its one
+device), reporting JSON on stdout. The hosts' persistent
 compilation cache is off (``PATHWAYS_JAX_CACHE=off``), so every first step compiles, as
 JAX's does.
 
@@ -57,6 +60,7 @@ import pathways as pw
 from bench.profiling import cluster_processes, cpu_seconds, record
 from bench.results import bench_parser, publish, security_for_all
 from pathways import P
+from pathways.program import fusion
 
 try:
     import jax
@@ -302,8 +306,17 @@ def pw_steps(client, mesh, w: Workload, cfg: dict, cpu: Cpu) -> dict:
             "state": (fn, params, opt, batches)}
 
 
-def pw_program(client, mesh, w: Workload, cfg: dict, cpu: Cpu) -> dict:
-    """Program mode: runs of K chained steps from the initial state; per step = run / K."""
+def pw_program(client, mesh, w: Workload, cfg: dict, cpu: Cpu, fuse: bool = True) -> dict:
+    """Program mode: runs of K chained steps from the initial state; per step = run / K.
+    ``fuse=False``: each call of the program its own kernel (``PATHWAYS_JAX_FUSE=off``)."""
+    was, fusion.FUSE = fusion.FUSE, fuse and fusion.FUSE
+    try:
+        return _pw_program(client, mesh, w, cfg, cpu)
+    finally:
+        fusion.FUSE = was
+
+
+def _pw_program(client, mesh, w: Workload, cfg: dict, cpu: Cpu) -> dict:
     ins, outs = specs_of(w)
     k = cfg["chain"]
     program = chained(pw.shard_map(step_body(w), mesh, ins, outs), k)
@@ -362,9 +375,11 @@ def run_pw(shape: str, cfg: dict, security: dict, want_profile: bool) -> tuple[d
             figures[w.name, "step"] = pw_steps(client, mesh, w, cfg, cpu)
             print(f"{shape} {w.name} step: first {figures[w.name, 'step']['first']:.2f} s,"
                   f" steady {figures[w.name, 'step']['steady'] * 1e3:.2f} ms", flush=True)
-            figures[w.name, "program"] = pw_program(client, mesh, w, cfg, cpu)
-            print(f"{shape} {w.name} program: steady"
-                  f" {figures[w.name, 'program']['steady'] * 1e3:.2f} ms/step", flush=True)
+            for mode in ("unfused", "program"):  # the same program, calls not fused first
+                figures[w.name, mode] = pw_program(client, mesh, w, cfg, cpu,
+                                                   fuse=mode == "program")
+                print(f"{shape} {w.name} {mode}: steady"
+                      f" {figures[w.name, mode]['steady'] * 1e3:.2f} ms/step", flush=True)
             state = figures[w.name, "step"].pop("state")
             if want_profile and w.name == "transformer":
                 text = profile(cluster, state)
@@ -372,6 +387,11 @@ def run_pw(shape: str, cfg: dict, security: dict, want_profile: bool) -> tuple[d
 
 
 # ---- the report --------------------------------------------------------------------------------
+
+SIDES = {"step": "shard_map per step",
+         "unfused": "@pw.program of {chain} steps, calls not fused (PATHWAYS_JAX_FUSE=off)",
+         "program": "@pw.program of {chain} steps"}
+
 
 def _met(ratio: float, target: float) -> str:
     return f"<= {target:g}x: {'met' if ratio <= target else 'MISSED'}"
@@ -394,7 +414,7 @@ def rows_of(jax_figs: dict, pw_figs: dict, chain: int) -> tuple[list[dict], floa
                      "CPU ms/step client, coord, hosts": f"{ref['cpu'] * 1e3:.1f}, -, -",
                      "max loss rel diff": ""})
         for shape in SHAPES:
-            for mode in ("step", "program"):
+            for mode in ("step", "unfused", "program"):
                 got = pw_figs[shape][name, mode]
                 gap = loss_gap(got["losses"], ref["losses"])
                 worst = max(worst, gap)
@@ -402,14 +422,14 @@ def rows_of(jax_figs: dict, pw_figs: dict, chain: int) -> tuple[list[dict], floa
                 first = got["first"] / ref["first"]
                 rows.append({
                     "workload": name,
-                    "side": f"pw {shape}, " + ("shard_map per step" if mode == "step" else
-                                               f"@pw.program of {chain} steps"),
+                    "side": f"pw {shape}, " + SIDES[mode].format(chain=chain),
                     "first ms": f"{got['first'] * 1e3:.0f}",
                     "steady ms/step": f"{got['steady'] * 1e3:.2f}",
                     "first / JAX": f"{first:.1f}x" if mode == "step" else "(K steps)",
                     "steady / JAX": f"{steady:.1f}x",
                     "first target": _met(first, FIRST_TARGET) if mode == "step" else "-",
-                    "steady target": _met(steady, STEADY_TARGET[shape]),
+                    "steady target": "-" if mode == "unfused" else
+                    _met(steady, STEADY_TARGET[shape]),
                     "CPU ms/step client, coord, hosts": got["cpu"],
                     "max loss rel diff": f"{gap:.1e} ({len(got['losses'])} steps)"})
     return rows, worst
@@ -425,7 +445,7 @@ def main(argv=None) -> int:
              " many sequences of half as many tokens")
     ap.sized("--steps", int, 5, 100, "steady steps timed (step mode)")
     ap.sized("--warmup", int, 2, 5, "untimed steps after the first")
-    ap.sized("--runs", int, 2, 10, "program runs timed, after the first and one warm-up")
+    ap.sized("--runs", int, 2, 30, "program runs timed, after the first and one warm-up")
     ap.sized("--chain", int, 4, 10, "steps per @pw.program (K)")
     args = ap.parse_args(argv)
     if jax is None:
