@@ -35,8 +35,13 @@ configurations fit (``--sizes``, hosts x devices per host; default 4x4 and 16x8)
 sized and timed in virtual seconds (``cluster.clock()``); the wall time each configuration's
 simulation took is reported too.
 
-Run: ``python -m bench.dispatch [--quick] [--no-append] [--profile] [--simulate [--sizes
-4x4,16x8]]``.
+``--fetch``: the Pathways client fetches the value of every output it times, as users commonly
+do (``[y.result() for y in ys]``: every OpByOp call's, every chained run's, every fused call's),
+instead of waiting for the last to be ready; the multi-controller is unchanged (its values stay
+on its hosts, as in JAX).
+
+Run: ``python -m bench.dispatch [--quick] [--no-append] [--fetch] [--profile] [--simulate
+[--sizes 4x4,16x8]]``.
 """
 
 from __future__ import annotations
@@ -110,14 +115,26 @@ class Cell:
 
 # ---- Pathways ---------------------------------------------------------------------------------
 
+def finish(ys: list, fetch: bool, timeout: float) -> None:
+    """Wait for the outputs ``ys`` of a cell's calls (in call order) as the user would: with
+    ``fetch``, fetch every one's value (``[y.result() for y in ys]``); else wait for the last
+    to be ready (each call's output feeds the next, so all are), fetching nothing."""
+    if fetch:
+        for y in ys:
+            y.result(timeout)
+    else:
+        ys[-1].block_until_ready(timeout)
+
+
 class PathwaysRig:
     """The three Pathways variants of the trivial computation on one client's mesh;
     ``clock``: what cells are timed with (a simulated cluster's ``clock`` for virtual
-    time)."""
+    time); ``fetch``: whether cells fetch the value of every call's output (``finish``)."""
 
     def __init__(self, client, hosts: int, per_host: int = PER_HOST,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, fetch: bool = False):
         self.client, self.hosts, self.per_host, self.clock = client, hosts, per_host, clock
+        self.fetch = fetch
         self.devices = hosts * per_host
         self.mesh = client.mesh((self.devices,), ("d",))
         self._data = sorted({client.cluster.data_address(d) for d in self.mesh.ids})
@@ -152,15 +169,19 @@ class PathwaysRig:
         return {d: busy[d] for d in self.mesh.ids}
 
     def run(self, mode: str, cost: float, units: int, timeout: float) -> Cell:
-        """Run ``units`` calls of the mode (each output into the next) and time them."""
+        """Run ``units`` calls of the mode (each output into the next) and time them, to the
+        last output ready or, with ``fetch``, every call's output fetched."""
         fn = self._fn(mode, cost)
         x = self.client.put(np.zeros(()), self.mesh, P())
         x.block_until_ready(timeout)
+        ys = []  # every call's output, kept only when all are fetched
         busy0 = self.busy()
         t0 = self.clock()
         for _ in range(units):
             x = fn(x)
-        x.block_until_ready(timeout)
+            if self.fetch:
+                ys.append(x)
+        finish(ys if self.fetch else [x], self.fetch, timeout)
         wall = self.clock() - t0
         busy1 = self.busy()
         steps = units * UNIT[mode]
@@ -288,16 +309,17 @@ def targets(fig5: dict[int, dict[str, Cell]], sweep: dict[float, dict[str, Cell]
 
 # ---- main -------------------------------------------------------------------------------------
 
-def run_config(hosts: int, costs, budget: float, reps: int, profile: bool, security: dict):
+def run_config(hosts: int, costs, budget: float, reps: int, profile: bool, security: dict,
+               fetch: bool = False):
     """Start a Pathways cluster and a multi-controller job of ``hosts`` hosts; measure each
-    cost. Returns ({cost: cells}, profile text or None)."""
+    cost (``fetch``: see ``PathwaysRig``). Returns ({cost: cells}, profile text or None)."""
     results, prof = {}, None
     with MultiController(hosts, PER_HOST) as mc:
         mc.run(64, 0.0)  # warm-up: connections between the hosts
         with pw.local_cluster(islands=1, hosts_per_island=hosts,
                               devices_per_host=PER_HOST, **security) as cluster:
             with pw.connect(cluster.address) as client:
-                rig = PathwaysRig(client, hosts)
+                rig = PathwaysRig(client, hosts, fetch=fetch)
                 for cost in costs:
                     results[cost] = measure_config(rig, mc, cost, budget, reps)
                     _print_cells(results[cost])
@@ -307,7 +329,7 @@ def run_config(hosts: int, costs, budget: float, reps: int, profile: bool, secur
 
 
 def run_config_simulated(hosts: int, per_host: int, costs, budget: float, reps: int,
-                         seed: int) -> dict:
+                         seed: int, fetch: bool = False) -> dict:
     """``run_config`` on the simulator: a simulated Pathways cluster and a simulated
     multi-controller job of ``hosts`` x ``per_host`` devices, cells in virtual seconds.
     Returns {cost: cells}."""
@@ -316,7 +338,7 @@ def run_config_simulated(hosts: int, per_host: int, costs, budget: float, reps: 
         with pw.local_cluster(islands=1, hosts_per_island=hosts, devices_per_host=per_host,
                               simulate=True, seed=seed, cpu="measured") as cluster:
             with pw.connect(cluster.address) as client:
-                rig = PathwaysRig(client, hosts, per_host, cluster.clock)
+                rig = PathwaysRig(client, hosts, per_host, cluster.clock, fetch)
                 for cost in costs:
                     results[cost] = measure_config(rig, mc, cost, budget, reps)
                     _print_cells(results[cost])
@@ -330,6 +352,9 @@ def _parser(simulate: bool):
                       "py-spy the cluster during each mode on the largest config")
     ap.add_argument("--simulate", action="store_true",
                     help="on the simulator, in virtual time (see the module's text)")
+    ap.add_argument("--fetch", action="store_true",
+                    help="Pathways cells fetch the value of every call's output (y.result()),"
+                         " not only wait for the last to be ready")
     if simulate:
         ap.add_argument("--sizes", default=None,
                         help=f"hosts x devices per host, comma-separated (default {SIM_SIZES};"
@@ -374,11 +399,17 @@ def _notes(args, simulate: bool, sweep_size, budget: float, reps: int, parity, c
     lines = [
         "Trivial computation: psum of a replicated float64 scalar over all devices, then +1,"
         " each output into the next input. " + setup,
-        f"OpByOp: N calls of step, then wait for the last. Chained: one @pw.program of {CHAIN}"
-        f" calls, run repeatedly. Fused: one shard_map looping {CHAIN}x psum+1, cost {CHAIN}x;"
-        f" counts {CHAIN} computations per call. Figure 5 rows use a modelled cost of"
-        f" {FIG5_COST * 1e3:g} ms (dispatch overhead only); Figure 6 sweeps the cost per"
-        f" computation on {sweep_label} devices.",
+        "OpByOp: N calls of step, then "
+        + ("fetch every call's output" if args.fetch else "wait for the last")
+        + f". Chained: one @pw.program of {CHAIN} calls, run repeatedly. Fused: one shard_map"
+        f" looping {CHAIN}x psum+1, cost {CHAIN}x; counts {CHAIN} computations per call."
+        f" Figure 5 rows use a modelled cost of {FIG5_COST * 1e3:g} ms (dispatch overhead"
+        f" only); Figure 6 sweeps the cost per computation on {sweep_label} devices.",
+        *(["Every result fetched (--fetch): each Pathways cell's client fetches the value of"
+           " every call's output (y.result() on each OpByOp call's, each chained run's and"
+           " each fused call's output, as [y.result() for y in ys]) within the timed cell,"
+           " instead of waiting for the last to be ready; the multi-controller is unchanged"
+           " (its values stay on its hosts, as in JAX)."] if args.fetch else []),
         f"Each cell: one warm-up, then the best of {reps} timed rounds (modes interleaved) of"
         + timing + (" Results checked exactly. Util = devices' occupied time / wall; Useful ="
                     " computations/s x modelled cost." if simulate else ""),
@@ -425,13 +456,15 @@ def main(argv=None) -> int:
             costs = [FIG5_COST] + (sweep_costs if size == sweep_size else [])
             if simulate:
                 t0 = time.perf_counter()
-                results = run_config_simulated(hosts, per_host, costs, budget, reps, args.seed)
+                results = run_config_simulated(hosts, per_host, costs, budget, reps, args.seed,
+                                               args.fetch)
                 prof = None
                 walls[size] = time.perf_counter() - t0
                 print(f"  {hosts}x{per_host}: simulated in {walls[size]:.1f} s", flush=True)
             else:
                 results, prof = run_config(hosts, costs, budget, reps,
-                                           args.profile and size == sweep_size, security)
+                                           args.profile and size == sweep_size, security,
+                                           args.fetch)
             fig5[size] = results[FIG5_COST]
             if size == sweep_size:
                 sweep = {c: results[c] for c in sweep_costs}

@@ -33,7 +33,12 @@ cpu="measured")``), in virtual time: coordinator, host and each client a role of
 discrete-event simulation with its own virtual CPU (one core per process, not this 2-core
 machine), each client's calls concurrent work of its role (``cluster.run_as``).
 
-Run: ``python -m bench.multitenancy [--quick] [--no-append] [--simulate [--seed S]]``.
+``--fetch``: every client fetches the value of each of its K results, as users commonly do
+(``[y.result() for y in ys]``), instead of only waiting for them to be ready (in the sweep and
+the shares run alike).
+
+Run: ``python -m bench.multitenancy [--quick] [--no-append] [--fetch] [--simulate [--seed
+S]]``.
 """
 
 from __future__ import annotations
@@ -75,28 +80,39 @@ def _warm(client):
     return mesh, step, x
 
 
-def _submit(client, mesh, step, x, programs, clock, cpu_clock):
-    """Submit ``programs`` independent calls, wait for all; the client's report."""
+def _finish(outs, fetch: bool) -> None:
+    """Wait for every call's output as the user would: with ``fetch``, fetch its value
+    (``[y.result() for y in ys]``); else only until it is ready, fetching nothing."""
+    for o in outs:
+        if fetch:
+            o.result(TIMEOUT)
+        else:
+            o.block_until_ready(TIMEOUT)
+
+
+def _submit(client, mesh, step, x, programs, clock, cpu_clock, fetch=False):
+    """Submit ``programs`` independent calls, wait for (``fetch``: fetch) all; the client's
+    report."""
     t0, cpu0 = clock(), cpu_clock()
     outs = [step(x) for _ in range(programs)]
     submitted = clock()
-    for o in outs:
-        o.block_until_ready(TIMEOUT)
+    _finish(outs, fetch)
     t1, cpu1 = clock(), cpu_clock()
     ok = bool(np.array_equal(outs[-1].result(TIMEOUT), np.ones(DEVICES)))
     return {"id": client.id, "devices": mesh.ids, "t0": t0, "t1": t1,
             "submit": submitted - t0, "cpu": cpu1 - cpu0, "ok": ok}
 
 
-def _client(index, address, weight, programs, go, results):
-    """Connect, warm up, wait for ``go``, submit ``programs`` independent calls, wait all."""
+def _client(index, address, weight, programs, go, results, fetch=False):
+    """Connect, warm up, wait for ``go``, submit ``programs`` independent calls, wait for
+    (``fetch``: fetch) all."""
     try:
         with pw.connect(address, weight=weight) as client:
             mesh, step, x = _warm(client)
             results.put({"index": index, "ready": client.id})
             go.wait(TIMEOUT)
             report = _submit(client, mesh, step, x, programs, time.perf_counter,
-                             time.process_time)
+                             time.process_time, fetch)
             results.put({"index": index, "weight": weight, **report})
     except BaseException:
         results.put({"index": index, "error": traceback.format_exc()})
@@ -147,16 +163,18 @@ def _this_run(observer, reports, start):
     return {d: recs for d, recs in timeline.items() if recs}
 
 
-def run_clients(cluster, weights, programs, observer):
-    """Clients of ``weights`` (one process each) submit ``programs`` each, started together.
+def run_clients(cluster, weights, programs, observer, fetch=False):
+    """Clients of ``weights`` (one process each) submit ``programs`` each, started together;
+    with ``fetch`` each fetches every result's value.
 
     Returns (client reports, {device: this run's kernel records}, [CPU seconds of the
     coordinator, of the host, wall seconds from the start to the last report])."""
     if isinstance(cluster, SimCluster):
-        return run_clients_simulated(cluster, weights, programs, observer)
+        return run_clients_simulated(cluster, weights, programs, observer, fetch)
     ctx = mp.get_context("spawn")
     go, results = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_client, args=(i, cluster.address, w, programs, go, results),
+    procs = [ctx.Process(target=_client,
+                         args=(i, cluster.address, w, programs, go, results, fetch),
                          daemon=True) for i, w in enumerate(weights)]
     pids = [p.pid for p in cluster.processes]
     try:
@@ -180,7 +198,7 @@ def run_clients(cluster, weights, programs, observer):
     return reports, _this_run(observer, reports, start), cpu
 
 
-def run_clients_simulated(cluster, weights, programs, observer):
+def run_clients_simulated(cluster, weights, programs, observer, fetch=False):
     """``run_clients`` on a simulated cluster: each client a role of its own, its calls
     concurrent work of that role (``cluster.run_as``), times virtual; CPU per role."""
     clients = [pw.connect(cluster.address, weight=w) for w in weights]
@@ -190,7 +208,7 @@ def run_clients_simulated(cluster, weights, programs, observer):
         cluster_roles = [cluster.roles["coordinator"], cluster.roles["host-0"]]
         cpu0 = [r.cpu_used for r in cluster_roles + roles]
         start = cluster.clock()
-        tasks = [cluster.run_as(c, _submit, c, *rig, programs, c.clock, lambda: 0.0)
+        tasks = [cluster.run_as(c, _submit, c, *rig, programs, c.clock, lambda: 0.0, fetch)
                  for c, rig in zip(clients, rigs)]
         reports = _checked([t.result(TIMEOUT) for t in tasks])
         used = [r.cpu_used - c for r, c in zip(cluster_roles + roles, cpu0)]
@@ -250,8 +268,9 @@ def island(simulation: dict | None, **options):
                             **options, **extra)
 
 
-def sweep(counts, programs, reps, simulation=None):
-    """{N: (N-client cells, 1-client cells of N x K programs)} over ``reps`` rounds, fifo."""
+def sweep(counts, programs, reps, simulation=None, fetch=False):
+    """{N: (N-client cells, 1-client cells of N x K programs)} over ``reps`` rounds, fifo
+    (``fetch``: every client fetches every result)."""
     cells: dict[int, tuple[list, list]] = {n: ([], []) for n in counts}
     with island(simulation, policy="fifo") as cluster, \
             pw.connect(cluster.address) as observer:
@@ -259,18 +278,19 @@ def sweep(counts, programs, reps, simulation=None):
             for n in counts:
                 kinds = [(0, n, programs), (1, 1, n * programs)][:1 if n == 1 else 2]
                 for slot, clients, k in kinds[::-1] if rep % 2 else kinds:  # alternate
-                    cell = Cell(clients, k, *run_clients(cluster, [1.0] * clients, k, observer))
+                    cell = Cell(clients, k,
+                                *run_clients(cluster, [1.0] * clients, k, observer, fetch))
                     print(f"  round {rep + 1}: {clients} client(s) x {k}: {cell.rate:,.0f}"
                           f" comp/s, util {cell.util:.0%}, wall {cell.wall:.2f} s", flush=True)
                     cells[n][slot].append(cell)
     return {n: (a, b or a) for n, (a, b) in cells.items()}
 
 
-def share_run(programs, simulation=None):
+def share_run(programs, simulation=None, fetch=False):
     """Weights 1:2:4 under "share": ({client: weight}, {client: device s}, interval s)."""
     with island(simulation, policy="share", window=WINDOW) as cluster, \
             pw.connect(cluster.address) as observer:
-        reports, timeline, _ = run_clients(cluster, WEIGHTS, programs, observer)
+        reports, timeline, _ = run_clients(cluster, WEIGHTS, programs, observer, fetch)
     weight_of = {r["id"]: r["weight"] for r in sorted(reports, key=lambda r: r["weight"])}
     busy, interval = device_time_by_client(timeline, list(weight_of))
     return weight_of, busy, interval
@@ -287,14 +307,17 @@ def main(argv=None) -> int:
     ap.add_argument("--simulate", action="store_true",
                     help="on the simulator, in virtual time (see the module's text)")
     ap.add_argument("--seed", type=int, default=0, help="the simulation's seed (--simulate)")
+    ap.add_argument("--fetch", action="store_true",
+                    help="every client fetches the value of each result (y.result()), not only"
+                         " waits for it to be ready")
     args = ap.parse_args(argv)
     counts = (1, 2) if args.quick else (1, 2, 4, 8)
     programs, reps = args.programs, args.reps
     simulation = {"seed": args.seed, "cpu": "measured"} if args.simulate else None
     started = time.perf_counter()
-    cells = sweep(counts, programs, reps, simulation)
+    cells = sweep(counts, programs, reps, simulation, args.fetch)
     share_k = programs if args.quick else 2 * programs
-    weight_of, busy, interval = share_run(share_k, simulation)
+    weight_of, busy, interval = share_run(share_k, simulation, args.fetch)
     elapsed = time.perf_counter() - started
 
     rows, ratios = [], {}
@@ -335,7 +358,11 @@ def main(argv=None) -> int:
         f"Each program: one computation, a gang on all {DEVICES} devices of the island, "
         f"modelled {COST * 1e3:g} ms per device (shard_map v + 1 of a float64[{DEVICES}],"
         " called outside @pw.program); each client submits its K calls back to back on the"
-        " same input (independent, not chained), then waits for all; results checked. Policy"
+        " same input (independent, not chained), then "
+        + ("fetches every result's value (--fetch: y.result() on each of its K outputs, as"
+           " [y.result() for y in ys], in the sweep and the shares run; every result fetched)"
+           if args.fetch else "waits for all")
+        + "; results checked. Policy"
         f" \"fifo\". One island: coordinator + 1 host of {DEVICES} devices; "
         + (f"simulated, in virtual time (pw.local_cluster(simulate=True, seed={args.seed},"
            " cpu=\"measured\")): coordinator, host and every client each a role of one"
