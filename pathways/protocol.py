@@ -180,8 +180,11 @@ class Refused(Message):
 
 @message
 class RunDone(Message):
-    """Run ``run_id`` of this client finished on every host."""
+    """Run ``run_id`` of this client finished on every host. ``results``: its small results,
+    ``(array id, mesh position, value)`` for one holder of each distinct part (values as
+    ``dtypes.shippable`` made them), so the client fetches none of them."""
     run_id: int
+    results: tuple = ()
 
 
 @message

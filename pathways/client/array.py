@@ -1,7 +1,8 @@
 """``pw.Array``: a future for a logical sharded array that lives on the hosts.
 
 It knows its shape, dtype, mesh and spec at once; ``result()`` fetches the shards straight from
-the hosts and assembles the global value. The client refcounts the logical array (this
+the hosts and assembles the global value (a small result of a run, up to 64 KiB, came with the
+run's end already: nothing to fetch). The client refcounts the logical array (this
 object), not its shards: when the last reference goes (or ``delete()``), its shards are freed
 on every host. It follows ``concurrent.futures``: ``result(timeout)``, ``done()``,
 ``exception()``, ``add_done_callback``, and it is awaitable.
@@ -167,7 +168,8 @@ class Array(RemoteValue):
         self._status.add_done_callback(lambda _f: fn(self))
 
     def result(self, timeout=None) -> np.ndarray:
-        """The global value as a numpy array (waits for it, then fetches the shards).
+        """The global value as a numpy array (waits for it, then fetches the shards, unless
+        they came with the run's end: a small result).
 
         >>> value = y.result(timeout=60)     # np.ndarray of shape y.shape
         """
@@ -199,6 +201,12 @@ class Array(RemoteValue):
         True
         """
         return self._deleted
+
+    def hold(self, value: np.ndarray) -> None:
+        """Keep ``value`` as this array's (a small result that came with its run's end):
+        ``result()`` returns it without fetching."""
+        if not self._deleted:
+            self._value = value
 
     def local_copy(self) -> np.ndarray | None:
         """The value this client holds (it put the array, or fetched it), else None; fetches

@@ -124,6 +124,8 @@ class Client:
             return
         self.ledger.unhold(run.inputs)
         if isinstance(msg, protocol.RunDone):
+            if msg.results:  # before the status: result() then finds the value
+                self.shards.adopt(run.outputs, msg.results)
             run.status.set_result(None)
         else:
             run.status.set_exception(received(msg.error, of_run=True))

@@ -1,7 +1,9 @@
 """An array's shards between a client and the hosts: put, made on the hosts, fetched, freed.
 
 Every shard goes straight to or from the host of its device (its data address, from the
-``ClusterView``), never through the coordinator. Array ids are the client's id and a count
+``ClusterView``), never through the coordinator, except a run's small results
+(``lowering.lower.SMALL_RESULT``), which come with the run's end (``RunDone``) and are
+``adopt``ed, so fetching them costs no request. Array ids are the client's id and a count
 (what the hosts' object stores key shards by); shards are tagged with the client as owner, so
 the hosts free everything of a client that closes or is lost.
 """
@@ -16,7 +18,7 @@ import numpy as np
 from plaque.shipping import ship
 
 from .. import protocol
-from ..dtypes import shippable, wire_name
+from ..dtypes import shippable, unwrap, wire_name
 from ..errors import DeviceOutOfMemory, PathwaysError
 from ..program import sharding
 from . import fanout
@@ -72,17 +74,14 @@ class Shards:
         assembled (waits at most ``timeout`` seconds for each)."""
         self._suspensions.check([array.mesh])
         m = array.mesh
-        by_slice: dict[tuple, list[int]] = {}
-        for i in range(m.size):
-            sl = sharding.device_slices(array.shape, m.axis_sizes, m.axis_names, array.spec, i)
-            by_slice.setdefault(tuple((s.start, s.stop) for s in sl), []).append(i)
+        parts = sharding.distinct_parts(array.shape, m.axis_sizes, m.axis_names, array.spec)
         futures = {}
-        for members in by_slice.values():
+        for members in parts:
             d = m.ids[members[0]]
             futures[members[0]] = self._session.request(self._cluster.data_address(d),
                                                         protocol.GetShard(None, array.id, d))
         shards = [None] * m.size
-        for members in by_slice.values():
+        for members in parts:
             try:
                 value = futures[members[0]].result(timeout)
             except PathwaysError:  # freed meanwhile: say by what, if the user did it
@@ -93,6 +92,32 @@ class Shards:
             for i in members:
                 shards[i] = value
         return sharding.assemble(shards, m.axis_sizes, m.axis_names, array.spec)
+
+    def adopt(self, arrays, results) -> None:
+        """The small results that came with the end of the run making ``arrays``
+        (``RunDone.results``: array id, mesh position, value): each array whose parts all
+        came, each of its shard's shape and dtype, holds its value from now on; any other
+        is fetched as usual when asked for."""
+        got: dict = {}
+        for aid, position, value in results:
+            got.setdefault(aid, {})[position] = unwrap(value)
+        for array in arrays:
+            parts = got.get(array.id)
+            if not parts or array.is_deleted() or array.local_copy() is not None:
+                continue
+            m = array.mesh
+            want = sharding.shard_shape(array.shape, m.axis_sizes, m.axis_names, array.spec)
+            shards = [None] * m.size
+            for members in sharding.distinct_parts(array.shape, m.axis_sizes, m.axis_names,
+                                                   array.spec):
+                value = parts.get(members[0])
+                if not (isinstance(value, np.ndarray) and value.shape == want
+                        and value.dtype == array.dtype):
+                    break
+                for i in members:
+                    shards[i] = value
+            else:
+                array.hold(sharding.assemble(shards, m.axis_sizes, m.axis_names, array.spec))
 
     def delete(self, array) -> None:
         """Free ``array``'s shards on every host still live (a lost host's went with it)."""

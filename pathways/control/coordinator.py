@@ -140,8 +140,11 @@ class Coordinator:
             self.plane.installed(c.pid, None, exc)
 
     def _start(self, c: StartRun) -> None:
-        def done(_result, error):
-            self.plane.run_ended(c.key, error)
+        def done(result, error):
+            small = () if result is None else tuple(
+                value for shards in result.outputs.values() for values in shards.values()
+                for value in values)
+            self.plane.run_ended(c.key, error, small)
             self._carry_out()
 
         try:

@@ -443,15 +443,16 @@ class ControlPlane:
             arg = dataclasses.replace(run.arg, seqs=run.seqs)
             self._out.append(StartRun((run.pid, run.run_id), run.prog.gid, arg))
 
-    def run_ended(self, key, error) -> None:
-        """Run ``key`` (program id, run id) finished, or failed with ``error``."""
+    def run_ended(self, key, error, results=()) -> None:
+        """Run ``key`` (program id, run id) finished, or failed with ``error``; ``results``:
+        the small results its kernels handed on (``RunDone``)."""
         run = self.runs.get(key)
         if run is None:
             return
         self._finished(run)
         error = self._explain(error)
         if error is None:
-            self._reply(run.ident, m.RunDone(run.run_id))
+            self._reply(run.ident, m.RunDone(run.run_id, results))
             return
         self._reply(run.ident, m.RunFailed(run.run_id, error))
         # Kernels of this run still queued or waiting in collectives on surviving hosts

@@ -79,9 +79,10 @@ class Host:
         return ExecutorEnv(mesh.axis_sizes, mesh.axis_names, flat_index, flat, gang_key,
                            self.executor, device.current)
 
-    def post_release(self, cap) -> None:
-        """Executor thread: release ``cap`` on the loop; one loop wake for a whole turn's."""
-        self._released.append(cap)
+    def post_release(self, cap, outputs=()) -> None:
+        """Executor thread: release ``cap`` on the loop, ``outputs`` first handed to the
+        run's driver (``cap.output``); one loop wake for a whole turn's."""
+        self._released.append((cap, outputs))
         if not self._release_posted:
             self._release_posted = True
             self.core.call_soon(self._release_all)
@@ -89,8 +90,10 @@ class Host:
     def _release_all(self) -> None:
         self._release_posted = False
         while self._released:
-            cap = self._released.popleft()
+            cap, outputs = self._released.popleft()
             if cap.valid:  # not uninstalled meanwhile
+                for value in outputs:
+                    cap.output(value)
                 cap.release()
 
     def abort_gang(self, gang_key, devices, reason, root=None) -> None:

@@ -15,15 +15,26 @@ transfer buffer its kernel waits on. Transfers between islands are charged DCN t
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+
+import numpy as np
 
 import plaque
 
 from ..errors import ProgramError
 from ..program.ir import Program
-from ..program.sharding import P, normalize_spec, shard_shape
+from ..program.sharding import P, distinct_parts, normalize_spec, shard_shape
 from . import resharding, wire
 from .specs import ROUTED_PORT, HostOp, Incoming, KernelSpec, RouteSpec, SendSpec
+
+SMALL_RESULT = int(os.environ.get("PATHWAYS_SMALL_RESULT", 64 * 1024))  # bytes: a program
+# result this small reaches its client with the run's end (RunDone), so fetching it costs no
+# request to a host (0: none does)
+
+
+def _nbytes(aval) -> int:
+    return int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -115,6 +126,7 @@ def lower(program: Program, input_placements: list[Placement], worker_of: dict[i
             made[v.id] = (eqn.fn.out_mesh(k), P(*where[v.id].spec))
     keep = {v.id for v in program.outputs} | {v.id for v in program.inputs}
     builder = _Builder(program, worker_of, island_of, where, uses, keep, transfers)
+    builder.results = {v.id for v in program.outputs} - {v.id for v in program.inputs}
     builder.notify = dispatch == "sequential"
     return builder.build(made)
 
@@ -158,12 +170,26 @@ class _Builder:
             return self._routed(e, eqn)
         incoming, releases = self._inputs(e, eqn)
         spec = KernelSpec(e, fn, tuple(v.id for v in eqn.inputs), tuple(v.id for v in eqn.outputs),
-                          releases, incoming, fn.signature([v.aval for v in eqn.inputs]))
+                          releases, incoming, fn.signature([v.aval for v in eqn.inputs]),
+                          self._ships(eqn))
         node = self._node(f"{e}:{fn.name}", HostOp("kernel", spec), fn.mesh.ids, fn.name,
                           self.notify)
         self._connect(e, eqn, range(len(eqn.inputs)), node)
         for v in eqn.outputs:
             self.producer[v.id] = node
+
+    def _ships(self, eqn) -> tuple:
+        """For each output that is a small result of the program (a new array the client
+        gets, of at most ``SMALL_RESULT`` bytes): its index and the shards whose values ride
+        on the run's end, one holder of each distinct part."""
+        ships = []
+        for k, v in enumerate(eqn.outputs):
+            if not SMALL_RESULT or v.id not in self.results or _nbytes(v.aval) > SMALL_RESULT:
+                continue
+            have = self.where[v.id]
+            parts = distinct_parts(v.aval.shape, have.shape, have.axis_names, P(*have.spec))
+            ships.append((k, tuple(members[0] for members in parts)))
+        return tuple(ships)
 
     def _inputs(self, e, eqn):
         """(inputs arriving by transfer, and for each input how many users share it where it

@@ -88,6 +88,8 @@ class KernelSpec:
     releases: tuple  # per input: users sharing it where it lives (0: kept; None: moved)
     incoming: dict  # input index -> Incoming, for inputs that arrive by transfer
     expect: object  # compiled.Signature: what every shard's outputs must be
+    ships: tuple = ()  # (output index, shards) of small program results: those shards' values
+    # ride on the run's end to the client (one holder of each distinct part)
 
 
 @dataclass(frozen=True)

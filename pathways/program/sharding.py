@@ -216,6 +216,16 @@ def _ravel(coords, sizes) -> int:
     return index
 
 
+def distinct_parts(global_shape, mesh_shape, axis_names, spec) -> list[list[int]]:
+    """The mesh positions holding each distinct part of the global array (replicas share
+    one), parts in order of their first holder: a part is read from one of its holders."""
+    parts: dict[tuple, list[int]] = {}
+    for i in range(int(np.prod(mesh_shape, dtype=np.int64))):
+        sl = device_slices(global_shape, mesh_shape, axis_names, spec, i)
+        parts.setdefault(tuple((s.start, s.stop) for s in sl), []).append(i)
+    return list(parts.values())
+
+
 def device_slices(global_shape, mesh_shape, axis_names, spec, flat_index) -> tuple[slice, ...]:
     """The part of the global array that device ``flat_index`` holds, one slice per dimension."""
     block = shard_shape(global_shape, mesh_shape, axis_names, spec)
