@@ -76,12 +76,12 @@ class Shards:
         m = array.mesh
         parts = sharding.distinct_parts(array.shape, m.axis_sizes, m.axis_names, array.spec)
         futures = {}
-        for members in parts:
+        for _, members in parts:
             d = m.ids[members[0]]
             futures[members[0]] = self._session.request(self._cluster.data_address(d),
                                                         protocol.GetShard(None, array.id, d))
         shards = [None] * m.size
-        for members in parts:
+        for _, members in parts:
             try:
                 value = futures[members[0]].result(timeout)
             except PathwaysError:  # freed meanwhile: say by what, if the user did it
@@ -102,22 +102,23 @@ class Shards:
         for aid, position, value in results:
             got.setdefault(aid, {})[position] = unwrap(value)
         for array in arrays:
-            parts = got.get(array.id)
-            if not parts or array.is_deleted() or array.local_copy() is not None:
+            values = got.get(array.id)
+            if not values or array.is_deleted() or array.local_copy() is not None:
                 continue
             m = array.mesh
-            want = sharding.shard_shape(array.shape, m.axis_sizes, m.axis_names, array.spec)
-            shards = [None] * m.size
-            for members in sharding.distinct_parts(array.shape, m.axis_sizes, m.axis_names,
-                                                   array.spec):
-                value = parts.get(members[0])
-                if not (isinstance(value, np.ndarray) and value.shape == want
-                        and value.dtype == array.dtype):
-                    break
-                for i in members:
-                    shards[i] = value
-            else:
-                array.hold(sharding.assemble(shards, m.axis_sizes, m.axis_names, array.spec))
+            parts = sharding.distinct_parts(array.shape, m.axis_sizes, m.axis_names, array.spec)
+            pieces = [values.get(part.holders[0]) for part in parts]
+            if not all(isinstance(v, np.ndarray) and v.dtype == array.dtype
+                       and v.shape == tuple(s.stop - s.start for s in part.slices)
+                       for v, part in zip(pieces, parts)):
+                continue  # not what the run makes: fetched when asked for
+            if len(parts) == 1:  # replicated (or one device): the part is the whole
+                array.hold(pieces[0])
+                continue
+            whole = np.empty(array.shape, array.dtype)
+            for v, part in zip(pieces, parts):
+                whole[part.slices] = v
+            array.hold(whole)
 
     def delete(self, array) -> None:
         """Free ``array``'s shards on every host still live (a lost host's went with it)."""

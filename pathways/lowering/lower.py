@@ -188,7 +188,7 @@ class _Builder:
                 continue
             have = self.where[v.id]
             parts = distinct_parts(v.aval.shape, have.shape, have.axis_names, P(*have.spec))
-            ships.append((k, tuple(members[0] for members in parts)))
+            ships.append((k, tuple(part.holders[0] for part in parts)))
         return tuple(ships)
 
     def _inputs(self, e, eqn):

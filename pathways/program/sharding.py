@@ -22,10 +22,12 @@ its specs.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import sys
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -216,14 +218,27 @@ def _ravel(coords, sizes) -> int:
     return index
 
 
-def distinct_parts(global_shape, mesh_shape, axis_names, spec) -> list[list[int]]:
-    """The mesh positions holding each distinct part of the global array (replicas share
-    one), parts in order of their first holder: a part is read from one of its holders."""
-    parts: dict[tuple, list[int]] = {}
-    for i in range(int(np.prod(mesh_shape, dtype=np.int64))):
+class Part(NamedTuple):
+    """A distinct part of a global array: where it lies, and the mesh positions holding it."""
+
+    slices: tuple[slice, ...]
+    holders: tuple[int, ...]
+
+
+def distinct_parts(global_shape, mesh_shape, axis_names, spec) -> tuple[Part, ...]:
+    """Each distinct part of the global array (replicas share one), in order of their first
+    holder: a part is read from one of its holders. Worked out once per layout."""
+    return _parts(tuple(global_shape), tuple(mesh_shape), tuple(axis_names), P(*spec))
+
+
+@functools.lru_cache(maxsize=1024)
+def _parts(global_shape, mesh_shape, axis_names, spec) -> tuple[Part, ...]:
+    parts: dict[tuple, tuple] = {}
+    for i in range(math.prod(mesh_shape)):
         sl = device_slices(global_shape, mesh_shape, axis_names, spec, i)
-        parts.setdefault(tuple((s.start, s.stop) for s in sl), []).append(i)
-    return list(parts.values())
+        key = tuple((s.start, s.stop) for s in sl)
+        parts[key] = (parts[key][0], parts[key][1] + (i,)) if key in parts else (sl, (i,))
+    return tuple(Part(sl, holders) for sl, holders in parts.values())
 
 
 def device_slices(global_shape, mesh_shape, axis_names, spec, flat_index) -> tuple[slice, ...]:
