@@ -1,7 +1,7 @@
-"""Scale: one controller driving one island of 64 to 1,024 emulated devices.
+"""Scale: one controller driving one island of 64 to 2,048 emulated devices.
 
 One client (this process) connects to a local cluster of one island of H host processes x D
-emulated devices each, for H x D from 4x16 (64 devices) up to 32x32 (1,024), and measures two
+emulated devices each, for H x D from 4x16 (64 devices) up to 64x32 (2,048), and measures two
 workloads on every size:
 
 - **Fig. 5**: the paper's trivial computation (``bench.multicontroller.trivial_body(1)``: psum
@@ -66,8 +66,8 @@ from bench.pipeline import chain_total, stage_body
 from bench.results import SIM_CPU, bench_parser, parse_sizes, publish, wants_simulation
 from pathways import P
 
-TITLE = "Scale: one controller, one island of 64 to 1,024 emulated devices"
-SIZES = "4x16,8x16,16x16,16x32,32x32"  # hosts x devices per host
+TITLE = "Scale: one controller, one island of 64 to 2,048 emulated devices"
+SIZES = "4x16,8x16,16x16,16x32,32x32,64x32"  # hosts x devices per host
 QUICK_SIZES = "4x16,8x16"
 STAGES = 4
 MAX_RUNS = 200
