@@ -18,14 +18,6 @@ lax = jax.lax
 K = 4
 
 
-@pytest.fixture(scope="module")
-def one_host():
-    """One host of 8 devices (the twin): the chain runs as one computation for all 8."""
-    with pw.local_cluster(hosts_per_island=1, devices_per_host=8, processes=False) as c, \
-            pw.connect(c.address) as client:
-        yield client
-
-
 def rand(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 

@@ -18,14 +18,6 @@ lax = jax.lax
 RING = [(j, (j + 1) % 4) for j in range(4)]
 
 
-@pytest.fixture(scope="module")
-def one_host():
-    """One host of 8 devices (the twin): every mesh of it is one box."""
-    with pw.local_cluster(hosts_per_island=1, devices_per_host=8, processes=False) as c, \
-            pw.connect(c.address) as client:
-        yield client
-
-
 def rand(*shape, seed=0):
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
