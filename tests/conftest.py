@@ -53,6 +53,17 @@ def threads():
 from pathways.testing.fixtures import client, pw_cluster, pw_process_cluster  # noqa: E402,F401
 
 
+@pytest.fixture(scope="module")
+def one_host():
+    """A client of one host of 8 devices (a twin, per test module): every mesh of it is one
+    box, so a JAX body whose collectives stay on it runs as one computation for all 8."""
+    import pathways as pw
+
+    with pw.local_cluster(hosts_per_island=1, devices_per_host=8, processes=False) as c, \
+            pw.connect(c.address) as one:
+        yield one
+
+
 def load_example(name: str):
     """Import ``examples/<name>.py`` as a module (examples are scripts, not a package)."""
     import importlib.util
