@@ -375,6 +375,7 @@ class RunArg:
     inputs: dict  # program input var id -> array id
     outputs: dict  # program output var id -> array id
     seqs: dict  # eqn index -> {device: sequence number on that device}
+    ship: frozenset = frozenset()  # output var ids whose small results ride on RunDone
 
     def array_id(self, var_id: int):
         if var_id in self.inputs:

@@ -1,11 +1,11 @@
 """``pw.Array``: a future for a logical sharded array that lives on the hosts.
 
 It knows its shape, dtype, mesh and spec at once; ``result()`` fetches the shards straight from
-the hosts and assembles the global value (a small result of a run, up to 64 KiB, came with the
-run's end already: nothing to fetch). The client refcounts the logical array (this
-object), not its shards: when the last reference goes (or ``delete()``), its shards are freed
-on every host. It follows ``concurrent.futures``: ``result(timeout)``, ``done()``,
-``exception()``, ``add_done_callback``, and it is awaitable.
+the hosts and assembles the global value (a small result of a run, up to 64 KiB, comes with the
+run's end, nothing to fetch, once the client has fetched that output of the program before).
+The client refcounts the logical array (this object), not its shards: when the last reference
+goes (or ``delete()``), its shards are freed on every host. It follows ``concurrent.futures``:
+``result(timeout)``, ``done()``, ``exception()``, ``add_done_callback``, and it is awaitable.
 
 Its value converts as a numpy array's does, fetched: ``np.asarray(a)``, ``float(a)``,
 ``int(a)``, ``bool(a)``, ``operator.index(a)``, and ``jnp.asarray(a)`` (``__jax_array__``).
@@ -68,11 +68,13 @@ class Array(RemoteValue):
     """
 
     def __init__(self, client, array_id, aval: Aval, mesh, spec, status: cf.Future,
-                 value=None):
+                 value=None, origin=None):
         self.client, self.id = client, array_id
         self.aval, self.mesh, self.spec = aval, mesh, spec
         self._status = status  # resolves (to None) when the producing run is done
         self._value = value
+        self._origin = origin  # (program id, output var id) of the run that makes it
+        self._unread = False  # its value came with its run's end and nobody read it yet
         self._deleted = False
         client.ledger.track(self)
 
@@ -178,6 +180,9 @@ class Array(RemoteValue):
         self._status.result(timeout)
         if self._value is None:
             self._value = self.client.shards.fetch(self, timeout)
+            if self._origin is not None:  # later runs bring this output along (if small)
+                self.client.programs.want(*self._origin)
+        self._unread = False
         return self._value
 
     def __await__(self):
@@ -207,6 +212,14 @@ class Array(RemoteValue):
         ``result()`` returns it without fetching."""
         if not self._deleted:
             self._value = value
+            self._unread = True
+
+    def _unwanted(self) -> None:
+        """Going away with a value that came along unread: later runs stop bringing this
+        output (until it is fetched again)."""
+        if self._unread and self._origin is not None:
+            self._unread = False
+            self.client.programs.unwant(*self._origin)
 
     def local_copy(self) -> np.ndarray | None:
         """The value this client holds (it put the array, or fetched it), else None; fetches
@@ -229,6 +242,7 @@ class Array(RemoteValue):
         >>> x.delete()         # x can no longer be fetched or passed to a call; y is fine
         """
         if not self._deleted:
+            self._unwanted()
             self._deleted = True
             self._value = None
             self.client.ledger.release_when_unused(self)
@@ -236,6 +250,7 @@ class Array(RemoteValue):
     def __del__(self):
         try:
             if not self._deleted:
+                self._unwanted()
                 self._deleted = True
                 self.client.ledger.release(self)
         except Exception:

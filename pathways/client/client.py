@@ -389,9 +389,11 @@ class Client:
                 continue
             mesh, spec = out_places[v.id]
             out_ids[v.id] = self.shards.new_id()
-            outputs.append(Array(self, out_ids[v.id], v.aval, mesh, spec, status))
+            outputs.append(Array(self, out_ids[v.id], v.aval, mesh, spec, status,
+                                 origin=(pid, v.id)))
         arg = RunArg(self.id, run_id, self.dispatch,
-                     {v.id: a.id for v, a in zip(program.inputs, arrays)}, out_ids, {})
+                     {v.id: a.id for v, a in zip(program.inputs, arrays)}, out_ids, {},
+                     self.programs.wanted(pid))
         with self.suspensions.lock:  # a slice is suspended either before this run or after it
             try:
                 if self.suspensions:

@@ -32,6 +32,26 @@ class ProgramCache:
         self._lowered: dict[tuple, tuple] = {}  # (id(program), placements) -> (program, pid, out)
         self._retargeted: dict[tuple, tuple] = {}  # (id(program), versions) -> (program, new)
         self._op_programs: dict[tuple, object] = {}
+        self._wanted: dict[tuple, frozenset] = {}  # pid -> output var ids the user fetched
+
+    def wanted(self, pid) -> frozenset:
+        """The outputs of program ``pid`` whose small results ride on its runs' end: those
+        this client fetched from an earlier run, until one that came along goes unread (a
+        value nobody reads is not shipped)."""
+        return self._wanted.get(pid, frozenset())
+
+    def want(self, pid, var_id) -> None:
+        """The user fetched output ``var_id`` of a run of ``pid``: ship it from now on."""
+        have = self._wanted.get(pid, frozenset())
+        if var_id not in have:
+            self._wanted[pid] = have | {var_id}
+
+    def unwant(self, pid, var_id) -> None:
+        """An output ``var_id`` of ``pid`` that came along went unread: ship it no more
+        (until it is fetched again)."""
+        have = self._wanted.get(pid, frozenset())
+        if var_id in have:
+            self._wanted[pid] = have - {var_id}
 
     def op_program(self, fn, avals):
         """The program that calls ``fn`` alone on arguments of ``avals`` (made once)."""

@@ -219,8 +219,9 @@ class Kernel(DeviceWork):
         store = self.host.store
         for v, o in zip(self.spec.outputs, self._outputs):
             store.put(self.key(v), o, self.owner, arrival=finish.end, grant=finish.grant)
-        small = [(self.arg.outputs[self.spec.outputs[k]], self.shard, shippable(self._outputs[k]))
-                 for k, shards in self.spec.ships if self.shard in shards]
+        small = [(self.arg.outputs[v], self.shard, shippable(self._outputs[k]))
+                 for k, shards in self.spec.ships
+                 if self.shard in shards and (v := self.spec.outputs[k]) in self.arg.ship]
         self._release_inputs()
         self._outputs = None
         self.host.post_release(self.cap, small)
