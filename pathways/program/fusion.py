@@ -98,32 +98,34 @@ def _read_after(program: Program) -> list[set]:
 def _fuse(run: list[Eqn], read_after: set) -> Eqn:
     """One equation calling a ``FusedFunction`` of the calls of ``run``."""
     mesh = run[0].fn.mesh
-    ins, in_specs, wiring, source = [], [], [], {}
+    ins, in_specs, wiring = [], [], []
+    arg_of: dict = {}  # (variable from outside the run, its placement) -> argument index
+    made_by: dict = {}  # variable made in the run -> ("out", call, result index)
     for m, eqn in enumerate(run):
         wires = []
         for v, spec in zip(eqn.inputs, eqn.fn.arg_specs(len(eqn.inputs))):
-            if v in source:
-                wires.append(source[v])
+            if v in made_by:
+                wires.append(made_by[v])
                 continue
             key = (v, _where(mesh, spec, v.aval))
-            if key not in source:
-                source[key] = ("in", len(ins))
+            if key not in arg_of:
+                arg_of[key] = len(ins)
                 ins.append(v)
                 in_specs.append(spec)
-            wires.append(source[key])
+            wires.append(("in", arg_of[key]))
         wiring.append(tuple(wires))
-        for k, v in enumerate(eqn.outputs):
-            source[v] = ("out", m, k)
+        made_by.update((v, ("out", m, k)) for k, v in enumerate(eqn.outputs))
     made = [(m, k, v, spec) for m, eqn in enumerate(run)
             for k, (v, spec) in enumerate(zip(eqn.outputs, eqn.fn.out_specs))]
     kept = [item for item in made if item[2] in read_after] or made[-1:]
-    fn = FusedFunction([e.fn for e in run], [tuple(v.aval for v in e.inputs) for e in run],
-                       wiring, [(m, k) for m, k, _, _ in kept],
-                       [spec for *_, spec in kept], in_specs)
     outputs = tuple(v for _, _, v, _ in kept)
-    fn.seal(tuple(v.aval for v in ins), tuple(v.aval for v in outputs),
-            tuple(run[m].fn.signature([v.aval for v in run[m].inputs]).shards[k]
-                  for m, k, _, _ in kept))
+    shards = tuple(run[m].fn.signature([v.aval for v in run[m].inputs]).shards[k]
+                   for m, k, _, _ in kept)
+    fn = FusedFunction([e.fn for e in run], [tuple(v.aval for v in e.inputs) for e in run],
+                       wiring, [(m, k) for m, k, _, _ in kept], in_specs,
+                       [spec for *_, spec in kept],
+                       Signature(tuple(v.aval for v in outputs), shards,
+                                 tuple(() for _ in outputs), tuple(v.aval for v in ins)))
     return Eqn(fn, tuple(ins), outputs)
 
 
@@ -150,36 +152,31 @@ def _chained(wiring, exports, n, *bodies_and_shards):
 class FusedFunction(CompiledFunction):
     """Consecutive JAX calls of a program as one compiled function (see the module)."""
 
-    def __init__(self, fns, in_avals, wiring, exports, out_specs, in_specs):
+    def __init__(self, fns, in_avals, wiring, exports, in_specs, out_specs, sig: Signature):
+        """``fns`` called on arguments of ``in_avals`` (per call), wired as ``wiring`` says,
+        returning ``exports``; ``sig``: what the members' signatures make the fused one."""
         body = functools.partial(_chained, tuple(wiring), tuple(exports), len(fns),
                                  *(f.body for f in fns))
         super().__init__(body, fns[0].mesh, tuple(in_specs), tuple(out_specs),
                          name=_name(fns), check_rep=False)
         self.members = tuple(fns)
         self.calls = sum(f.calls for f in fns)
+        self._signatures[sig.ins] = sig
         self.jax = FusedJax([(f.jax, avals, f.single_output)
                              for f, avals in zip(fns, in_avals)],
-                            wiring, exports, self.name)
-
-    def seal(self, in_avals, out_avals, shard_avals) -> None:
-        """What the members' signatures say the fused function returns on ``in_avals``."""
-        self.jax.out_avals, self.jax.shard_out_avals = list(out_avals), list(shard_avals)
-        self._signatures[tuple(in_avals)] = Signature(
-            tuple(out_avals), tuple(shard_avals), tuple(() for _ in out_avals),
-            tuple(in_avals))
+                            wiring, exports, self.name, sig)
 
 
 class FusedJax(jax_body.JaxBody):
     """The JAX body of a ``FusedFunction``: its members' per-device jaxprs chained."""
 
-    def __init__(self, parts, wiring, exports, name):
+    def __init__(self, parts, wiring, exports, name, sig: Signature):
         first = parts[0][0]
         self.parts, self.wiring, self.exports = list(parts), tuple(wiring), tuple(exports)
-        self.body, self.name, self.check_rep = None, name, False
+        self.body, self.name, self.check_rep, self.sig = None, name, False, sig
         self.axis_names, self.mesh_shape, self.x64 = first.axis_names, first.mesh_shape, \
             first.x64
         self.in_specs = self.out_specs = ()
-        self.out_avals, self.shard_out_avals = [], []
         self.token = uuid.uuid4().hex
         self._last = None
         self._chain = None  # (jaxpr, constants), made once per process
@@ -190,14 +187,12 @@ class FusedJax(jax_body.JaxBody):
     def retarget(self, axis_names, mesh_shape) -> FusedJax:
         if (tuple(axis_names), tuple(mesh_shape)) == (self.axis_names, self.mesh_shape):
             return self
-        other = FusedJax([(j.retarget(axis_names, mesh_shape), avals, single)
-                          for j, avals, single in self.parts], self.wiring, self.exports,
-                         self.name)
-        other.out_avals, other.shard_out_avals = self.out_avals, self.shard_out_avals
-        return other
+        return FusedJax([(j.retarget(axis_names, mesh_shape), avals, single)
+                         for j, avals, single in self.parts], self.wiring, self.exports,
+                        self.name, self.sig)
 
     def avals(self, in_avals, single_output: bool) -> tuple[list, list]:
-        return list(self.out_avals), list(self.shard_out_avals)
+        return list(self.sig.avals), list(self.sig.shards)
 
     def _body(self, in_avals, single_output: bool, keep: bool) -> tuple:
         if self._chain is None:
@@ -208,4 +203,4 @@ class FusedJax(jax_body.JaxBody):
                     traced[key] = open_body(j.traced(avals, single), self.name)
             bodies = [traced[id(j), tuple(avals), single] for j, avals, single in self.parts]
             self._chain = chain_bodies(bodies, self.wiring, self.exports)
-        return (*self._chain, list(self.out_avals))
+        return (*self._chain, list(self.sig.avals))

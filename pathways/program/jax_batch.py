@@ -47,7 +47,6 @@ from .jax_plan import (
     axes_of,
     communicates,
     eval_eqns,
-    segment_vars,
     sub_jaxprs,
     xla_cost,
 )
@@ -111,12 +110,12 @@ class HostBatch:
         return eqn.primitive.name in INLINED_CALLS and all(
             self.holds(jaxpr.eqns) for jaxpr in sub_jaxprs(eqn))
 
-    def segment(self, eqns, live_after, shared: set, name) -> Segment:
-        """``eqns`` compiled once for every device of the box (see the module docstring);
-        ``shared``: variables whose value is the same on every device (not stacked)."""
+    def segment(self, eqns, ins, outs, shared: set, name) -> Segment:
+        """``eqns`` compiled once for every device of the box (see the module docstring),
+        from ``ins`` to ``outs`` (``segment_vars``); ``shared``: variables whose value is the
+        same on every device (not stacked)."""
         import jax
 
-        ins, outs = segment_vars(eqns, live_after)
         stacked = [v not in shared for v in ins]
         axes, extents, n = self.axis_names, self.extents, self.size
         lower = _Lowering(self)

@@ -324,8 +324,8 @@ def _plan_jaxpr(jaxpr: _Jaxpr, consts, name, batch=None, made=None) -> Plan:
             if twin is not None:
                 steps.append(dataclasses.replace(twin, ins=ins, outs=outs))
             else:
-                steps.append(_segment(eqns, later[i], name) if batch is None else
-                             batch.segment(eqns, later[i], shared, name))
+                steps.append(_segment(eqns, ins, outs, name) if batch is None else
+                             batch.segment(eqns, ins, outs, shared, name))
                 made[key] = steps[-1]
             pending.clear()
 
@@ -402,10 +402,10 @@ def _uses_after(jaxpr: _Jaxpr) -> list[set]:
     return after
 
 
-def _segment(eqns, live_after, name) -> Segment:
-    """Compile ``eqns`` into one XLA computation of the variables they read from outside."""
+def _segment(eqns, ins, outs, name) -> Segment:
+    """Compile ``eqns`` into one XLA computation of ``ins`` (the variables they read from
+    outside) to ``outs`` (``segment_vars``)."""
     import jax  # the optional extra: only JAX bodies get here
-    ins, outs = segment_vars(eqns, live_after)
 
     def run(*values):
         env = dict(zip(ins, values))

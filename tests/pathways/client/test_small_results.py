@@ -104,6 +104,7 @@ def test_only_the_outputs_fetched_before_are_shipped(client, mesh):
         plus, minus = fn(x)
         minus.block_until_ready()
         assert plus.local_copy() is not None and minus.local_copy() is None
+        np.testing.assert_array_equal(plus.result(), np.ones(8, np.float32))  # read: wanted
     np.testing.assert_array_equal(minus.result(), np.full(8, -1, np.float32))
 
 
