@@ -60,7 +60,7 @@ from pathways.host.exchange import ExecutorEnv
 from pathways.host.executor import Executor
 from pathways.host.ici import IciLink
 from pathways.program import cost as cost_model
-from pathways.program.collectives import kernel_env, psum
+from pathways.program.collectives import kernel_env, psum, tree_fold
 from plaque import security
 
 AXIS = "d"
@@ -88,14 +88,11 @@ def trivial_body(steps: int = 1):
 
 def expected_value(devices: int, steps: int, x0: float = 0.0) -> float:
     """The trivial computation's result after ``steps`` steps, with the same float additions
-    in the same order as psum (position 0 first), so equality is exact."""
+    in the same order as psum (along the reduction tree), so equality is exact."""
     x = np.float64(x0)
     with np.errstate(over="ignore", invalid="ignore"):
         for _ in range(steps):
-            total = x
-            for _ in range(devices - 1):
-                total = total + x
-            x = total + np.float64(1.0)
+            x = tree_fold([x] * devices, np.add) + np.float64(1.0)
     return float(x)
 
 
@@ -122,7 +119,8 @@ class StepKernel(DeviceWork):
         with kernel_env(env):
             self._out = self.body(node.values[self.device_id])
         remote = env.bytes_sent_remote
-        return self.cost + (cost_model.transfer_time(remote, cost_model.ICI) if remote else 0.0)
+        return self.cost + env.link_seconds + (
+            cost_model.transfer_time(remote, cost_model.ICI) if remote else 0.0)
 
     def on_done(self, finish) -> None:
         node = self.node

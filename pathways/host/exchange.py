@@ -1,8 +1,12 @@
 """Collectives between the kernel shards one executor runs: mailboxes, parking, ICI sends.
 
-A shard that reaches a collective hands its values to its local peers' mailboxes in memory,
-queues the values for devices of other hosts on the executor's ICI link (which sends one
-message per peer host per executor turn), and parks -- its greenlet, not a thread -- until
+Reductions and all_gather (``tree``) are hierarchical (``pathways.host.hierarchy``): this
+host's members of a group fold their values into the group's reduction tree together, and
+the host exchanges tree nodes, not members' values, with the other hosts of the group.
+Other exchanges (ppermute, all_to_all) go device to device: a shard that reaches one hands
+its values to its local peers' mailboxes in memory, queues the values for devices of other
+hosts on the executor's ICI link (which sends one message per peer host per executor turn),
+and parks -- its greenlet, not a thread -- until
 every source has delivered. Its virtual time then moves to when the last value was available:
 a local peer's own arrival at the collective, or a remote value's real arrival less how far
 its sender's virtual time was behind real time (``pathways.host.ici``). A parked
@@ -21,27 +25,43 @@ import logging
 from collections import OrderedDict
 
 from ..errors import CollectiveTimeout, ProgramError
-from ..program.collectives import KernelEnv, ordered_sum
+from ..program.collectives import REDUCTIONS, KernelEnv, tree_fold
 from ..program.rendezvous import FAILED_GANGS_KEPT, Abandoned
+from . import hierarchy
 from .batching import BATCHING, Batch, Box, box_of
+from .hierarchy import TreePlan, code, node_of
 
 log = logging.getLogger("pathways.host.exchange")
 
 PLANS_KEPT = 4096  # collective groups whose local/remote split an executor remembers
 
 
-class _Group:
-    """This host's members of one group in one gather: the values so far, shared."""
+class _Tree:
+    """This host's part of one group's reduction in one collective (``hierarchy.TreePlan``):
+    the tree nodes it has so far, and the members waiting for the answer."""
 
-    __slots__ = ("key", "devs", "members", "box", "missing", "parked", "left", "folded")
+    __slots__ = ("key", "plan", "red", "values", "missing", "steps", "parked", "left",
+                 "answer", "error", "done_at", "received")
 
-    def __init__(self, key, devs: tuple, members: tuple):
-        self.key, self.devs, self.members = key, devs, members
-        self.box: dict = {}  # source device -> (value, available at)
-        self.missing = len(devs)
-        self.parked: list = []  # (device, shard) waiting for the rest
-        self.left = len(members)  # local members that have not taken their answer yet
-        self.folded = None  # reduce's answer, worked out once
+    def __init__(self, key, plan: TreePlan, red):
+        self.key, self.plan, self.red = key, plan, red
+        self.values: dict = {}  # node -> (value, available at); positions -> their leaves
+        self.missing = {node: len(ps) for node, ps in plan.local}  # local nodes' members
+        self.steps = list(plan.steps)  # the nodes still to combine here, children first
+        self.parked: list = []  # (device, shard) waiting for the answer
+        self.left = len(plan.position)  # local members that have not taken the answer yet
+        self.answer = self.error = None
+        self.done_at = 0.0  # when the answer was available (virtual time)
+        self.received: list = []  # bytes of each node that came from another host
+
+    def missing_sources(self) -> list:
+        """What has not come yet, for a timeout's message: members, or other hosts' nodes."""
+        plan = self.plan
+        lacking = [plan.devs[p] for node, ps in plan.local for p in ps
+                   if p not in self.values]
+        lacking += [f"host {host}'s partial of positions {node[0]}..{node[1] - 1}"
+                    for node, host in plan.expects.items() if node not in self.values]
+        return lacking
 
 
 class Exchanges:
@@ -53,8 +73,8 @@ class Exchanges:
         self._mail: dict = {}  # (key, dst) -> {src: (value, available at)}
         self._parked: dict = {}  # (key, dst) -> shard
         self._failed_gangs: OrderedDict = OrderedDict()
-        self._plans: dict = {}  # gather_plan's answers
-        self._groups: dict = {}  # (key, local member) -> its _Group, for gathers
+        self._plans: dict = {}  # tree_plan's answers
+        self._groups: dict = {}  # (key, local member) -> its _Tree, for reductions
         self._batches: dict = {}  # key -> its Batch, for batched segments
         self._boxes: dict = {}  # (id(devices), shape, names) -> (devices, Box or None)
         self._watchdog_armed = False  # one timer for every parked exchange's timeout
@@ -129,108 +149,159 @@ class Exchanges:
             self._queue_remote(key, me, dsts, value, at)
         return self._collect(shard, key, me, [s for s in sources if s != me], at)
 
-    def gather(self, shard, key, plan, value) -> list:
-        """The exchange in which every member sends ``value`` to every other (psum,
-        all_gather): every member's value, in member order. ``plan`` is ``gather_plan``'s.
-        The values are shared by this host's members: callers build new arrays from them."""
-        group, values = self._gather(shard, key, plan, value)
-        self._leave(group)
-        return values
-
-    def reduce(self, shard, key, plan, value, fold):
-        """``fold(gather(...))``, worked out once for all of this host's members of the
-        group (they receive the same values in the same order); each gets its own array."""
-        group, values = self._gather(shard, key, plan, value)
-        if group.folded is None:
-            group.folded = fold(values)
-        result = group.folded if group.left == 1 else group.folded.copy()
-        self._leave(group)
-        return result
-
-    def _gather(self, shard, key, plan, value):
-        """This host's members of a group wait together: one box per (exchange, group), one
-        count of what is missing, so a value from another host is taken once, however many
-        of this host's devices are in the group."""
-        me, devs, _, remote, _ = plan
-        at = self._arrive(shard, key, me)
-        group = self._group_of(key, plan)
-        if remote:
-            self._queue_remote(key, me, remote, value, at)
-        self._add(group, me, _copy(value), at)
-        if group.missing:
-            shard.waiting = ["group", group]
-            self._park(shard, key, me)
-            group.parked.append((me, shard))
-            try:
-                self.ex.park()  # resumed when the group has every value
-            finally:
-                shard.waiting = None
-                self._parked.pop((key, me), None)
-        got = [group.box[d] for d in devs]
-        self.ex.timeline.leave_collective(shard, at, max((when for _, when in got), default=at),
-                                          self.ex.now())
-        return group, [v for v, _ in got]
-
-    def _group_of(self, key, plan) -> _Group:
-        me, devs, local_peers, _, _ = plan
-        group = self._groups.get((key, me))
-        if group is None:
-            members = (me, *local_peers)
-            group = _Group(key, devs, members)
-            for m in members:
-                self._groups[(key, m)] = group
-                early = self._mail.pop((key, m), None)  # sent before any of us got here
-                for src, item in (early or {}).items():
-                    if src not in group.box:
-                        group.box[src] = item
-                        group.missing -= 1
-        return group
-
-    def _add(self, group: _Group, src, value, at: float) -> None:
-        if src in group.box:
-            log.warning("exchange %r: %r delivered twice; dropped", group.key, src)
-            return
-        group.box[src] = (value, at)
-        group.missing -= 1
-        if not group.missing:
-            for me, shard in group.parked:
-                if self._parked.pop((group.key, me), None) is shard:
-                    self.ex.resume_later(shard, None)
-            group.parked = []
-
-    def _leave(self, group: _Group) -> None:
-        group.left -= 1
-        if not group.left:
-            for m in group.members:
-                self._groups.pop((group.key, m), None)
-
-    def receive(self, key, src, dsts, value, at: float) -> None:
-        """A value from another host for this host's devices ``dsts``."""
-        if key[0] in self._failed_gangs:
-            return
-        group = self._groups.get((key, dsts[0]))
-        if group is not None:
-            self._add(group, src, value, at)
-            return
-        for dst in dsts:  # an exchange with per-destination values, or one nobody reached yet
-            self.deliver(key, src, dst, value, at)
-
-    def gather_plan(self, devices: dict, members: tuple, position: int):
-        """For the group ``members`` (flat indices; ``devices`` maps them to devices) seen
-        from ``position``: (me, member devices, local peers, remote devices, local members).
-        Worked out once per group and position."""
-        k = (id(devices), members, position)
+    def tree_plan(self, devices: dict, members: tuple) -> TreePlan:
+        """This host's plan for the group ``members`` (flat indices; ``devices`` maps them
+        to devices): ``hierarchy.plan``, worked out once per group."""
+        k = (id(devices), members)
         hit = self._plans.get(k)
         if hit is not None and hit[0] is devices:
             return hit[1]
         devs = tuple(devices[m] for m in members)
-        me = devs[position]
-        local = tuple(d for d in devs if d in self.ex.devices)
-        plan = (me, devs, tuple(d for d in local if d != me),
-                tuple(d for d in devs if d not in self.ex.devices), len(local))
+        local = self.ex.devices
+        worker_of = self.ex.link.worker_of if self.ex.link is not None else {}
+        me = next((worker_of[d] for d in devs if d in local and d in worker_of), -1)
+        try:
+            owners = tuple(me if d in local else worker_of[d] for d in devs)
+        except KeyError as exc:
+            raise ProgramError(f"device {exc.args[0]} of a collective's group is not on this"
+                               " host and no host is known for it") from None
+        tree = hierarchy.plan(devs, owners, me)
         if len(self._plans) < PLANS_KEPT:
-            self._plans[k] = (devices, plan)
-        return plan
+            self._plans[k] = (devices, tree)
+        return tree
+
+    def tree(self, shard, key, plan: TreePlan, me, value, red):
+        """In the shard's greenlet: the group's ``value``s folded by the reduction ``red``
+        (``collectives.REDUCTIONS``) along the reduction tree, worked out once for all of
+        this host's members of the group, with other hosts' nodes as ``plan`` says; and the
+        modelled link seconds it took. Each member gets its own answer array (all_gather's
+        list is shared: callers build new arrays from it)."""
+        at = self._arrive(shard, key, me)
+        group = self._tree_of(key, plan, red)
+        position = plan.position[me]
+        group.values[position] = (value, at)
+        node, ps = plan.home[position]
+        group.missing[node] -= 1
+        if not group.missing[node]:
+            self._local_node(group, node, ps)
+        self._advance(group)
+        if group.answer is None and group.error is None:
+            shard.waiting = ["group", group]
+            self._park(shard, key, me)
+            group.parked.append((me, shard))
+            try:
+                self.ex.park()  # resumed when the group has its answer
+            finally:
+                shard.waiting = None
+                self._parked.pop((key, me), None)
+        group.left -= 1
+        if not group.left:
+            for m in plan.position:
+                self._groups.pop((key, m), None)
+        if group.error is not None:
+            raise group.error
+        self.ex.timeline.leave_collective(shard, at, max(group.done_at, at), self.ex.now())
+        answer = group.answer
+        if group.left and red.name != "gather":
+            answer = answer.copy()
+        return answer, plan.link_time(group.received)
+
+    def _tree_of(self, key, plan: TreePlan, red) -> _Tree:
+        group = self._groups.get((key, plan.leader))
+        if group is None:
+            group = _Tree(key, plan, red)
+            for m in plan.position:
+                self._groups[(key, m)] = group
+            early = self._mail.pop((key, plan.leader), None)  # sent before any of us came
+            for src, (value, at) in (early or {}).items():
+                self._remote_node(group, src, value, at)
+        return group
+
+    def _local_node(self, group: _Tree, node, positions) -> None:
+        """All of this host's members under ``node`` are here: fold their values."""
+        values = group.values
+        red = group.red
+        leaves = [red.leaf(values[p][0]) for p in positions]
+        try:
+            value = tree_fold(leaves, red.combine)
+        except BaseException as exc:  # e.g. all_gather of different shapes
+            self._tree_failed(group, exc)
+            return
+        if len(positions) == 1:
+            value = _copy(value)  # a node must never share a member's own array
+        self._put(group, node, value, max(values[p][1] for p in positions))
+
+    def _remote_node(self, group: _Tree, src, value, at: float) -> None:
+        node = node_of(src, group.plan.n)
+        if node not in group.plan.expects or node in group.values:
+            log.warning("exchange %r: unexpected node %r from another host; dropped",
+                        group.key, node)
+            return
+        group.received.append(getattr(value, "nbytes", 0))
+        group.values[node] = (value, at)
+
+    def _put(self, group: _Tree, node, value, at: float) -> None:
+        group.values[node] = (value, at)
+        dsts = group.plan.sends.get(node)
+        if dsts:
+            try:
+                self._queue_remote(group.key, code(node, group.plan.n), dsts, value, at)
+            except BaseException as exc:
+                self._tree_failed(group, exc)
+
+    def _advance(self, group: _Tree) -> None:
+        """Combine every node whose children are here; answer once the root is."""
+        values, combine = group.values, group.red.combine
+        progress = True
+        while progress and group.steps and group.error is None:
+            progress = False
+            for step in list(group.steps):
+                node, left, right = step
+                if left in values and right in values:
+                    (a, at_a), (b, at_b) = values[left], values[right]
+                    try:
+                        value = combine(a, b)
+                    except BaseException as exc:
+                        self._tree_failed(group, exc)
+                        return
+                    group.steps.remove(step)
+                    self._put(group, node, value, max(at_a, at_b))
+                    progress = True
+        root = values.get(group.plan.root)
+        if root is None or group.answer is not None or group.error is not None:
+            return
+        like = values[next(iter(group.plan.position.values()))][0]
+        try:
+            group.answer = group.red.result(root[0], like)
+        except BaseException as exc:
+            self._tree_failed(group, exc)
+            return
+        group.done_at = root[1]
+        self._wake(group)
+
+    def _tree_failed(self, group: _Tree, exc: BaseException) -> None:
+        if group.error is None:
+            group.error = exc
+            self._wake(group)
+
+    def _wake(self, group: _Tree) -> None:
+        for me, shard in group.parked:
+            if self._parked.pop((group.key, me), None) is shard:
+                self.ex.resume_later(shard, None)
+        group.parked = []
+
+    def receive(self, key, src, dsts, value, at: float) -> None:
+        """A value from another host for this host's devices ``dsts`` (a tree node for the
+        group whose leader here is ``dsts[0]``, or one device's value of an exchange)."""
+        if key[0] in self._failed_gangs:
+            return
+        group = self._groups.get((key, dsts[0]))
+        if group is not None:
+            self._remote_node(group, src, value, at)
+            self._advance(group)
+            return
+        for dst in dsts:  # an exchange with per-destination values, or one nobody reached yet
+            self.deliver(key, src, dst, value, at)
 
     def _arrive(self, shard, key, me) -> float:
         """The shard reaches an exchange: its virtual time there (it must not be failed)."""
@@ -296,10 +367,10 @@ class Exchanges:
         for (key, me), shard in list(self._parked.items()):
             if shard.deadline <= now and self._parked.get((key, me)) is shard:
                 if shard.waiting[0] == "group":
-                    box, need = shard.waiting[1].box, shard.waiting[1].devs
+                    missing = shard.waiting[1].missing_sources()
                 else:
-                    box, need = self._mail.get((key, me), {}), shard.waiting[1]
-                missing = [s for s in need if s not in box]
+                    box = self._mail.get((key, me), {})
+                    missing = [s for s in shard.waiting[1] if s not in box]
                 del self._parked[(key, me)]
                 reason = (f"exchange {key!r} at {me!r}: no value from {missing} after "
                           f"{self.ex.collective_timeout}s (a peer skipped this collective, called"
@@ -341,8 +412,10 @@ class ExecutorEnv(KernelEnv):
     """Where a kernel shard's collectives go: its executor's mailboxes and ICI link.
 
     ``devices`` maps the mesh's flat index to the physical device id; exchange keys are
-    ``(gang_key, sequence number)``. ``bytes_sent_remote`` counts array bytes sent to other
-    hosts, for the ICI cost model.
+    ``(gang_key, sequence number)``. For the ICI cost model, ``bytes_sent_remote`` counts
+    array bytes an exchange sent to other hosts (its time is ``cost.transfer_time`` of them)
+    and ``link_seconds`` the modelled time of the hierarchical reductions' rounds between
+    hosts (``hierarchy.TreePlan.link_time``).
     """
 
     def __init__(self, mesh_shape, axis_names, flat_index: int, devices, gang_key, executor,
@@ -353,20 +426,18 @@ class ExecutorEnv(KernelEnv):
         self.devices, self.gang_key = devices, gang_key
         self.executor, self.shard = executor, shard
         self.bytes_sent_remote = 0
+        self.link_seconds = 0.0
         self._batches = 0  # batched segments reached so far
         self._box = None  # local_batch's answer
 
-    def gather_all(self, members, position, x):
-        plan = self.executor.exchanges.gather_plan(self.devices, members, position)
-        self._count_remote(plan, x)
+    def reduce_all(self, members, position, x, op="sum"):
+        exchanges = self.executor.exchanges
+        plan = exchanges.tree_plan(self.devices, members)
         key = (self.gang_key, self.next_collective())
-        return self.executor.exchanges.gather(self.shard, key, plan, x)
-
-    def reduce_all(self, members, position, x):
-        plan = self.executor.exchanges.gather_plan(self.devices, members, position)
-        self._count_remote(plan, x)
-        key = (self.gang_key, self.next_collective())
-        return self.executor.exchanges.reduce(self.shard, key, plan, x, ordered_sum)
+        answer, seconds = exchanges.tree(self.shard, key, plan, self.devices[members[position]],
+                                         x, REDUCTIONS[op])
+        self.link_seconds += seconds
+        return answer
 
     def host_work(self):
         return HostWork(self.executor, self.shard)
@@ -390,10 +461,6 @@ class ExecutorEnv(KernelEnv):
 
     def host_work_until(self, ready_at: float) -> None:
         self.executor.timeline.host_work_until(self.shard, ready_at, self.executor.now())
-
-    def _count_remote(self, plan, x) -> None:
-        if plan[3]:
-            self.bytes_sent_remote += getattr(x, "nbytes", 0) * len(plan[3])
 
     def exchange(self, members, position, outgoing, expect_from):
         key = (self.gang_key, self.next_collective())

@@ -208,7 +208,8 @@ class Kernel(DeviceWork):
         outs, seconds = fn.run_shard(env, shards, device.spec, self.spec.expect, self.device_id)
         self._outputs = outs
         remote = env.bytes_sent_remote
-        return seconds + (cost_model.transfer_time(remote, cost_model.ICI) if remote else 0.0)
+        return seconds + env.link_seconds + (
+            cost_model.transfer_time(remote, cost_model.ICI) if remote else 0.0)
 
     def output_bytes(self) -> int:
         return sum(o.nbytes for o in self._outputs)

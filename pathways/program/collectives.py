@@ -55,6 +55,10 @@ __all__ = [
     "gather_group",
     "kernel_env",
     "ordered_sum",
+    "REDUCTIONS",
+    "Reduction",
+    "split_point",
+    "tree_fold",
     "pmax",
     "pmean",
     "pmin",
@@ -147,14 +151,16 @@ class KernelEnv:
         raise NotImplementedError
 
     def gather_all(self, members, position: int, x) -> list:
-        """Every member's ``x`` in position order (the exchange of all_gather and psum)."""
+        """Every member's ``x`` in position order (all_gather's answer): ``reduce_all`` with
+        the "gather" reduction."""
+        return self.reduce_all(members, position, x, "gather")
+
+    def reduce_all(self, members, position: int, x, op: str = "sum"):
+        """The group's ``x`` folded by ``REDUCTIONS[op]`` along the reduction tree: here, by
+        gathering every value in one exchange and folding them on each member."""
         everyone = list(range(len(members)))
         got = self.exchange(members, position, {p: x for p in everyone}, everyone)
-        return [got[p] for p in everyone]
-
-    def reduce_all(self, members, position: int, x) -> np.ndarray:
-        """psum's answer on this member: every member's ``x`` added in position order."""
-        return ordered_sum(self.gather_all(members, position, x))
+        return REDUCTIONS[op].fold([got[p] for p in everyone])
 
 
 def _copy(value):
@@ -324,8 +330,8 @@ def _tracked(gathers: bool):
 
 @_tracked(gathers=True)
 def psum(x, axis_name):
-    """Sum of ``x`` over the group along ``axis_name`` (one mesh axis or several), added in
-    position order on every member.
+    """Sum of ``x`` over the group along ``axis_name`` (one mesh axis or several), added along
+    the reduction tree (``tree_fold``), bitwise the same on every member.
 
     >>> total = pw.shard_map(lambda x: pw.psum(x, "data"), mesh, P("data"), P())
     """
@@ -350,8 +356,8 @@ def pmax(x, axis_name):
 
     >>> peak = pw.shard_map(lambda x: pw.pmax(x.max(), "data"), mesh, P("data"), P())
     """
-    values, _ = gather_group("pmax", np.asarray(x), axis_name)
-    return np.asarray(np.maximum.reduce(values))
+    env, members, position = _group("pmax", axis_name)
+    return env.reduce_all(members, position, np.asarray(x), "max")
 
 
 @_tracked(gathers=True)
@@ -360,8 +366,8 @@ def pmin(x, axis_name):
 
     >>> low = pw.shard_map(lambda x: pw.pmin(x.min(), "data"), mesh, P("data"), P())
     """
-    values, _ = gather_group("pmin", np.asarray(x), axis_name)
-    return np.asarray(np.minimum.reduce(values))
+    env, members, position = _group("pmin", axis_name)
+    return env.reduce_all(members, position, np.asarray(x), "min")
 
 
 @_tracked(gathers=False)
@@ -381,23 +387,86 @@ def psum_scatter(x, axis_name, scatter_dimension: int = 0, tiled: bool = False):
         need = f"divisible by {n}" if tiled else f"equal to {n}"
         raise ShardingError(f"psum_scatter: dimension {dim} of shape {x.shape} must be {need},"
                             f" the group size of axes {axis_name!r} (tiled={tiled})")
-    blocks = np.split(x, n, axis=dim) if tiled else [np.take(x, j, axis=dim) for j in range(n)]
-    everyone = list(range(n))
-    got = env.exchange(members, position, dict(enumerate(blocks)), everyone)
-    return ordered_sum([got[p] for p in everyone])
+    # the sum of the whole blocks, then this member's block: the same additions, elementwise,
+    # as summing each block alone (and one reduction a host can combine hierarchically)
+    total = env.reduce_all(members, position, x)
+    if tiled:
+        size = x.shape[dim] // n
+        return np.ascontiguousarray(np.take(total, range(position * size, (position + 1) * size),
+                                            axis=dim))
+    return np.ascontiguousarray(np.take(total, position, axis=dim))
+
+
+def split_point(size: int) -> int:
+    """Where the reduction tree splits a node of ``size`` >= 2 positions: after the largest
+    power of two below ``size`` (so 8 splits 4 + 4 and 6 splits 4 + 2)."""
+    return 1 << ((size - 1).bit_length() - 1)
+
+
+def tree_fold(values: list, combine):
+    """``values`` folded along the reduction tree: a node of positions [lo, hi) is
+    ``combine(node [lo, mid), node [mid, hi))`` with ``mid = lo + split_point(hi - lo)``,
+    a single position its own value. This is the order every collective reduction is
+    documented to follow (``pw.reference`` included), whatever computes it: a host that
+    holds an aligned block of the positions computes that block's node by itself, and hosts
+    then combine their nodes pairwise (``pathways.host.hierarchy``). For 8 values:
+    ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))."""
+    def fold(lo: int, hi: int):
+        if hi - lo == 1:
+            return values[lo]
+        mid = lo + split_point(hi - lo)
+        return combine(fold(lo, mid), fold(mid, hi))
+
+    return fold(0, len(values))
+
+
+class Reduction:
+    """How a collective folds its group's values along the reduction tree: ``leaf(x)`` is a
+    member's value as a tree node (psum widens narrow floats, all_gather adds a leading
+    dimension), ``combine(left, right)`` makes a node from its two children (a new array,
+    never one of them), ``result(root)`` is the answer from the whole tree's node (psum
+    rounds once to the values' type)."""
+
+    __slots__ = ("name", "leaf", "combine", "result")
+
+    def __init__(self, name: str, leaf, combine, result):
+        self.name, self.leaf, self.combine, self.result = name, leaf, combine, result
+
+    def fold(self, values: list):
+        """The answer for these values in position order (each member's ``x``)."""
+        leaves = [self.leaf(v) for v in values]
+        root = tree_fold(leaves, self.combine)
+        return self.result(_copy(root) if len(leaves) == 1 else root, values[0])
+
+
+def _sum_leaf(x):
+    wide = sum_dtype(x.dtype)
+    return x if wide == x.dtype else x.astype(wide)
+
+
+def _sum_result(root, like):
+    dtype = like.dtype
+    return np.asarray(root.astype(dtype) if root.dtype != dtype else root)
+
+
+def _same(x):
+    return x
+
+
+REDUCTIONS = {
+    "sum": Reduction("sum", _sum_leaf, np.add, _sum_result),
+    "max": Reduction("max", _same, np.maximum, lambda root, like: np.asarray(root)),
+    "min": Reduction("min", _same, np.minimum, lambda root, like: np.asarray(root)),
+    # every member's value, stacked: a node is the values of its positions, in order
+    "gather": Reduction("gather", lambda x: np.asarray(x)[None],
+                        lambda a, b: np.concatenate((a, b)), lambda root, like: list(root)),
+}
 
 
 def ordered_sum(values: list) -> np.ndarray:
-    """psum's reduction: ``values`` added in position order, position 0 first, in their
+    """psum's reduction: ``values`` added along the reduction tree (``tree_fold``), in their
     ``sum_dtype`` and rounded to their own type once at the end, as JAX's psum does."""
-    # A fixed order (position 0 first) is what makes float sums bitwise equal on all members.
-    dtype = values[0].dtype
-    wide = sum_dtype(dtype)
-    widen = wide != dtype
-    total = values[0].astype(wide)  # a copy: the values given stay as they are
-    for value in values[1:]:
-        total = total + (value.astype(wide) if widen else value)
-    return np.asarray(total.astype(dtype) if widen else total)
+    return REDUCTIONS["sum"].fold(values)
 
 
 @functools.cache

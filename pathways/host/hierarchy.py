@@ -1,0 +1,160 @@
+"""Hierarchical collectives: which host computes which node of a group's reduction tree, and
+what it sends to whom.
+
+Every reduction of a group (psum, pmean, pmax, pmin, psum_scatter, all_gather) is defined as
+its values folded along the reduction tree (``pathways.program.collectives.tree_fold``): a
+node of positions [lo, hi) combines [lo, mid) and [mid, hi). A host computes that answer for
+its members like this:
+
+1. **Locally first.** A node whose positions are all on this host (a *local* node) is
+   computed here from the members' values, with no message. When a host holds an aligned
+   block of the group (the usual layout: 32 devices of a host are 32 consecutive positions),
+   the whole block is one local node.
+2. **Then across hosts**, by one of two algorithms, chosen by the number of hosts in the
+   group (``FLAT_HOSTS``), never by anything local, so every host of a group picks the same:
+
+   - *flat* (few hosts): each host sends its maximal local nodes to every other host of the
+     group, and every host computes the rest of the tree itself. One round; H - 1 messages
+     per host.
+   - *tree* (recursive doubling over the tree): the hosts under a node all end up holding
+     its value. At a node whose children are held by host sets L and R, each host of L that
+     is not in R receives R's value from one host of R (the i-th from ``R[i % |R|]``), and
+     the other way round; each then combines left with right itself. With power-of-two
+     blocks that is one message in and out per tree level above the hosts: log2(H) rounds
+     and messages per host, where the flat way has H - 1.
+
+   Both compute the same tree, with the same operands in the same order, so the answer is
+   bitwise the same on every host, whichever algorithm ran, and equal to ``pw.reference``'s.
+
+Modelled link time (``TreePlan.link_time``): a round costs ``latency + bytes / bandwidth`` of
+its link (``pathways.program.cost.ICI``). The flat algorithm is one round whose bytes are
+everything the host receives; the tree algorithm is one round per value it receives (they
+come one after another, each level waiting for the one below):
+
+    flat:  t = latency + (sum of received bytes) / bandwidth
+    tree:  t = sum over received values of (latency + bytes / bandwidth)
+
+Local combining costs no link time (it is the host's memory). A node's value travels in the
+reduction's working type (psum of bfloat16 adds in float32, so its partial sums travel as
+float32 and are rounded once, at the root).
+
+Nodes are ``(lo, hi)``. On the wire a node is its ``code`` (a negative int, so it never looks
+like a device id): ``-1 - (lo * (n + 1) + hi)`` for a group of n positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..program.collectives import split_point
+from ..program.cost import ICI, transfer_time
+
+FLAT_HOSTS = 4  # groups on at most this many hosts exchange flat; more take the tree
+
+
+def code(node: tuple, n: int) -> int:
+    """``node``'s number on the wire (negative)."""
+    return -1 - (node[0] * (n + 1) + node[1])
+
+
+def node_of(src: int, n: int) -> tuple:
+    """The node a wire ``code`` names."""
+    return divmod(-1 - src, n + 1)
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    """This host's part in one group's reduction (see the module docstring).
+
+    ``local``: the maximal local nodes, each with the positions it folds; ``steps``: the
+    other nodes this host computes, ``(node, left, right)`` children first; ``sends``: node
+    -> ``(leader device of the receiving host, ...)``; ``expects``: node -> the host that
+    sends it here; ``position``: this host's member devices -> their positions; ``leader``:
+    the device messages for this host's members name (its member of lowest position);
+    ``home``: position -> its local node and that node's positions; ``flat``: which
+    algorithm."""
+
+    n: int
+    devs: tuple
+    local: tuple
+    steps: tuple
+    sends: dict
+    expects: dict
+    position: dict
+    home: dict
+    leader: int
+    root: tuple
+    flat: bool
+
+    def link_time(self, received_bytes: list) -> float:
+        """Modelled seconds of the link rounds that brought ``received_bytes`` here."""
+        if not received_bytes:
+            return 0.0
+        if self.flat:
+            return transfer_time(sum(received_bytes), ICI)
+        return sum(transfer_time(b, ICI) for b in received_bytes)
+
+
+def plan(devs: tuple, owners: tuple, me) -> TreePlan:
+    """Host ``me``'s plan for the group of member devices ``devs`` (in position order), where
+    ``owners[p]`` is the host of position p (any ints that every host of the group sees the
+    same)."""
+    n = len(devs)
+    hosts_of: dict = {}  # node -> the sorted hosts of its positions
+    children: dict = {}
+    order: list = []  # every node, children first
+
+    def walk(lo: int, hi: int) -> tuple:
+        node = (lo, hi)
+        if hi - lo == 1:
+            hosts_of[node] = (owners[lo],)
+        else:
+            mid = lo + split_point(hi - lo)
+            left, right = walk(lo, mid), walk(mid, hi)
+            children[node] = (left, right)
+            hosts_of[node] = tuple(sorted(set(hosts_of[left]) | set(hosts_of[right])))
+        order.append(node)
+        return node
+
+    root = walk(0, n)
+    leader_of: dict = {}
+    for p, host in enumerate(owners):
+        leader_of.setdefault(host, devs[p])
+    flat = len(hosts_of[root]) <= FLAT_HOSTS
+
+    def maximal_local(node) -> bool:
+        return len(hosts_of[node]) == 1 and (node == root or len(hosts_of[parent[node]]) > 1)
+
+    parent = {c: node for node, kids in children.items() for c in kids}
+    tops = [node for node in order if maximal_local(node)]
+    local = tuple((node, tuple(range(*node))) for node in tops if hosts_of[node] == (me,))
+    upper = [node for node in order if len(hosts_of[node]) > 1]
+    sends: dict = {}
+    expects: dict = {}
+    if flat:
+        steps = tuple((node, *children[node]) for node in upper)
+        others = [h for h in hosts_of[root] if h != me]
+        for node, _ in local:
+            sends[node] = tuple(leader_of[h] for h in others)
+        for node in tops:
+            if hosts_of[node] != (me,):
+                expects[node] = hosts_of[node][0]
+    else:
+        steps = tuple((node, *children[node]) for node in upper if me in hosts_of[node])
+        for node in upper:
+            left, right = children[node]
+            for have, need in ((left, right), (right, left)):
+                # the hosts holding ``have`` that lack ``need`` get it from one holder each
+                holders = hosts_of[need]
+                lacking = [h for h in hosts_of[have] if h not in holders]
+                for i, h in enumerate(lacking):
+                    sender = holders[i % len(holders)]
+                    if h == me:
+                        expects[need] = sender
+                    if sender == me:
+                        sends.setdefault(need, []).append(leader_of[h])
+        sends = {node: tuple(dsts) for node, dsts in sends.items()}
+    position = {devs[p]: p for p in range(n) if owners[p] == me}
+    home = {p: (node, ps) for node, ps in local for p in ps}
+    return TreePlan(n, tuple(devs), local, steps, sends, expects, position, home,
+                    leader_of[me], root, flat)

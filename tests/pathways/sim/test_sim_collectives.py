@@ -1,0 +1,77 @@
+"""Hierarchical collectives on the real host code (a simulated cluster of 8 hosts): every
+reduction equals ``pw.reference``'s bitwise, by the flat and the tree algorithm alike, and a
+host receives one message per tree level, not one per other host."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import pathways as pw
+from pathways import P
+from pathways.host import hierarchy
+
+HOSTS, PER_HOST = 8, 2
+
+
+def bodies():
+    """(name, body, in spec, out spec) of every reduction, over groups within a host ("d":
+    its two devices), across hosts ("h": one device of each) and both ("h", "d")."""
+    return [
+        ("psum all", lambda x: pw.psum(x, ("h", "d")), P(("h", "d")), P()),
+        ("psum h", lambda x: pw.psum(x, "h"), P(("h", "d")), P("d")),
+        ("pmean d", lambda x: pw.pmean(x, "d"), P(("h", "d")), P("h")),
+        ("pmax", lambda x: pw.pmax(x, ("h", "d")), P(("h", "d")), P()),
+        ("pmin h", lambda x: pw.pmin(x, "h"), P(("h", "d")), P("d")),
+        ("psum_scatter", lambda x: pw.psum_scatter(x, ("h", "d"), tiled=True),
+         P(), P(("h", "d"))),
+        ("all_gather", lambda x: pw.all_gather(x, ("h", "d"), tiled=True),
+         P(("h", "d")), P()),
+    ]
+
+
+def inputs(rng):
+    # magnitudes 1e-8 to 1e8: any other order of additions shows in the bits
+    x = rng.standard_normal(HOSTS * PER_HOST * 4) * 10.0 ** rng.integers(-8, 8,
+                                                                       HOSTS * PER_HOST * 4)
+    return [x.astype(np.float32), x.astype(ml_dtypes.bfloat16)]
+
+
+@pytest.mark.parametrize("flat_hosts", [0, 99], ids=["tree", "flat"])
+def test_reductions_equal_the_reference_bitwise_on_eight_hosts(flat_hosts, monkeypatch):
+    monkeypatch.setattr(hierarchy, "FLAT_HOSTS", flat_hosts)
+    rng = np.random.default_rng(11)
+    with pw.local_cluster(hosts_per_island=HOSTS, devices_per_host=PER_HOST,
+                          simulate=True) as cluster, pw.connect(cluster.address) as client:
+        mesh = client.mesh((HOSTS, PER_HOST), ("h", "d"))
+        for name, body, in_spec, out_spec in bodies():
+            f = pw.shard_map(body, mesh, in_spec, out_spec)
+            for x in inputs(rng):
+                got = f(client.put(x, mesh, in_spec)).result(timeout=60)
+                want = pw.reference(f)(x)
+                assert got.dtype == want.dtype and got.shape == want.shape, name
+                assert got.tobytes() == want.tobytes(), (name, x.dtype)
+
+
+def test_a_host_receives_one_message_per_tree_level(monkeypatch):
+    monkeypatch.setattr(hierarchy, "FLAT_HOSTS", 0)
+    with pw.local_cluster(hosts_per_island=HOSTS, devices_per_host=PER_HOST,
+                          simulate=True) as cluster, pw.connect(cluster.address) as client:
+        mesh = client.mesh((HOSTS * PER_HOST,), ("d",))
+        step = pw.shard_map(lambda x: pw.psum(x, "d") * 0.5, mesh, P(), P())
+
+        @pw.program
+        def chain(x):
+            for _ in range(10):
+                x = step(x)
+            return x
+
+        x = client.put(np.float64(1.0), mesh, P())
+        x = chain(x)
+        x.result(timeout=60)  # installed and warm
+        links = [host.ici for host, _, _ in cluster.hosts]
+        before = [link.sent["messages"] for link in links]
+        x = chain(x)
+        assert float(x.result(timeout=60)) == pw.reference(chain)(np.float64(8.0 ** 10))
+        sent = [link.sent["messages"] - b for link, b in zip(links, before)]
+        # log2(8) = 3 levels: 3 messages out of each host per psum (turns may merge some)
+        assert sum(sent) <= 10 * HOSTS * 3 and max(sent) <= 10 * 3
