@@ -24,6 +24,8 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
+import numpy as np
+
 from ..errors import CollectiveTimeout, ProgramError
 from ..program.collectives import REDUCTIONS, KernelEnv, tree_fold
 from ..program.rendezvous import FAILED_GANGS_KEPT, Abandoned
@@ -223,7 +225,8 @@ class Exchanges:
         red = group.red
         leaves = [red.leaf(values[p][0]) for p in positions]
         try:
-            value = tree_fold(leaves, red.combine)
+            with np.errstate(all="ignore"):  # an overflow is inf, as on a device: no warning
+                value = tree_fold(leaves, red.combine)
         except BaseException as exc:  # e.g. all_gather of different shapes
             self._tree_failed(group, exc)
             return
@@ -260,7 +263,8 @@ class Exchanges:
                 if left in values and right in values:
                     (a, at_a), (b, at_b) = values[left], values[right]
                     try:
-                        value = combine(a, b)
+                        with np.errstate(all="ignore"):
+                            value = combine(a, b)
                     except BaseException as exc:
                         self._tree_failed(group, exc)
                         return
