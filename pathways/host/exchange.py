@@ -153,11 +153,26 @@ class Exchanges:
 
     def tree_plan(self, devices: dict, members: tuple) -> TreePlan:
         """This host's plan for the group ``members`` (flat indices; ``devices`` maps them
-        to devices): ``hierarchy.plan``, worked out once per group."""
-        k = (id(devices), members)
+        to devices): ``hierarchy.plan``, worked out once per group and found by the
+        identity of ``devices`` and ``members`` (groups of a thousand devices: hashing their
+        tuples for every kernel would cost more than the collective)."""
+        k = (id(devices), id(members))
         hit = self._plans.get(k)
+        if hit is not None and hit[0] is devices and hit[1] is members:
+            return hit[2]
+        same = (id(devices), members)  # another device's equal tuple: share its plan
+        hit = self._plans.get(same)
         if hit is not None and hit[0] is devices:
-            return hit[1]
+            tree = hit[2]
+        else:
+            tree = self._new_plan(devices, members)
+            if len(self._plans) < PLANS_KEPT:
+                self._plans[same] = (devices, members, tree)
+        if len(self._plans) < PLANS_KEPT:  # the entry keeps ``members`` alive: its id holds
+            self._plans[k] = (devices, members, tree)
+        return tree
+
+    def _new_plan(self, devices: dict, members: tuple) -> TreePlan:
         devs = tuple(devices[m] for m in members)
         local = self.ex.devices
         worker_of = self.ex.link.worker_of if self.ex.link is not None else {}
@@ -167,10 +182,11 @@ class Exchanges:
         except KeyError as exc:
             raise ProgramError(f"device {exc.args[0]} of a collective's group is not on this"
                                " host and no host is known for it") from None
-        tree = hierarchy.plan(devs, owners, me)
-        if len(self._plans) < PLANS_KEPT:
-            self._plans[k] = (devices, tree)
-        return tree
+        return hierarchy.plan(devs, owners, me)
+
+    def forget_plans(self) -> None:
+        """The hosts of devices changed (a new topology): plans are worked out again."""
+        self._plans.clear()
 
     def tree(self, shard, key, plan: TreePlan, me, value, red):
         """In the shard's greenlet: the group's ``value``s folded by the reduction ``red``

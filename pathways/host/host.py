@@ -33,6 +33,7 @@ __all__ = ["Host"]
 log = logging.getLogger("pathways.host.host")
 
 TRANSFERS_KEPT = 10_000
+MESHES_KEPT = 4096  # meshes whose device map a host finds by identity
 
 
 class Host:
@@ -55,6 +56,7 @@ class Host:
                                  kernel_limit=kernel_limit)
         self.worker_of: dict[int, int] = {}  # device -> host worker id (kept in place)
         self._flat: dict[tuple, dict] = {}  # mesh devices -> {flat index: device}
+        self._flat_of: dict[int, tuple] = {}  # id(mesh) -> (mesh, its _flat entry)
         self._released: deque = deque()  # capabilities to release on the loop
         self._release_posted = False
         self.core: WorkerCore | None = None
@@ -73,9 +75,15 @@ class Host:
 
     def kernel_env(self, mesh, flat_index: int, gang_key, device) -> ExecutorEnv:
         """Executor thread: where the collectives of the kernel running on ``device`` go."""
-        flat = self._flat.get(mesh.ids)
-        if flat is None:
-            flat = self._flat[mesh.ids] = dict(enumerate(mesh.ids))
+        hit = self._flat_of.get(id(mesh))  # by identity: hashing a mesh's ids costs O(devices)
+        if hit is not None and hit[0] is mesh:
+            flat = hit[1]
+        else:
+            flat = self._flat.get(mesh.ids)
+            if flat is None:
+                flat = self._flat[mesh.ids] = dict(enumerate(mesh.ids))
+            if len(self._flat_of) < MESHES_KEPT:  # (the entry keeps the mesh, so its id)
+                self._flat_of[id(mesh)] = (mesh, flat)
         return ExecutorEnv(mesh.axis_sizes, mesh.axis_names, flat_index, flat, gang_key,
                            self.executor, device.current)
 
@@ -145,6 +153,7 @@ class Host:
         self.worker_of.clear()
         self.worker_of.update(msg.worker_of)
         self.ici.peers = dict(msg.links)
+        self.executor.call_soon(self.executor.exchanges.forget_plans)  # before later kernels
 
     def _client_left(self, msg) -> None:
         n = self.store.retire_client(msg.client, ClientGone(msg.reason))
