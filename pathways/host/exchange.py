@@ -31,7 +31,7 @@ from ..program.collectives import REDUCTIONS, KernelEnv, tree_fold
 from ..program.rendezvous import FAILED_GANGS_KEPT, Abandoned
 from . import hierarchy
 from .batching import BATCHING, Batch, Box, box_of
-from .hierarchy import TreePlan, code, node_of
+from .hierarchy import TreePlan, chunk_code, chunk_of, code, node_of
 
 log = logging.getLogger("pathways.host.exchange")
 
@@ -43,7 +43,7 @@ class _Tree:
     the tree nodes it has so far, and the members waiting for the answer."""
 
     __slots__ = ("key", "plan", "red", "values", "missing", "steps", "parked", "left",
-                 "answer", "error", "done_at", "received")
+                 "answer", "error", "done_at", "received", "finished")
 
     def __init__(self, key, plan: TreePlan, red):
         self.key, self.plan, self.red = key, plan, red
@@ -54,7 +54,8 @@ class _Tree:
         self.left = len(plan.position)  # local members that have not taken the answer yet
         self.answer = self.error = None
         self.done_at = 0.0  # when the answer was available (virtual time)
-        self.received: list = []  # bytes of each node that came from another host
+        self.received: list = []  # (round, bytes) of each value from another host
+        self.finished: dict = {}  # the scatter algorithm's finished chunks: j -> (value, at)
 
     def missing_sources(self) -> list:
         """What has not come yet, for a timeout's message: members, or other hosts' nodes."""
@@ -63,6 +64,9 @@ class _Tree:
                    if p not in self.values]
         lacking += [f"host {host}'s partial of positions {node[0]}..{node[1] - 1}"
                     for node, host in plan.expects.items() if node not in self.values]
+        if plan.mode == "scatter" and plan.root in self.values:
+            lacking += [f"host {host}'s finished chunk" for j, host in enumerate(plan.hosts)
+                        if j not in self.finished]
         return lacking
 
 
@@ -151,28 +155,28 @@ class Exchanges:
             self._queue_remote(key, me, dsts, value, at)
         return self._collect(shard, key, me, [s for s in sources if s != me], at)
 
-    def tree_plan(self, devices: dict, members: tuple) -> TreePlan:
+    def tree_plan(self, devices: dict, members: tuple, mode: str | None = None) -> TreePlan:
         """This host's plan for the group ``members`` (flat indices; ``devices`` maps them
         to devices): ``hierarchy.plan``, worked out once per group and found by the
         identity of ``devices`` and ``members`` (groups of a thousand devices: hashing their
         tuples for every kernel would cost more than the collective)."""
-        k = (id(devices), id(members))
+        k = (id(devices), id(members), mode)
         hit = self._plans.get(k)
         if hit is not None and hit[0] is devices and hit[1] is members:
             return hit[2]
-        same = (id(devices), members)  # another device's equal tuple: share its plan
+        same = (id(devices), members, mode)  # another device's equal tuple: share its plan
         hit = self._plans.get(same)
         if hit is not None and hit[0] is devices:
             tree = hit[2]
         else:
-            tree = self._new_plan(devices, members)
+            tree = self._new_plan(devices, members, mode)
             if len(self._plans) < PLANS_KEPT:
                 self._plans[same] = (devices, members, tree)
         if len(self._plans) < PLANS_KEPT:  # the entry keeps ``members`` alive: its id holds
             self._plans[k] = (devices, members, tree)
         return tree
 
-    def _new_plan(self, devices: dict, members: tuple) -> TreePlan:
+    def _new_plan(self, devices: dict, members: tuple, mode) -> TreePlan:
         devs = tuple(devices[m] for m in members)
         local = self.ex.devices
         worker_of = self.ex.link.worker_of if self.ex.link is not None else {}
@@ -182,7 +186,7 @@ class Exchanges:
         except KeyError as exc:
             raise ProgramError(f"device {exc.args[0]} of a collective's group is not on this"
                                " host and no host is known for it") from None
-        return hierarchy.plan(devs, owners, me)
+        return hierarchy.plan(devs, owners, me, mode)
 
     def forget_plans(self) -> None:
         """The hosts of devices changed (a new topology): plans are worked out again."""
@@ -251,17 +255,39 @@ class Exchanges:
         self._put(group, node, value, max(values[p][1] for p in positions))
 
     def _remote_node(self, group: _Tree, src, value, at: float) -> None:
-        node = node_of(src, group.plan.n)
-        if node not in group.plan.expects or node in group.values:
+        plan = group.plan
+        j = chunk_of(src, plan.n) if plan.mode == "scatter" else None
+        if j is not None:  # another host's finished chunk
+            if j >= len(plan.hosts) or j == plan.index or j in group.finished:
+                log.warning("exchange %r: unexpected chunk %r from another host; dropped",
+                            group.key, j)
+                return
+            group.received.append((1, getattr(value, "nbytes", 0)))
+            group.finished[j] = (value, at)
+            return
+        node = node_of(src, plan.n)
+        if node not in plan.expects or node in group.values:
             log.warning("exchange %r: unexpected node %r from another host; dropped",
                         group.key, node)
             return
-        group.received.append(getattr(value, "nbytes", 0))
+        group.received.append((0, getattr(value, "nbytes", 0)))
         group.values[node] = (value, at)
 
     def _put(self, group: _Tree, node, value, at: float) -> None:
+        plan = group.plan
+        if plan.mode == "scatter" and plan.home.get(node[0], (None,))[0] == node:
+            # a local node: each host gets its chunk, this one keeps its own
+            parts = hierarchy.chunks(value, len(plan.hosts))
+            try:
+                for j, part in enumerate(parts):
+                    if j != plan.index:
+                        self._queue_remote(group.key, code(node, plan.n), (plan.leaders[j],),
+                                           part, at)
+            except BaseException as exc:
+                self._tree_failed(group, exc)
+            value = parts[plan.index]
         group.values[node] = (value, at)
-        dsts = group.plan.sends.get(node)
+        dsts = plan.sends.get(node)
         if dsts:
             try:
                 self._queue_remote(group.key, code(node, group.plan.n), dsts, value, at)
@@ -287,10 +313,26 @@ class Exchanges:
                     group.steps.remove(step)
                     self._put(group, node, value, max(at_a, at_b))
                     progress = True
-        root = values.get(group.plan.root)
+        plan = group.plan
+        root = values.get(plan.root)
         if root is None or group.answer is not None or group.error is not None:
             return
-        like = values[next(iter(group.plan.position.values()))][0]
+        like = values[next(iter(plan.position.values()))][0]
+        if plan.mode == "scatter":  # root is this host's chunk: share it, wait for the rest
+            if plan.index not in group.finished:
+                group.finished[plan.index] = root
+                others = plan.leaders[:plan.index] + plan.leaders[plan.index + 1:]
+                try:
+                    self._queue_remote(group.key, chunk_code(plan.index, plan.n), others,
+                                       root[0], root[1])
+                except BaseException as exc:
+                    self._tree_failed(group, exc)
+                    return
+            if len(group.finished) < len(plan.hosts):
+                return
+            got = [group.finished[j] for j in range(len(plan.hosts))]
+            root = (np.concatenate([v for v, _ in got]).reshape(np.shape(like)),
+                    max(at for _, at in got))
         try:
             group.answer = group.red.result(root[0], like)
         except BaseException as exc:
@@ -453,6 +495,8 @@ class ExecutorEnv(KernelEnv):
     def reduce_all(self, members, position, x, op="sum"):
         exchanges = self.executor.exchanges
         plan = exchanges.tree_plan(self.devices, members)
+        if plan.scatters(getattr(x, "nbytes", 0), getattr(x, "size", 1), op):
+            plan = exchanges.tree_plan(self.devices, members, "scatter")
         key = (self.gang_key, self.next_collective())
         answer, seconds = exchanges.tree(self.shard, key, plan, self.devices[members[position]],
                                          x, REDUCTIONS[op])

@@ -23,33 +23,72 @@ its members like this:
      blocks that is one message in and out per tree level above the hosts: log2(H) rounds
      and messages per host, where the flat way has H - 1.
 
-   Both compute the same tree, with the same operands in the same order, so the answer is
-   bitwise the same on every host, whichever algorithm ran, and equal to ``pw.reference``'s.
+   - *scatter* (large payloads: psum, pmean, pmax, pmin of at least ``SCATTER_BYTES`` on 3
+     hosts or more, as NCCL and XLA switch to a bandwidth-optimal ring): the values are cut
+     into one contiguous chunk per host. Each host sends chunk j of its maximal local nodes to
+     host j, which computes the rest of the tree for chunk j alone (a reduce-scatter), then
+     sends its finished chunk to every other host (an all-gather). A host sends and receives
+     2 (H - 1) / H of the payload, where the flat way moves H - 1 payloads and the tree
+     log2(H); the additions are the tree's, elementwise, so the bits are too.
+
+   All three compute the same tree, with the same operands in the same order, so the answer
+   is bitwise the same on every host, whichever algorithm ran, and equal to
+   ``pw.reference``'s.
+
+Every host of a cluster must choose alike: ``PATHWAYS_FLAT_HOSTS`` and
+``PATHWAYS_SCATTER_BYTES`` (read once, at import) set the two thresholds for a whole cluster
+(``pw.local_cluster`` passes its environment on to its hosts), for experiments.
 
 Modelled link time (``TreePlan.link_time``): a round costs ``latency + bytes / bandwidth`` of
 its link (``pathways.program.cost.ICI``). The flat algorithm is one round whose bytes are
 everything the host receives; the tree algorithm is one round per value it receives (they
 come one after another, each level waiting for the one below):
 
-    flat:  t = latency + (sum of received bytes) / bandwidth
-    tree:  t = sum over received values of (latency + bytes / bandwidth)
+    flat:     t = latency + (sum of received bytes) / bandwidth
+    tree:     t = sum over received values of (latency + bytes / bandwidth)
+    scatter:  t = 2 latency + (chunks received + finished chunks received) bytes / bandwidth
 
 Local combining costs no link time (it is the host's memory). A node's value travels in the
 reduction's working type (psum of bfloat16 adds in float32, so its partial sums travel as
 float32 and are rounded once, at the root).
 
 Nodes are ``(lo, hi)``. On the wire a node is its ``code`` (a negative int, so it never looks
-like a device id): ``-1 - (lo * (n + 1) + hi)`` for a group of n positions.
+like a device id): ``-1 - (lo * (n + 1) + hi)`` for a group of n positions; the scatter
+algorithm's finished chunk j is ``-1 - ((n + 1) ** 2 + j)``.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..program.collectives import split_point
 from ..program.cost import ICI, transfer_time
 
-FLAT_HOSTS = 4  # groups on at most this many hosts exchange flat; more take the tree
+# groups on at most this many hosts exchange flat; more take the tree
+FLAT_HOSTS = int(os.environ.get("PATHWAYS_FLAT_HOSTS", "4"))
+# reductions of at least this many bytes on 3 hosts or more scatter
+SCATTER_BYTES = int(os.environ.get("PATHWAYS_SCATTER_BYTES", str(256 * 1024)))
+
+
+def chunk_code(j: int, n: int) -> int:
+    """The wire number of the scatter algorithm's finished chunk ``j`` (negative, and below
+    every node's ``code``)."""
+    return -1 - ((n + 1) ** 2 + j)
+
+
+def chunk_of(src: int, n: int) -> int | None:
+    """The chunk a wire number names, or None if it names a node."""
+    j = -1 - src - (n + 1) ** 2
+    return j if j >= 0 else None
+
+
+def chunks(value, parts: int) -> list:
+    """``value`` flattened and cut into ``parts`` contiguous chunks (sizes differ by at most
+    one element, the larger first)."""
+    return np.array_split(np.ascontiguousarray(value).reshape(-1), parts)
 
 
 def code(node: tuple, n: int) -> int:
@@ -71,8 +110,9 @@ class TreePlan:
     -> ``(leader device of the receiving host, ...)``; ``expects``: node -> the host that
     sends it here; ``position``: this host's member devices -> their positions; ``leader``:
     the device messages for this host's members name (its member of lowest position);
-    ``home``: position -> its local node and that node's positions; ``flat``: which
-    algorithm."""
+    ``home``: position -> its local node and that node's positions; ``mode``: "flat",
+    "tree" or "scatter"; ``hosts``: the group's hosts in order, ``index`` this host's place
+    among them and ``leaders`` their leader devices (what the scatter algorithm needs)."""
 
     n: int
     devs: tuple
@@ -84,21 +124,32 @@ class TreePlan:
     home: dict
     leader: int
     root: tuple
-    flat: bool
+    mode: str
+    hosts: tuple
+    index: int
+    leaders: tuple
 
-    def link_time(self, received_bytes: list) -> float:
-        """Modelled seconds of the link rounds that brought ``received_bytes`` here."""
-        if not received_bytes:
+    def link_time(self, received: list) -> float:
+        """Modelled seconds of the link rounds that brought ``received`` here: ``(round,
+        bytes)`` of each value (round 0, or 1 for the scatter algorithm's finished chunks)."""
+        if not received:
             return 0.0
-        if self.flat:
-            return transfer_time(sum(received_bytes), ICI)
-        return sum(transfer_time(b, ICI) for b in received_bytes)
+        if self.mode == "tree":
+            return sum(transfer_time(b, ICI) for _, b in received)
+        rounds = {r for r, _ in received}
+        return sum(transfer_time(sum(b for r2, b in received if r2 == r), ICI) for r in rounds)
+
+    def scatters(self, nbytes: int, size: int, op: str) -> bool:
+        """Whether a reduction ``op`` of ``nbytes`` (``size`` elements) takes the scatter
+        algorithm: the same answer on every host of the group."""
+        return (op != "gather" and nbytes >= SCATTER_BYTES and len(self.hosts) >= 3
+                and size >= len(self.hosts))
 
 
-def plan(devs: tuple, owners: tuple, me) -> TreePlan:
+def plan(devs: tuple, owners: tuple, me, mode: str | None = None) -> TreePlan:
     """Host ``me``'s plan for the group of member devices ``devs`` (in position order), where
     ``owners[p]`` is the host of position p (any ints that every host of the group sees the
-    same)."""
+    same); ``mode``: the algorithm (None: flat or tree by the number of hosts)."""
     n = len(devs)
     hosts_of: dict = {}  # node -> the sorted hosts of its positions
     children: dict = {}
@@ -120,7 +171,8 @@ def plan(devs: tuple, owners: tuple, me) -> TreePlan:
     leader_of: dict = {}
     for p, host in enumerate(owners):
         leader_of.setdefault(host, devs[p])
-    flat = len(hosts_of[root]) <= FLAT_HOSTS
+    if mode is None:
+        mode = "flat" if len(hosts_of[root]) <= FLAT_HOSTS else "tree"
 
     def maximal_local(node) -> bool:
         return len(hosts_of[node]) == 1 and (node == root or len(hosts_of[parent[node]]) > 1)
@@ -131,10 +183,10 @@ def plan(devs: tuple, owners: tuple, me) -> TreePlan:
     upper = [node for node in order if len(hosts_of[node]) > 1]
     sends: dict = {}
     expects: dict = {}
-    if flat:
+    if mode != "tree":  # flat, and scatter on chunks: every host computes the upper tree
         steps = tuple((node, *children[node]) for node in upper)
         others = [h for h in hosts_of[root] if h != me]
-        for node, _ in local:
+        for node, _ in local if mode == "flat" else ():
             sends[node] = tuple(leader_of[h] for h in others)
         for node in tops:
             if hosts_of[node] != (me,):
@@ -156,5 +208,7 @@ def plan(devs: tuple, owners: tuple, me) -> TreePlan:
         sends = {node: tuple(dsts) for node, dsts in sends.items()}
     position = {devs[p]: p for p in range(n) if owners[p] == me}
     home = {p: (node, ps) for node, ps in local for p in ps}
+    hosts = hosts_of[root]
     return TreePlan(n, tuple(devs), local, steps, sends, expects, position, home,
-                    leader_of[me], root, flat)
+                    leader_of[me], root, mode, hosts, hosts.index(me),
+                    tuple(leader_of[h] for h in hosts))

@@ -123,3 +123,34 @@ def test_node_codes_round_trip_and_are_never_device_ids():
         for node in ((0, n), (0, 1), (n - 1, n)):
             c = hierarchy.code(node, n)
             assert c < 0 and hierarchy.node_of(c, n) == node
+
+
+def test_chunk_numbers_never_name_a_node():
+    n = 12
+    nodes = {hierarchy.code((lo, hi), n) for lo in range(n) for hi in range(lo + 1, n + 1)}
+    for j in range(n):
+        c = hierarchy.chunk_code(j, n)
+        assert c not in nodes and hierarchy.chunk_of(c, n) == j
+    assert all(hierarchy.chunk_of(c, n) is None for c in nodes)
+
+
+def test_large_reductions_scatter_on_three_hosts_or_more():
+    big = hierarchy.SCATTER_BYTES
+    for hosts, want in ((2, False), (3, True), (8, True)):
+        plan = hierarchy.plan(tuple(range(hosts * 2)), tuple(p // 2 for p in range(hosts * 2)), 0)
+        assert plan.scatters(big, big // 4, "sum") is want
+        assert not plan.scatters(big, big // 4, "gather")  # a gather is not cut up
+        assert not plan.scatters(big - 1, big // 4, "sum")
+
+
+def test_the_link_model_counts_rounds_as_documented():
+    ici = hierarchy.ICI
+    devs, owners = tuple(range(8)), tuple(p // 2 for p in range(8))
+    tree = hierarchy.plan(devs, owners, 0, "tree")
+    assert tree.link_time([(0, 100), (0, 100)]) == pytest.approx(
+        2 * (ici.latency + 100 / ici.bandwidth))
+    flat = hierarchy.plan(devs, owners, 0, "flat")
+    assert flat.link_time([(0, 100)] * 3) == pytest.approx(ici.latency + 300 / ici.bandwidth)
+    scatter = hierarchy.plan(devs, owners, 0, "scatter")
+    assert scatter.link_time([(0, 25)] * 3 + [(1, 25)] * 3) == pytest.approx(
+        2 * (ici.latency + 75 / ici.bandwidth))

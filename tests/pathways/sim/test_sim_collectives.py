@@ -31,14 +31,20 @@ def bodies():
 
 def inputs(rng):
     # magnitudes 1e-8 to 1e8: any other order of additions shows in the bits
-    x = rng.standard_normal(HOSTS * PER_HOST * 4) * 10.0 ** rng.integers(-8, 8,
-                                                                       HOSTS * PER_HOST * 4)
+    n = HOSTS * PER_HOST * 16  # 16 values per device: enough to cut into 8 chunks
+    x = rng.standard_normal(n) * 10.0 ** rng.integers(-8, 8, n)
     return [x.astype(np.float32), x.astype(ml_dtypes.bfloat16)]
 
 
-@pytest.mark.parametrize("flat_hosts", [0, 99], ids=["tree", "flat"])
-def test_reductions_equal_the_reference_bitwise_on_eight_hosts(flat_hosts, monkeypatch):
+@pytest.mark.parametrize("flat_hosts,scatter_bytes", [(0, 1 << 40), (99, 1 << 40), (0, 1)],
+                         ids=["tree", "flat", "scatter"])
+def test_reductions_equal_the_reference_bitwise_on_eight_hosts(flat_hosts, scatter_bytes,
+                                                              monkeypatch):
     monkeypatch.setattr(hierarchy, "FLAT_HOSTS", flat_hosts)
+    monkeypatch.setattr(hierarchy, "SCATTER_BYTES", scatter_bytes)
+    cut = []  # values the scatter algorithm cut into chunks
+    chunks = hierarchy.chunks
+    monkeypatch.setattr(hierarchy, "chunks", lambda v, n: cut.append(n) or chunks(v, n))
     rng = np.random.default_rng(11)
     with pw.local_cluster(hosts_per_island=HOSTS, devices_per_host=PER_HOST,
                           simulate=True) as cluster, pw.connect(cluster.address) as client:
@@ -50,6 +56,8 @@ def test_reductions_equal_the_reference_bitwise_on_eight_hosts(flat_hosts, monke
                 want = pw.reference(f)(x)
                 assert got.dtype == want.dtype and got.shape == want.shape, name
                 assert got.tobytes() == want.tobytes(), (name, x.dtype)
+    # every reduction but all_gather scattered when it could (whole hosts: 8 chunks)
+    assert (set(cut) == {HOSTS}) if scatter_bytes == 1 else not cut
 
 
 def test_a_host_receives_one_message_per_tree_level(monkeypatch):
