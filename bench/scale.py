@@ -403,6 +403,9 @@ def rows_of(sizes: list[Size], simulated: bool = False) -> list[dict]:
             row[f"{w} controller CPU ms/comp (net of idle)"] = (
                 f"{c.controller_ms:.2f} ({c.net_ms:.2f})" if c else "-")
             row[f"{w} hosts CPU ms/comp"] = f"{c.hosts_ms:.1f}" if c else "-"
+            if w == Fig5.name:  # a computation is one kernel on every device
+                row["Fig. 5 hosts CPU us/device-kernel"] = (
+                    f"{1e3 * c.hosts_ms / s.devices:.0f}" if c else "-")
         row["Net controller CPU growth exponent Fig5, pipe"] = ", ".join(
             _exponent(exps[w][s.label]) if s.label in exps[w] else "-" for w in works)
         row["Status"] = s.status
@@ -489,7 +492,8 @@ def _notes(args, simulate: bool, sizes: list[Size], elapsed: float) -> str:
                f" schedstat) CPU time over computations; net of idle = less the controller's"
                f" CPU per second measured over {args.idle:g} s with nothing running"
                f" (heartbeats, ticks, pings: a cost per host and second, not per computation)"
-               f" times the cell's wall time; hosts CPU = sum over host processes.")
+               f" times the cell's wall time; hosts CPU = sum over host processes (Fig. 5"
+               f" per device-kernel: over the devices, each running one kernel per computation).")
     return "\n".join([
         setup + f" Fig. 5: one @pw.program of {args.chain} chained calls of psum(x) + 1 over"
         f" every device (replicated float64 scalar), run back to back. Pipeline: {STAGES}"

@@ -43,7 +43,7 @@ class _Tree:
     the tree nodes it has so far, and the members waiting for the answer."""
 
     __slots__ = ("key", "plan", "red", "values", "missing", "steps", "parked", "left",
-                 "answer", "error", "done_at", "received", "finished")
+                 "answer", "error", "done_at", "received", "finished", "link_seconds")
 
     def __init__(self, key, plan: TreePlan, red):
         self.key, self.plan, self.red = key, plan, red
@@ -54,6 +54,7 @@ class _Tree:
         self.left = len(plan.position)  # local members that have not taken the answer yet
         self.answer = self.error = None
         self.done_at = 0.0  # when the answer was available (virtual time)
+        self.link_seconds = 0.0  # the modelled time of its rounds between hosts
         self.received: list = []  # (round, bytes) of each value from another host
         self.finished: dict = {}  # the scatter algorithm's finished chunks: j -> (value, at)
 
@@ -226,7 +227,7 @@ class Exchanges:
         answer = group.answer
         if group.left and red.name != "gather":
             answer = answer.copy()
-        return answer, plan.link_time(group.received)
+        return answer, group.link_seconds
 
     def _tree_of(self, key, plan: TreePlan, red) -> _Tree:
         group = self._groups.get((key, plan.leader))
@@ -339,6 +340,7 @@ class Exchanges:
             self._tree_failed(group, exc)
             return
         group.done_at = root[1]
+        group.link_seconds = plan.link_time(group.received)  # once, for every member
         self._wake(group)
 
     def _tree_failed(self, group: _Tree, exc: BaseException) -> None:
