@@ -33,7 +33,7 @@ class Box:
 
 class Batch:
     """One batched segment's run on this host: the members' arguments so far, then their
-    results (``box`` and ``devs`` are what the exchanges' watchdog reads, as of a gather's
+    results (``missing_sources`` is what the exchanges' watchdog reads, as of a reduction's
     group)."""
 
     __slots__ = ("key", "devs", "box", "parked", "results", "error", "share")
@@ -44,6 +44,10 @@ class Batch:
         self.parked: list = []  # (member, shard) waiting for the rest
         self.results = self.error = None
         self.share = 0.0  # each member's part of the computation's real time
+
+    def missing_sources(self) -> list:
+        """The members that have not reached the batch yet (a timeout's message)."""
+        return [d for d in self.devs if d not in self.box]
 
 
 def box_of(devices: dict, mesh_shape, axis_names, local) -> Box | None:

@@ -291,7 +291,7 @@ class Exchanges:
         dsts = plan.sends.get(node)
         if dsts:
             try:
-                self._queue_remote(group.key, code(node, group.plan.n), dsts, value, at)
+                self._queue_remote(group.key, code(node, plan.n), dsts, value, at)
             except BaseException as exc:
                 self._tree_failed(group, exc)
 

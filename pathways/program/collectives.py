@@ -424,8 +424,8 @@ class Reduction:
     """How a collective folds its group's values along the reduction tree: ``leaf(x)`` is a
     member's value as a tree node (psum widens narrow floats, all_gather adds a leading
     dimension), ``combine(left, right)`` makes a node from its two children (a new array,
-    never one of them), ``result(root)`` is the answer from the whole tree's node (psum
-    rounds once to the values' type)."""
+    never one of them), ``result(root, like)`` is the answer from the whole tree's node and
+    a member's own ``x`` (psum rounds once to that value's type)."""
 
     __slots__ = ("name", "leaf", "combine", "result")
 

@@ -51,6 +51,7 @@ from pathways.errors import (
     ProgramError,
 )
 from pathways.host import hierarchy
+from pathways.host.batching import Batch
 from pathways.host.clock import Clock
 from pathways.host.device import DeviceWork
 from pathways.host.exchange import ExecutorEnv
@@ -459,6 +460,12 @@ def enqueue_crossed_gangs(ex, consistent: bool):
     return gangs
 
 
+def test_a_timed_out_batch_names_the_members_that_did_not_come():
+    batch = Batch(("gang", ("batch", 1)), (4, 5, 6))
+    batch.box[5] = ("args",)
+    assert batch.missing_sources() == [4, 6]
+
+
 @pytest.mark.parametrize("consistent", [True, False])
 def test_inconsistent_gang_order_times_out_and_devices_keep_serving(make_executor, consistent):
     fake = FakeTime()
@@ -473,6 +480,7 @@ def test_inconsistent_gang_order_times_out_and_devices_keep_serving(make_executo
         for k, device in zip(first, ex.devices.values()):
             assert len(k.errors) == 1 and isinstance(k.errors[0], CollectiveTimeout)
             assert "after 0.2s" in str(k.errors[0])
+            assert f"no value from [{1 - device.device_id}]" in str(k.errors[0])  # who
             r = record_of(device, 0)
             assert r.error and r.end - r.start >= 0.2 - 1e-9  # the device stayed occupied
         assert fake.sleeps[0] == pytest.approx(0.2)  # one timed wait, not polling
