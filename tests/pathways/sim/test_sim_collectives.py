@@ -83,3 +83,42 @@ def test_a_host_receives_one_message_per_tree_level(monkeypatch):
         sent = [link.sent["messages"] - b for link, b in zip(links, before)]
         # log2(8) = 3 levels: 3 messages out of each host per psum (turns may merge some)
         assert sum(sent) <= 10 * HOSTS * 3 and max(sent) <= 10 * 3
+
+
+@pytest.mark.parametrize("scatter", [False, True], ids=["tree", "scatter"])
+def test_a_host_killed_mid_reduction_fails_its_gangs_and_seven_hosts_go_on(scatter,
+                                                                          monkeypatch):
+    """8 hosts of one device: a host is killed while reductions that need it are in flight.
+    They fail with HostLost naming it, within a bound; a mesh of the 7 others (a tree that is
+    not a power of two) keeps reducing, with the reference's bits."""
+    monkeypatch.setattr(hierarchy, "FLAT_HOSTS", 0)
+    monkeypatch.setattr(hierarchy, "SCATTER_BYTES", 1 if scatter else 1 << 40)
+    n = 64 if scatter else 1
+    with pw.local_cluster(hosts_per_island=8, devices_per_host=1, simulate=True, seed=5,
+                          heartbeat_timeout=2.0) as cluster:
+        with pw.connect(cluster.address) as a, pw.connect(cluster.address) as b:
+            hosts = {d.id: d.host for d in a.devices()}
+            everywhere = a.mesh((8,), ("d",))
+            victim = hosts[everywhere.ids[3]]
+            slow = pw.shard_map(lambda v: pw.psum(v, "d") + 1.0, everywhere, P(), P(),
+                                cost=0.2)
+            doomed = [slow(a.put(np.zeros(n), everywhere, P())) for _ in range(3)]
+            b.mesh((8,), ("all",))
+            safe = tuple(d for d, h in hosts.items() if h != victim)
+            seven = pw.Mesh((7,), ("d",), safe, client=b)
+            step = pw.shard_map(lambda v: pw.psum(v, "d") * np.float32(0.5), seven, P("d"),
+                                P("d"))
+            x0 = np.random.default_rng(2).standard_normal(7 * n).astype(np.float32)
+            x = b.put(x0, seven, P("d"))
+            index = next(i for i, (h, _, _) in enumerate(cluster.hosts) if h.core.id == victim)
+            cluster.kill_host(index, at=cluster.clock() + 0.05)
+            want = x0
+            for _ in range(5):
+                x = step(x)
+                want = pw.reference(step)(want)
+            assert x.result(timeout=30).tobytes() == want.tobytes()
+            killed_at = cluster.clock()
+            for y in doomed:
+                with pytest.raises(pw.HostLost, match=f"host {victim}"):
+                    y.result(timeout=60)
+            assert cluster.clock() - killed_at < 10.0  # virtual seconds: a bound, not a speed
