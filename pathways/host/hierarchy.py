@@ -10,8 +10,9 @@ its members like this:
    computed here from the members' values, with no message. When a host holds an aligned
    block of the group (the usual layout: 32 devices of a host are 32 consecutive positions),
    the whole block is one local node.
-2. **Then across hosts**, by one of two algorithms, chosen by the number of hosts in the
-   group (``FLAT_HOSTS``), never by anything local, so every host of a group picks the same:
+2. **Then across hosts**, by one of three algorithms, chosen by the number of hosts in the
+   group (``FLAT_HOSTS``) and the payload (``SCATTER_BYTES``), never by anything local, so
+   every host of a group picks the same:
 
    - *flat* (few hosts): each host sends its maximal local nodes to every other host of the
      group, and every host computes the rest of the tree itself. One round; H - 1 messages
@@ -22,9 +23,9 @@ its members like this:
      the other way round; each then combines left with right itself. With power-of-two
      blocks that is one message in and out per tree level above the hosts: log2(H) rounds
      and messages per host, where the flat way has H - 1.
-
    - *scatter* (large payloads: psum, pmean, pmax, pmin of at least ``SCATTER_BYTES`` on 3
-     hosts or more, as NCCL and XLA switch to a bandwidth-optimal ring): the values are cut
+     hosts or more, where NCCL and XLA switch to a bandwidth-optimal ring; here a direct
+     reduce-scatter and all-gather, the same bytes in two rounds): the values are cut
      into one contiguous chunk per host. Each host sends chunk j of its maximal local nodes to
      host j, which computes the rest of the tree for chunk j alone (a reduce-scatter), then
      sends its finished chunk to every other host (an all-gather). A host sends and receives
@@ -67,10 +68,26 @@ import numpy as np
 from ..program.collectives import split_point
 from ..program.cost import ICI, transfer_time
 
+
+def _setting(name: str, default: int) -> int:
+    """An integer threshold from the environment, or ``default``; a clear error if it is not
+    a non-negative integer."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {text!r}")
+    return value
+
+
 # groups on at most this many hosts exchange flat; more take the tree
-FLAT_HOSTS = int(os.environ.get("PATHWAYS_FLAT_HOSTS", "4"))
+FLAT_HOSTS = _setting("PATHWAYS_FLAT_HOSTS", 4)
 # reductions of at least this many bytes on 3 hosts or more scatter
-SCATTER_BYTES = int(os.environ.get("PATHWAYS_SCATTER_BYTES", str(256 * 1024)))
+SCATTER_BYTES = _setting("PATHWAYS_SCATTER_BYTES", 256 * 1024)
 
 
 def chunk_code(j: int, n: int) -> int:

@@ -154,3 +154,13 @@ def test_the_link_model_counts_rounds_as_documented():
     scatter = hierarchy.plan(devs, owners, 0, "scatter")
     assert scatter.link_time([(0, 25)] * 3 + [(1, 25)] * 3) == pytest.approx(
         2 * (ici.latency + 75 / ici.bandwidth))
+
+
+@pytest.mark.parametrize("text", ["abc", "-1", "1.5"])
+def test_a_bad_threshold_in_the_environment_is_named(text, monkeypatch):
+    monkeypatch.setenv("PATHWAYS_FLAT_HOSTS", text)
+    with pytest.raises(ValueError, match=f"PATHWAYS_FLAT_HOSTS must be a non-negative integer,"
+                                         f" got '{text}'"):
+        hierarchy._setting("PATHWAYS_FLAT_HOSTS", 4)
+    monkeypatch.setenv("PATHWAYS_FLAT_HOSTS", "7")
+    assert hierarchy._setting("PATHWAYS_FLAT_HOSTS", 4) == 7
