@@ -36,6 +36,8 @@ from .hierarchy import TreePlan, chunk_code, chunk_of, code, node_of
 log = logging.getLogger("pathways.host.exchange")
 
 PLANS_KEPT = 4096  # collective groups whose local/remote split an executor remembers
+_SAME_SETTINGS = (" (every host of a cluster must run with the same PATHWAYS_FLAT_HOSTS and"
+                  " PATHWAYS_SCATTER_BYTES)")
 
 
 class _Tree:
@@ -260,19 +262,26 @@ class Exchanges:
         j = chunk_of(src, plan.n) if plan.mode == "scatter" else None
         if j is not None:  # another host's finished chunk
             if j >= len(plan.hosts) or j == plan.index or j in group.finished:
-                log.warning("exchange %r: unexpected chunk %r from another host; dropped",
-                            group.key, j)
+                self._unexpected(group, f"chunk {j}")
                 return
             group.received.append((1, getattr(value, "nbytes", 0)))
             group.finished[j] = (value, at)
             return
         node = node_of(src, plan.n)
         if node not in plan.expects or node in group.values:
-            log.warning("exchange %r: unexpected node %r from another host; dropped",
-                        group.key, node)
+            self._unexpected(group, f"the partial of positions {node[0]}..{node[1] - 1}")
             return
         group.received.append((0, getattr(value, "nbytes", 0)))
         group.values[node] = (value, at)
+
+    def _unexpected(self, group: _Tree, what: str) -> None:
+        """Another host sent what this host's plan does not expect: the hosts disagree on
+        the algorithm (different settings, or different views of where devices are), so
+        the group would wait for values that never come. It fails now, saying so."""
+        log.error("exchange %r: %s came from another host unexpectedly", group.key, what)
+        self._tree_failed(group, ProgramError(
+            f"collective {group.key!r}: another host sent {what}, which this host's"
+            f" {group.plan.mode} plan does not expect{_SAME_SETTINGS}"))
 
     def _put(self, group: _Tree, node, value, at: float) -> None:
         plan = group.plan

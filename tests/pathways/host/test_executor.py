@@ -840,6 +840,7 @@ class LoopbackLink:
     time behind its real time; the reply arrives ``transit`` later on ``fake``."""
 
     worker_of = {0: 0, 1: 1}
+    node = (1, 2)  # the node the peer's reply names
 
     def __init__(self, fake: FakeTime, reply, lag: float, transit: float):
         self.fake, self.reply, self.lag, self.transit = fake, reply, lag, transit
@@ -855,8 +856,8 @@ class LoopbackLink:
         for key, src, dsts, value, lag in self._queued:
             self.sent.append((key, src, dsts, value, lag))
             self.fake.now += self.transit
-            self._arrived.append((key, hierarchy.code((1, 2), 2), (0,), np.asarray(self.reply),
-                                  self.lag))
+            self._arrived.append((key, hierarchy.code(self.node, 2), (0,),
+                                  np.asarray(self.reply), self.lag))
         self._queued = []
 
     def readable(self):
@@ -890,6 +891,28 @@ def test_a_remote_value_counts_from_its_senders_virtual_time(make_executor):
         (sent,) = link.sent
         assert sent[:3] == (((7,), 0), hierarchy.code((0, 1), 2), (1,))
         assert sent[4] == pytest.approx(0.0)
+    finally:
+        link.close()
+
+
+def test_a_node_another_host_was_not_meant_to_send_fails_the_collective_at_once(
+        make_executor):
+    """Hosts that disagree on the algorithm (say, different PATHWAYS_FLAT_HOSTS) would wait
+    for values that never come: an unexpected node fails the collective at once, saying
+    why, instead of after the collective timeout."""
+    fake = FakeTime()
+    link = LoopbackLink(fake, reply=10.0, lag=0.0, transit=0.0)
+    link.node = (0, 1)  # the node this host holds itself: never one it expects
+    try:
+        ex = make_executor(fake, (0,), link=link, collective_timeout=30.0)
+        k = GangKernel(ex, ((2,), ("d",)), 0, {0: 0, 1: 1}, (8,),
+                       lambda v: psum(v, "d"), (np.float64(1.0),), duration=1.0)
+        ex.devices[0].enqueue(0, k)
+        run_all(ex)
+        assert k.result is None and len(k.errors) == 1
+        assert isinstance(k.errors[0], ProgramError)
+        assert "PATHWAYS_FLAT_HOSTS" in str(k.errors[0])
+        assert record_of(ex.devices[0], 0).end < 30.0  # failed at once, not at the timeout
     finally:
         link.close()
 
