@@ -35,6 +35,7 @@ import pathways as pw
 from bench import profiling
 from bench.results import bench_parser, parse_sizes, publish, security_for_all
 from pathways import P
+from pathways.host import hierarchy
 
 TITLE = "Hierarchical collectives: psum across hosts by algorithm"
 SIZES = "4x4,8x2"
@@ -63,10 +64,6 @@ def environment(settings: dict):
                 os.environ[k] = saved[k]
 
 
-def scatters(hosts: int, elements: int) -> bool:
-    return hosts >= 3 and elements >= hosts
-
-
 def run_cluster(hosts: int, per_host: int, algorithm: str, chain: int, budget: float,
                 security: dict) -> dict:
     """{payload name: (psums/s, hosts CPU ms per psum)} of one algorithm on one shape."""
@@ -78,7 +75,9 @@ def run_cluster(hosts: int, per_host: int, algorithm: str, chain: int, budget: f
         mesh = client.mesh((n,), ("d",))
         pids = [pid for _, pid in profiling.cluster_processes(cluster)[1:]]
         for name, dtype, elements in PAYLOADS:
-            if algorithm == "scatter" and not scatters(hosts, elements):
+            nbytes = elements * np.dtype(dtype).itemsize
+            if algorithm == "scatter" and not hierarchy.scatters("sum", nbytes, elements, hosts,
+                                                                 threshold=0):
                 out[name] = None
                 continue
             scale = dtype(1.0 / n)

@@ -60,7 +60,8 @@ from pathways.host.exchange import ExecutorEnv
 from pathways.host.executor import Executor
 from pathways.host.ici import IciLink
 from pathways.program import cost as cost_model
-from pathways.program.collectives import kernel_env, psum, tree_fold
+from pathways.program.collectives import kernel_env, psum
+from pathways.program.reduction import tree_fold
 from plaque import security
 
 AXIS = "d"

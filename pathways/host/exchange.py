@@ -27,7 +27,8 @@ from collections import OrderedDict
 import numpy as np
 
 from ..errors import CollectiveTimeout, ProgramError
-from ..program.collectives import REDUCTIONS, KernelEnv, tree_fold
+from ..program.collectives import KernelEnv
+from ..program.reduction import REDUCTIONS, tree_fold
 from ..program.rendezvous import FAILED_GANGS_KEPT, Abandoned
 from . import hierarchy
 from .batching import BATCHING, Batch, Box, box_of
@@ -45,7 +46,7 @@ class _Tree:
     the tree nodes it has so far, and the members waiting for the answer."""
 
     __slots__ = ("key", "plan", "red", "values", "missing", "steps", "parked", "left",
-                 "answer", "error", "done_at", "received", "finished", "link_seconds")
+                 "answer", "error", "done_at", "received", "finished", "link_seconds", "like")
 
     def __init__(self, key, plan: TreePlan, red):
         self.key, self.plan, self.red = key, plan, red
@@ -59,6 +60,7 @@ class _Tree:
         self.link_seconds = 0.0  # the modelled time of its rounds between hosts
         self.received: list = []  # (round, bytes) of each value from another host
         self.finished: dict = {}  # the scatter algorithm's finished chunks: j -> (value, at)
+        self.like = None  # a member's own value: the answer takes its type and shape
 
     def missing_sources(self) -> list:
         """What has not come yet, for a timeout's message: members, or other hosts' nodes."""
@@ -197,7 +199,7 @@ class Exchanges:
 
     def tree(self, shard, key, plan: TreePlan, me, value, red):
         """In the shard's greenlet: the group's ``value``s folded by the reduction ``red``
-        (``collectives.REDUCTIONS``) along the reduction tree, worked out once for all of
+        (``reduction.REDUCTIONS``) along the reduction tree, worked out once for all of
         this host's members of the group, with other hosts' nodes as ``plan`` says; and the
         modelled link seconds it took. Each member gets its own answer array (all_gather's
         list is shared: callers build new arrays from it)."""
@@ -205,6 +207,8 @@ class Exchanges:
         group = self._tree_of(key, plan, red)
         position = plan.position[me]
         group.values[position] = (value, at)
+        if group.like is None:
+            group.like = value
         node, ps = plan.home[position]
         group.missing[node] -= 1
         if not group.missing[node]:
@@ -227,7 +231,7 @@ class Exchanges:
             raise group.error
         self.ex.timeline.leave_collective(shard, at, max(group.done_at, at), self.ex.now())
         answer = group.answer
-        if group.left and red.name != "gather":
+        if group.left and not red.shared:
             answer = answer.copy()
         return answer, group.link_seconds
 
@@ -255,7 +259,15 @@ class Exchanges:
             return
         if len(positions) == 1:
             value = _copy(value)  # a node must never share a member's own array
-        self._put(group, node, value, max(values[p][1] for p in positions))
+        at = max(values[p][1] for p in positions)
+        plan = group.plan
+        if plan.mode == "scatter":  # each host gets its chunk, this one keeps its own
+            parts = hierarchy.chunks(value, len(plan.hosts))
+            for j, part in enumerate(parts):
+                if j != plan.index:
+                    self._send(group, code(node, plan.n), (plan.leaders[j],), part, at)
+            value = parts[plan.index]
+        self._put(group, node, value, at)
 
     def _remote_node(self, group: _Tree, src, value, at: float) -> None:
         plan = group.plan
@@ -284,59 +296,49 @@ class Exchanges:
             f" {group.plan.mode} plan does not expect{_SAME_SETTINGS}"))
 
     def _put(self, group: _Tree, node, value, at: float) -> None:
-        plan = group.plan
-        if plan.mode == "scatter" and plan.home.get(node[0], (None,))[0] == node:
-            # a local node: each host gets its chunk, this one keeps its own
-            parts = hierarchy.chunks(value, len(plan.hosts))
-            try:
-                for j, part in enumerate(parts):
-                    if j != plan.index:
-                        self._queue_remote(group.key, code(node, plan.n), (plan.leaders[j],),
-                                           part, at)
-            except BaseException as exc:
-                self._tree_failed(group, exc)
-            value = parts[plan.index]
+        """This host has ``node``'s value: keep it, and send it where the plan says."""
         group.values[node] = (value, at)
-        dsts = plan.sends.get(node)
+        dsts = group.plan.sends.get(node)
         if dsts:
-            try:
-                self._queue_remote(group.key, code(node, plan.n), dsts, value, at)
-            except BaseException as exc:
-                self._tree_failed(group, exc)
+            self._send(group, code(node, group.plan.n), dsts, value, at)
+
+    def _send(self, group: _Tree, src: int, dsts, value, at: float) -> None:
+        """Queue ``value`` for the hosts of ``dsts``; a value that cannot leave fails the
+        group at once (its peers learn it from the coordinator)."""
+        try:
+            self._queue_remote(group.key, src, dsts, value, at)
+        except BaseException as exc:
+            self._tree_failed(group, exc)
 
     def _advance(self, group: _Tree) -> None:
         """Combine every node whose children are here; answer once the root is."""
         values, combine = group.values, group.red.combine
-        progress = True
-        while progress and group.steps and group.error is None:
-            progress = False
-            for step in list(group.steps):
-                node, left, right = step
-                if left in values and right in values:
-                    (a, at_a), (b, at_b) = values[left], values[right]
-                    try:
-                        with np.errstate(all="ignore"):
-                            value = combine(a, b)
-                    except BaseException as exc:
-                        self._tree_failed(group, exc)
-                        return
-                    group.steps.remove(step)
-                    self._put(group, node, value, max(at_a, at_b))
-                    progress = True
+        waiting = []
+        for step in group.steps:  # children first: one pass finishes what it can
+            node, left, right = step
+            if group.error is not None or left not in values or right not in values:
+                waiting.append(step)
+                continue
+            (a, at_a), (b, at_b) = values[left], values[right]
+            try:
+                with np.errstate(all="ignore"):  # an overflow is inf, as on a device
+                    value = combine(a, b)
+            except BaseException as exc:
+                self._tree_failed(group, exc)
+                return
+            self._put(group, node, value, max(at_a, at_b))
+        group.steps = waiting
         plan = group.plan
         root = values.get(plan.root)
         if root is None or group.answer is not None or group.error is not None:
             return
-        like = values[next(iter(plan.position.values()))][0]
+        like = group.like
         if plan.mode == "scatter":  # root is this host's chunk: share it, wait for the rest
             if plan.index not in group.finished:
                 group.finished[plan.index] = root
                 others = plan.leaders[:plan.index] + plan.leaders[plan.index + 1:]
-                try:
-                    self._queue_remote(group.key, chunk_code(plan.index, plan.n), others,
-                                       root[0], root[1])
-                except BaseException as exc:
-                    self._tree_failed(group, exc)
+                self._send(group, chunk_code(plan.index, plan.n), others, root[0], root[1])
+                if group.error is not None:
                     return
             if len(group.finished) < len(plan.hosts):
                 return

@@ -2,7 +2,7 @@
 what it sends to whom.
 
 Every reduction of a group (psum, pmean, pmax, pmin, psum_scatter, all_gather) is defined as
-its values folded along the reduction tree (``pathways.program.collectives.tree_fold``): a
+its values folded along the reduction tree (``pathways.program.reduction.tree_fold``): a
 node of positions [lo, hi) combines [lo, mid) and [mid, hi). A host computes that answer for
 its members like this:
 
@@ -65,8 +65,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..program.collectives import split_point
 from ..program.cost import ICI, transfer_time
+from ..program.reduction import split_point
 
 
 def _setting(name: str, default: int) -> int:
@@ -159,8 +159,14 @@ class TreePlan:
     def scatters(self, nbytes: int, size: int, op: str) -> bool:
         """Whether a reduction ``op`` of ``nbytes`` (``size`` elements) takes the scatter
         algorithm: the same answer on every host of the group."""
-        return (op != "gather" and nbytes >= SCATTER_BYTES and len(self.hosts) >= 3
-                and size >= len(self.hosts))
+        return scatters(op, nbytes, size, len(self.hosts))
+
+
+def scatters(op: str, nbytes: int, size: int, hosts: int, threshold: int | None = None) -> bool:
+    """Whether a reduction ``op`` of ``nbytes`` (``size`` elements) over ``hosts`` hosts
+    takes the scatter algorithm, from ``threshold`` bytes (None: ``SCATTER_BYTES``)."""
+    threshold = SCATTER_BYTES if threshold is None else threshold
+    return op != "gather" and nbytes >= threshold and hosts >= 3 and size >= hosts
 
 
 def plan(devs: tuple, owners: tuple, me, mode: str | None = None) -> TreePlan:
@@ -191,20 +197,18 @@ def plan(devs: tuple, owners: tuple, me, mode: str | None = None) -> TreePlan:
     if mode is None:
         mode = "flat" if len(hosts_of[root]) <= FLAT_HOSTS else "tree"
 
-    def maximal_local(node) -> bool:
-        return len(hosts_of[node]) == 1 and (node == root or len(hosts_of[parent[node]]) > 1)
-
-    parent = {c: node for node, kids in children.items() for c in kids}
-    tops = [node for node in order if maximal_local(node)]
+    upper = [node for node in order if len(hosts_of[node]) > 1]  # on several hosts
+    # the maximal local nodes: on one host, and the root or a child of a node on several
+    tops = [node for node in (root, *(c for u in upper for c in children[u]))
+            if len(hosts_of[node]) == 1]
     local = tuple((node, tuple(range(*node))) for node in tops if hosts_of[node] == (me,))
-    upper = [node for node in order if len(hosts_of[node]) > 1]
     sends: dict = {}
     expects: dict = {}
     if mode != "tree":  # flat, and scatter on chunks: every host computes the upper tree
         steps = tuple((node, *children[node]) for node in upper)
-        others = [h for h in hosts_of[root] if h != me]
-        for node, _ in local if mode == "flat" else ():
-            sends[node] = tuple(leader_of[h] for h in others)
+        if mode == "flat":  # (scatter sends chunks of its local nodes instead)
+            others = tuple(leader_of[h] for h in hosts_of[root] if h != me)
+            sends = {node: others for node, _ in local}
         for node in tops:
             if hosts_of[node] != (me,):
                 expects[node] = hosts_of[node][0]

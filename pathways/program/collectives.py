@@ -3,9 +3,12 @@
 A body runs once per device of a mesh, each time on that device's shard. A collective over mesh
 axes first finds the device's *group*: the devices that share its coordinates on every other
 axis, ordered by their coordinates on the named axes (``sharding.axis_group``). It then makes
-one *exchange* with that group and computes its result locally from what it received. Every
-member receives the same values in the same source order and reduces them in that order, so
-results are bitwise identical on every member (psum of float32 included).
+one *exchange* with that group and computes its result locally from what it received.
+Reductions (psum, pmean, pmax, pmin, psum_scatter) and all_gather go through the environment's
+``reduce_all(members, position, x, op)``, which may compute them as it likes (a host folds its
+own members first: ``pathways.host.hierarchy``) as long as the answer is the group's values
+folded along the reduction tree (``pathways.program.reduction``): bitwise identical on every
+member and on every path (psum of float32 included).
 
 Collectives find their device through the kernel environment of the running context
 (``kernel_env``: a context variable, so each thread, and each greenlet of a host's executor,
@@ -40,6 +43,7 @@ from collections.abc import Callable, Hashable
 import numpy as np
 
 from ..errors import ProgramError, ShardingError
+from .reduction import REDUCTIONS, ordered_sum, sum_dtype
 from .rendezvous import Abandoned, Rendezvous
 from .sharding import axis_group, check_mesh
 
@@ -55,10 +59,6 @@ __all__ = [
     "gather_group",
     "kernel_env",
     "ordered_sum",
-    "REDUCTIONS",
-    "Reduction",
-    "split_point",
-    "tree_fold",
     "pmax",
     "pmean",
     "pmin",
@@ -331,7 +331,7 @@ def _tracked(gathers: bool):
 @_tracked(gathers=True)
 def psum(x, axis_name):
     """Sum of ``x`` over the group along ``axis_name`` (one mesh axis or several), added along
-    the reduction tree (``tree_fold``), bitwise the same on every member.
+    the reduction tree (``reduction.tree_fold``), bitwise the same on every member.
 
     >>> total = pw.shard_map(lambda x: pw.psum(x, "data"), mesh, P("data"), P())
     """
@@ -395,98 +395,6 @@ def psum_scatter(x, axis_name, scatter_dimension: int = 0, tiled: bool = False):
         return np.ascontiguousarray(np.take(total, range(position * size, (position + 1) * size),
                                             axis=dim))
     return np.ascontiguousarray(np.take(total, position, axis=dim))
-
-
-def split_point(size: int) -> int:
-    """Where the reduction tree splits a node of ``size`` >= 2 positions: after the largest
-    power of two below ``size`` (so 8 splits 4 + 4 and 6 splits 4 + 2)."""
-    return 1 << ((size - 1).bit_length() - 1)
-
-
-def tree_fold(values: list, combine):
-    """``values`` folded along the reduction tree: a node of positions [lo, hi) is
-    ``combine(node [lo, mid), node [mid, hi))`` with ``mid = lo + split_point(hi - lo)``,
-    a single position its own value. This is the order every collective reduction is
-    documented to follow (``pw.reference`` included), whatever computes it: a host that
-    holds an aligned block of the positions computes that block's node by itself, and hosts
-    then combine their nodes pairwise (``pathways.host.hierarchy``). For 8 values:
-    ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))."""
-    def fold(lo: int, hi: int):
-        if hi - lo == 1:
-            return values[lo]
-        mid = lo + split_point(hi - lo)
-        return combine(fold(lo, mid), fold(mid, hi))
-
-    return fold(0, len(values))
-
-
-class Reduction:
-    """How a collective folds its group's values along the reduction tree: ``leaf(x)`` is a
-    member's value as a tree node (psum widens narrow floats, all_gather adds a leading
-    dimension), ``combine(left, right)`` makes a node from its two children (a new array,
-    never one of them), ``result(root, like)`` is the answer from the whole tree's node and
-    a member's own ``x`` (psum rounds once to that value's type)."""
-
-    __slots__ = ("name", "leaf", "combine", "result")
-
-    def __init__(self, name: str, leaf, combine, result):
-        self.name, self.leaf, self.combine, self.result = name, leaf, combine, result
-
-    def fold(self, values: list):
-        """The answer for these values in position order (each member's ``x``)."""
-        leaves = [self.leaf(v) for v in values]
-        root = tree_fold(leaves, self.combine)
-        return self.result(_copy(root) if len(leaves) == 1 else root, values[0])
-
-
-def _sum_leaf(x):
-    wide = sum_dtype(x.dtype)
-    return x if wide == x.dtype else x.astype(wide)
-
-
-def _sum_result(root, like):
-    dtype = like.dtype
-    return np.asarray(root.astype(dtype) if root.dtype != dtype else root)
-
-
-def _same(x):
-    return x
-
-
-REDUCTIONS = {
-    "sum": Reduction("sum", _sum_leaf, np.add, _sum_result),
-    "max": Reduction("max", _same, np.maximum, lambda root, like: np.asarray(root)),
-    "min": Reduction("min", _same, np.minimum, lambda root, like: np.asarray(root)),
-    # every member's value, stacked: a node is the values of its positions, in order
-    "gather": Reduction("gather", lambda x: np.asarray(x)[None],
-                        lambda a, b: np.concatenate((a, b)), lambda root, like: list(root)),
-}
-
-
-def ordered_sum(values: list) -> np.ndarray:
-    """psum's reduction: ``values`` added along the reduction tree (``tree_fold``), in their
-    ``sum_dtype`` and rounded to their own type once at the end, as JAX's psum does."""
-    return REDUCTIONS["sum"].fold(values)
-
-
-@functools.cache
-def sum_dtype(dtype: np.dtype) -> np.dtype:
-    """The type psum adds values of ``dtype`` in. XLA (JAX on CPU, measured with jax 0.10)
-    adds ml_dtypes' narrow floats in a wider type and rounds once: float16 for the ones
-    whose every value it holds (float8, float6, float4), float32 for the others (bfloat16,
-    float8_e8m0fnu). Every other type adds in itself (float16 too, rounding at each step)."""
-    if dtype.type.__module__ != "ml_dtypes" or dtype.itemsize > 2:  # (complex32: 4 bytes)
-        return dtype
-    import ml_dtypes
-
-    try:
-        info = ml_dtypes.finfo(dtype)
-    except ValueError:  # int4 and friends: integers add in themselves
-        return dtype
-    half = np.finfo(np.float16)
-    holds = float(info.max) <= float(half.max) and info.nmant <= half.nmant \
-        and float(info.smallest_subnormal) >= float(half.smallest_subnormal)
-    return np.dtype(np.float16 if holds else np.float32)
 
 
 @_tracked(gathers=True)

@@ -13,7 +13,7 @@ device instead (``JaxBody.plan``, see ``HostBatch.holds``).
 Inside a computation the collectives keep the per-device path's meaning:
 
 - psum (and psum_scatter) gathers the group's values and adds them along the reduction tree
-  (``collectives.tree_fold``), in ``collectives.sum_dtype`` (what ``collectives.ordered_sum``
+  (``reduction.tree_fold``), in ``reduction.sum_dtype`` (what ``reduction.ordered_sum``
   does), so values do not depend on where a device runs: bit for bit the per-device path's
   for elementwise bodies (XLA may still fold those additions into the matmul that made the
   values, which rounds differently, as fusing segments may);
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ProgramError
-from . import collectives
+from . import collectives, reduction
 from .jax_plan import (
     COLLECTIVES,
     INLINED_CALLS,
@@ -257,15 +257,15 @@ class _Lowering:
 
 
 def _ordered_sum(gathered):
-    """``collectives.ordered_sum`` of the gathered values, in JAX: added along the reduction
-    tree (``collectives.tree_fold``) in the values' ``sum_dtype``, rounded once at the end."""
+    """``reduction.ordered_sum`` of the gathered values, in JAX: added along the reduction
+    tree (``reduction.tree_fold``) in the values' ``sum_dtype``, rounded once at the end."""
     dtype = np.dtype(gathered.dtype)
-    wide = collectives.sum_dtype(dtype)
+    wide = reduction.sum_dtype(dtype)
     rows = [gathered[i].astype(wide) for i in range(gathered.shape[0])]
-    return collectives.tree_fold(rows, lambda a, b: a + b).astype(dtype)
+    return reduction.tree_fold(rows, lambda a, b: a + b).astype(dtype)
 
 
 def _fold(gathered, fold):
     """The gathered values folded by ``fold`` along the reduction tree (pmax, pmin)."""
-    return collectives.tree_fold([gathered[i] for i in range(gathered.shape[0])], fold)
+    return reduction.tree_fold([gathered[i] for i in range(gathered.shape[0])], fold)
 

@@ -124,7 +124,7 @@ def test_psum_adds_narrow_floats_as_jax_does():
     psum, the real path's and the reference's, does the same, so for those types the order
     of the additions does not show and the sums are bitwise JAX's. float16 adds in itself,
     rounding at each step: XLA on CPU adds in position order, our psum along the reduction
-    tree (``collectives.tree_fold``, the order a host-hierarchical reduction can keep), so
+    tree (``reduction.tree_fold``, the order a host-hierarchical reduction can keep), so
     there the sums are the tree's, written out here."""
     jax = pytest.importorskip("jax")
     from jax.sharding import NamedSharding

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pathways.host import hierarchy
-from pathways.program.collectives import REDUCTIONS, split_point, tree_fold
+from pathways.program.reduction import REDUCTIONS, split_point, tree_fold
 
 
 def run_plans(owners, values, red, flat_hosts=None, monkeypatch=None):
