@@ -16,14 +16,16 @@ timeout. A parked body (waiting in a collective) is not on the thread: the colle
 timeout covers it, and if it resumes past its deadline it is interrupted at once.
 
 A simulated cluster runs every host's bodies on its one thread and starts no thread of its
-own: there ``timer_watchdog`` gives the process's one ``TimerWatchdog`` instead, which arms
-the CPU-time interval timer (``ITIMER_VIRTUAL``) for the body on the thread and raises
-``KernelTimeout`` from its signal. A body spinning past its limit is stopped; one blocked
+own: there ``timer_watchdog`` gives the process's one ``TimerWatchdog`` instead, whose
+CPU-time interval timer (``ITIMER_VIRTUAL``) ticks while bodies run and raises
+``KernelTimeout`` from its signal in a body past its deadline (to within ``TICK`` CPU
+seconds). A body spinning past its limit is stopped; one blocked
 without using CPU is not (a simulated body does not wait on anything real).
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import signal
 import threading
@@ -35,6 +37,7 @@ __all__ = ["TimerWatchdog", "Watchdog", "timer_watchdog"]
 
 SIGNAL = signal.SIGUSR2
 POLL = 0.05  # seconds between the watchdog's looks when no deadline is nearer
+TICK = 0.01  # CPU seconds between a TimerWatchdog's looks while bodies run
 
 
 class Watchdog:
@@ -109,35 +112,52 @@ class Watchdog:
 
 class TimerWatchdog:
     """``Watchdog``'s interface without a thread, for bodies on the main thread: the
-    process's CPU-time timer is armed while a body is on the thread (see the module text)."""
+    process's CPU-time interval timer ticks every ``TICK`` CPU seconds while bodies run, and
+    its signal interrupts the body on the thread once that body's deadline has passed.
+
+    ``watch`` and ``unwatch`` are attribute stores (they run at every switch into a body, so
+    two ``setitimer`` calls there cost a simulated host a quarter of its CPU); the timer is
+    armed by the first ``watch`` after it went quiet, and a tick that finds no body on the
+    thread disarms it, so a process that stops running bodies is not signalled for long."""
 
     def __init__(self, clock=time.monotonic):
         self.clock = clock  # what deadlines are read on (real time, as ``Watchdog``'s)
         self._watched = None
+        self._deadline = 0.0
         self._fired = None
+        self._armed = False
         signal.signal(signal.SIGVTALRM, self._on_signal)
 
     def watch(self, body, deadline: float) -> None:
         self._fired = None
+        self._deadline = deadline
         self._watched = body
-        signal.setitimer(signal.ITIMER_VIRTUAL, max(deadline - self.clock(), 1e-3))
+        if not self._armed:  # read after _watched is set: a tick in between saw no body
+            self._armed = True
+            signal.setitimer(signal.ITIMER_VIRTUAL, TICK, TICK)
 
     def unwatch(self):
         """The watched body left the thread: the body interrupted, or None."""
         while True:
             try:
-                signal.setitimer(signal.ITIMER_VIRTUAL, 0)
                 fired, self._watched, self._fired = self._fired, None, None
                 return fired
             except KernelTimeout:
                 continue  # it landed here: the body is still the one that timed out
 
     def stop(self) -> None:
-        """Shared by every host of the process: nothing to stop."""
+        """Shared by every host of the process: the timer goes quiet (the next ``watch``
+        arms it again). Also at exit, where a tick would find the signal's default action
+        (ending the process) restored."""
+        self._armed = False
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
 
     def _on_signal(self, signum, frame):
-        if self._watched is not None and self._fired is None:
-            self._fired = self._watched
+        watched = self._watched
+        if watched is None:  # no body on the thread: go quiet until the next watch
+            self.stop()
+        elif self._fired is None and self.clock() >= self._deadline:
+            self._fired = watched
             raise KernelTimeout("the kernel's time limit passed")
 
 
@@ -150,6 +170,7 @@ def timer_watchdog() -> TimerWatchdog | None:
         return None
     if not _timer:
         _timer.append(TimerWatchdog())
+        atexit.register(_timer[0].stop)
     return _timer[0]
 
 
