@@ -97,12 +97,48 @@ class KernelOp(DispatchedOp):
         self.assembler.on_piece(ctx, t, port, piece)
 
     def dispatch(self, ctx, t, cap):
-        host = self.host
-        arg = ctx.arg
-        device = self.spec.fn.mesh.ids[ctx.shard]
-        seq = arg.seqs[self.spec.index][device]
-        kernel = Kernel(self.spec, ctx.shard, device, arg, host, cap)
-        host.enqueue(device, seq, kernel)
+        spec, arg = self.spec, ctx.arg
+        gang = _GANGS.get(id(spec))
+        if gang is None or gang.spec is not spec or gang.arg is not arg:
+            gang = KernelGang(spec, arg)
+            if len(_GANGS) >= GANGS_KEPT:
+                _GANGS.clear()
+            _GANGS[id(spec)] = gang  # (the gang keeps its spec, so the id stays its own)
+        device = spec.fn.mesh.ids[ctx.shard]
+        self.host.enqueue(device, arg.seqs[spec.index][device],
+                          Kernel(gang, ctx.shard, device, self.host, cap))
+
+
+GANGS_KEPT = 4096  # kernel nodes whose latest gang a process keeps for their next shard
+_GANGS: dict[int, KernelGang] = {}  # id(spec) -> the gang of its latest run
+
+
+class KernelGang:
+    """What the shards of one kernel node share in one run: worked out once for all the
+    devices a host runs it on, not per device (its shards on a host are dispatched one after
+    the other, in one turn of the host's worker): the labels of their records, the owner
+    of their outputs, the key of their collectives, the ids of the buffers they read and
+    write, and which outputs ride on the run's end to the client."""
+
+    __slots__ = ("spec", "arg", "labels", "owner", "key", "inputs", "outputs", "ships")
+
+    def __init__(self, spec: KernelSpec, arg):
+        self.spec, self.arg = spec, arg
+        self.labels = {"client": arg.client, "run": arg.run_id, "eqn": spec.index}
+        self.owner = (arg.client, arg.run_id)
+        self.key = (arg.client, arg.run_id, spec.index)
+        # per input: its array id, or None for one that arrives by transfer (keyed per device)
+        self.inputs = tuple(None if i in spec.incoming else arg.array_id(v)
+                            for i, v in enumerate(spec.inputs))
+        self.outputs = tuple(arg.array_id(v) for v in spec.outputs)
+        self.ships = tuple((k, shards, arg.outputs[v]) for k, shards in spec.ships
+                           if (v := spec.outputs[k]) in arg.ship)
+
+    def input_keys(self, device: int) -> list:
+        """The buffers its shard on ``device`` reads, as ``input_key`` says."""
+        return [(aid, device) if aid is not None
+                else transfer_key(self.arg, self.spec.index, i, device)
+                for i, aid in enumerate(self.inputs)]
 
 
 class Assembler:
@@ -165,20 +201,23 @@ class _Assembly:
 
 
 class Kernel(DeviceWork):
-    """One shard of one equation of one run, as its device executes it."""
+    """One shard of one equation of one run, as its device executes it (what it shares with
+    the gang's other shards on its host: ``gang``)."""
 
-    __slots__ = ("spec", "shard", "device_id", "arg", "host", "cap", "name", "labels", "owner",
+    __slots__ = ("gang", "spec", "shard", "device_id", "host", "cap", "name", "labels",
                  "_keys", "_outputs")
 
-    def __init__(self, spec: KernelSpec, shard: int, device: int, arg, host: HostServices,
-                 cap):
-        self.spec, self.shard, self.device_id, self.arg = spec, shard, device, arg
+    def __init__(self, gang: KernelGang, shard: int, device: int, host: HostServices, cap):
+        self.gang, self.spec, self.shard, self.device_id = gang, gang.spec, shard, device
         self.host, self.cap = host, cap
-        self.name = spec.fn.name
-        self.labels = {"client": arg.client, "run": arg.run_id, "eqn": spec.index}
-        self.owner = (arg.client, arg.run_id)
+        self.name = gang.spec.fn.name
+        self.labels = gang.labels
         self._keys = None
         self._outputs = None
+
+    @property
+    def arg(self):
+        return self.gang.arg
 
     @property
     def limit(self):
@@ -190,21 +229,19 @@ class Kernel(DeviceWork):
         """How many of the program's calls the body runs (``pathways.program.fusion``)."""
         return self.spec.fn.calls
 
-    def key(self, var_id):
-        return (self.arg.array_id(var_id), self.device_id)
-
     def input_keys(self):
         if self._keys is None:
-            self._keys = [input_key(self.spec, self.arg, i, self.device_id)
-                          for i in range(len(self.spec.inputs))]
+            self._keys = self.gang.input_keys(self.device_id)
         return self._keys
+
+    def output_keys(self) -> list:
+        return [(aid, self.device_id) for aid in self.gang.outputs]
 
     def execute(self, device) -> float:
         store = self.host.store
         shards = [store.get(k, 0) for k in self.input_keys()]
         fn = self.spec.fn
-        env = self.host.kernel_env(fn.mesh, self.shard, (self.arg.client, self.arg.run_id,
-                                                         self.spec.index), device)
+        env = self.host.kernel_env(fn.mesh, self.shard, self.gang.key, device)
         outs, seconds = fn.run_shard(env, shards, device.spec, self.spec.expect, self.device_id)
         self._outputs = outs
         remote = env.bytes_sent_remote
@@ -217,27 +254,30 @@ class Kernel(DeviceWork):
     def on_done(self, finish: Finish):
         """The device has been occupied for the kernel's time: publish its outputs (their
         HBM is already taken: ``finish.grant``), available from its modelled end."""
-        store = self.host.store
-        for v, o in zip(self.spec.outputs, self._outputs):
-            store.put(self.key(v), o, self.owner, arrival=finish.end, grant=finish.grant)
-        small = [(self.arg.outputs[v], self.shard, shippable(self._outputs[k]))
-                 for k, shards in self.spec.ships
-                 if self.shard in shards and (v := self.spec.outputs[k]) in self.arg.ship]
+        put, owner, device, outs = self.host.store.put, self.gang.owner, self.device_id, \
+            self._outputs
+        for aid, o in zip(self.gang.outputs, outs):
+            put((aid, device), o, owner, arrival=finish.end, grant=finish.grant)
+        small = [(array, self.shard, shippable(outs[k])) for k, shards, array in self.gang.ships
+                 if self.shard in shards]
         self._release_inputs()
         self._outputs = None
         self.host.post_release(self.cap, small)
 
     def _release_inputs(self):
-        for i in range(len(self.spec.inputs)):
-            release_input(self.spec, self.arg, self.host, i, self.device_id)
+        keys, spec, store = self.input_keys(), self.spec, self.host.store
+        for i, uses in enumerate(spec.releases):
+            if i in spec.incoming:
+                store.delete(keys[i])
+            elif uses:
+                store.release_use(keys[i], uses)
 
     def on_error(self, exc):
         err = kernel_error(self.name, self.device_id, exc)
-        poison(self.host, [self.key(v) for v in self.spec.outputs], err, self.owner)
+        poison(self.host, self.output_keys(), err, self.gang.owner)
         self._release_inputs()
-        gang = (self.arg.client, self.arg.run_id, self.spec.index)
-        self.host.abort_gang(gang, self.spec.fn.mesh.ids, f"{self.name} failed on device"
-                             f" {self.device_id}: {exc!r}", root=err)
+        self.host.abort_gang(self.gang.key, self.spec.fn.mesh.ids, f"{self.name} failed on"
+                             f" device {self.device_id}: {exc!r}", root=err)
 
         def fail(cap):
             raise err
