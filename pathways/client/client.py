@@ -305,8 +305,9 @@ class Client:
 
     def _free(self, array: Array) -> None:
         """Free ``array``'s shards on the hosts (the ledger's ``free``): nothing once closed,
-        since closing frees everything the client owns."""
-        if not self.closed:
+        since closing frees everything the client owns, nor once the coordinator is lost
+        (the hosts free a client's buffers when it goes silent)."""
+        if not self.closed and self.session.lost is None:
             self.shards.delete(array)
 
     # ---- checkpoints ----------------------------------------------------------------------

@@ -209,8 +209,8 @@ class Session:
         """``ClientClosed`` once closed, the ``CoordinatorLost`` error once lost."""
         if self.closed:
             raise ClientClosed("this client is closed")
-        if self.lost is not None:
-            raise self.lost
+        if self.lost is not None:  # each raise starts a fresh traceback: raising the one
+            raise self.lost.with_traceback(None)  # error again would grow it every time
 
     def send(self, address, payload) -> None:
         """Send ``payload`` to ``address``. Messages sent back to back (a loop of calls, a
