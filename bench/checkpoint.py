@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     shape, nbytes = (rows_, cols), rows_ * cols * 4
     root = tempfile.mkdtemp(prefix="bench-checkpoint-", dir=os.environ.get("BENCH_DIR"))
     try:
-        with security_for_all(args.insecure) as security, \
+        with security_for_all(args.insecure, args.curve) as security, \
                 pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=1,
                                  hbm_gib=max(2.0, 2 * args.mib / 1024), **security) as cluster, \
                 pw.connect(cluster.address) as client:

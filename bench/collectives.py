@@ -116,7 +116,7 @@ def main(argv=None) -> int:
     shapes = parse_sizes(args.sizes or ("4x4" if args.quick else SIZES))
     started = time.perf_counter()
     rows = []
-    with security_for_all(args.insecure) as security:
+    with security_for_all(args.insecure, args.curve) as security:
         for hosts, per_host in shapes:
             cells = {a: run_cluster(hosts, per_host, a, args.chain, args.budget, security)
                      for a in ALGORITHMS}

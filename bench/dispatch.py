@@ -425,8 +425,10 @@ def _notes(args, simulate: bool, sweep_size, budget: float, reps: int, parity, c
     else:
         lines.append("Security: " + (
             "none (--insecure): plain tcp for both." if args.insecure else
-            "CURVE with one throw-away key pair for the Pathways cluster and the"
-            " multi-controller alike (the default of local clusters)."))
+            "CURVE (--curve) with one throw-away key pair for the Pathways cluster and the"
+            " multi-controller alike, over tcp." if args.curve else
+            "the default of local clusters for the Pathways cluster (Unix sockets in a"
+            " private directory, no CURVE); plain loopback tcp for the multi-controller."))
     lines.append(f"Total bench time {elapsed:.0f} s.")
     return "\n".join(lines)
 
@@ -448,7 +450,7 @@ def main(argv=None) -> int:
     profile_text = None
     sweep_size = max(sizes, key=lambda s: (s[0] * s[1], s[0]))
     security_setting = (contextlib.nullcontext({}) if simulate else
-                        security_for_all(args.insecure))
+                        security_for_all(args.insecure, args.curve))
     with security_setting as security:
         for size in sizes:
             hosts, per_host = size

@@ -112,7 +112,7 @@ def main(argv=None) -> int:
             (rng.standard_normal((WIDTH, WIDTH)) / 8).astype(np.float32),
             (rng.standard_normal((WIDTH, WIDTH)) / 8).astype(np.float32))
     rows = []
-    with security_for_all(args.insecure) as security, \
+    with security_for_all(args.insecure, args.curve) as security, \
             pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=2,
                              **security) as cluster, pw.connect(cluster.address) as client:
         hosts = [p.pid for p in cluster.processes[1:]]

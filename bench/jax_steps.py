@@ -465,7 +465,7 @@ def main(argv=None) -> int:
     old = os.environ.get("PATHWAYS_JAX_CACHE")
     os.environ["PATHWAYS_JAX_CACHE"] = "off"  # hosts compile every first step, as JAX does
     try:
-        with security_for_all(args.insecure) as security:
+        with security_for_all(args.insecure, args.curve) as security:
             for shape in SHAPES:
                 pw_figs[shape], prof = run_pw(shape, cfg, security,
                                               args.profile and shape == "1x8")

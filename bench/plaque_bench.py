@@ -304,8 +304,8 @@ def main(argv=None) -> int:
 
     raw = {"batched": [], "rtt": [], "zc": []}
     eng = {"lat": [], "arrays": [], **{(k, f): [] for k in ("chain", "keyed") for f in FORMS}}
-    with security_for_all(args.insecure) as security, \
-            plaque.local_cluster(workers=2, transport="tcp", **security) as cluster:
+    with security_for_all(args.insecure, args.curve) as security, \
+            plaque.local_cluster(workers=2, **security) as cluster:
         graphs = {}
         for i, (form, (chain_ops, keyed_ops)) in enumerate(FORMS.items()):
             graphs[("chain", form)] = (cluster.install(chain_graph(*chain_ops)), sz["chain"][i])

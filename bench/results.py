@@ -116,15 +116,19 @@ class BenchParser(argparse.ArgumentParser):
 
 
 @contextlib.contextmanager
-def security_for_all(insecure: bool):
+def security_for_all(insecure: bool, curve: bool = False):
     """One security setting for everything a benchmark starts, our clusters and the baselines
-    alike: by default a throw-away CURVE key pair in ``$PLAQUE_KEYS`` (what local clusters use
-    by default; baselines that open sockets read it too), or none with ``insecure``. Yields
-    the keyword arguments for ``pw.local_cluster`` / ``plaque.local_cluster``."""
+    alike. By default none is forced: local clusters pick their own default (Unix sockets in a
+    private directory) and baselines that open sockets use plain loopback TCP; ``curve``: a
+    throw-away CURVE key pair in ``$PLAQUE_KEYS`` for everything (TCP, what clusters across
+    machines use); ``insecure``: plain TCP for our clusters too. Yields the keyword
+    arguments for ``pw.local_cluster`` / ``plaque.local_cluster``."""
     from plaque import security
 
+    if insecure and curve:
+        raise ValueError("--insecure and --curve contradict each other: choose one")
     old = os.environ.pop(security.ENV, None)
-    directory = None if insecure else security.ephemeral("bench-keys-")
+    directory = security.ephemeral("bench-keys-") if curve else None
     if directory is not None:
         os.environ[security.ENV] = directory
     try:
@@ -143,8 +147,11 @@ def bench_parser(doc: str, quick: str, profile: str | None = None) -> BenchParse
     ap.add_argument("--quick", action="store_true", help=f"{quick}; no RESULTS.md entry")
     ap.add_argument("--no-append", action="store_true", help="print only; no RESULTS.md entry")
     ap.add_argument("--insecure", action="store_true",
-                    help="no CURVE keys for the clusters and baselines it starts (default:"
-                         " one throw-away key pair for all, as local clusters use)")
+                    help="plain loopback TCP for the clusters it starts (default: their own"
+                         " default, Unix sockets in a private directory)")
+    ap.add_argument("--curve", action="store_true",
+                    help="TCP with one throw-away CURVE key pair for the clusters and"
+                         " baselines it starts (as clusters across machines run)")
     if profile:
         ap.add_argument("--profile", action="store_true", help=profile)
     ap.add_argument("--plot", metavar="PNG", default=None,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import uvloop
 
-from plaque.cli import add_worker_options, address_arg
+from plaque.cli import add_worker_options, address_arg, bind_near
 
 from .errors import PathwaysError
 
@@ -63,7 +63,8 @@ def _host(args) -> int:
     from .program.cost import DeviceSpec
 
     spec = DeviceSpec(hbm_bytes=int(args.hbm_gib * 2**30))
-    reason = uvloop.run(serve_host(coordinator, args.island, args.devices, args.bind,
+    reason = uvloop.run(serve_host(coordinator, args.island, args.devices,
+                                   bind_near(coordinator, args.bind),
                                    spec=spec, coordinator_timeout=args.coordinator_timeout,
                                    kernel_limit=args.kernel_limit or None))
     logging.getLogger("pathways.host.process").info("exited: %s", reason)
@@ -100,7 +101,7 @@ def _print_keys(cluster) -> None:
     if named is not None:
         print(f"export {ENV}={named}  # the cluster's CURVE keys, for clients given the"
               " plain address; removed when the cluster stops", flush=True)
-    elif cluster.keys is None and os.environ.get(ENV) is None:
+    elif cluster.insecure:
         print("warning: --insecure: no CURVE keys, so any local user can run code in this"
               " cluster", flush=True)
 

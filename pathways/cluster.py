@@ -23,16 +23,22 @@ simulation_defaults: dict | None = None
 # hand (``pathways host`` re-execs itself with it) hashes text as the cluster's hosts do
 HASH_SEED = "0"
 
+LOOPBACK = "tcp://127.0.0.1"  # a local cluster's bind unless told otherwise
+
 
 class LocalCluster:
     """Processes of a local cluster; ``address`` is what clients connect to.
 
-    Unless given ``keys`` (or ``$PLAQUE_KEYS`` names some) or told ``insecure=True``, it makes
-    a throw-away CURVE key pair in a private temporary directory, ``keys``, which ``close``
-    removes; then ``address`` names it (``tcp://127.0.0.1:PORT?keys=/tmp/pathways-keys-...``)
-    and ``pw.connect(cluster.address)`` needs nothing else. ``bind``: where the coordinator and
-    hosts listen (loopback unless told otherwise; ``pathways slurm`` binds every interface on
-    multi-node jobs); ``port``: the coordinator's client port (0: a free one). Subclasses
+    Unless given ``keys`` (or ``$PLAQUE_KEYS`` names some), ``bind``, ``port`` or
+    ``insecure=True``, its processes listen on ``ipc://`` sockets in a private temporary
+    directory, ``socket_dir`` (mode 0700: the kernel refuses another user's connect; no
+    CURVE), which ``close`` removes, and ``address`` is the coordinator's socket there
+    (``ipc:///tmp/pathways-.../plaque-...``). Given a ``bind`` (``tcp://HOST``) or a ``port``
+    instead, it makes a throw-away CURVE key pair in such a directory, ``keys``, and
+    ``address`` names it (``tcp://127.0.0.1:PORT?keys=/tmp/pathways-keys-...``). Either way
+    ``pw.connect(cluster.address)`` needs nothing else. ``insecure=True``: plain TCP on
+    loopback, which any local user can reach. ``pathways slurm`` binds every interface on
+    multi-node jobs; ``port``: the coordinator's client port (0: a free one). Subclasses
     start hosts elsewhere (``_start_hosts``) or keep keys elsewhere (``_new_keys``).
     ``processes=False``: the in-process twin (``pathways.twin``) instead of processes.
     """
@@ -40,7 +46,7 @@ class LocalCluster:
     def __init__(self, islands=1, hosts_per_island=2, devices_per_host=4,
                  heartbeat_timeout=3.0, verbose=0, policy="fifo", window=8,
                  client_timeout=5.0, hbm_gib=16.0, keys=None, insecure=False,
-                 kernel_limit=30.0, bind="tcp://127.0.0.1", port=0, processes=True):
+                 kernel_limit=30.0, bind=None, port=0, processes=True):
         if keys is not None and insecure:
             raise ValueError("keys=DIR and insecure=True contradict each other: choose one")
         if keys is not None and not processes:
@@ -51,10 +57,17 @@ class LocalCluster:
         self.islands, self.hosts_per_island = islands, hosts_per_island
         self.devices_per_host = devices_per_host
         self._own_keys = None  # the throw-away key directory this cluster made, if any
+        self.socket_dir = None  # the private directory of its ipc:// sockets, if it made one
         if processes and keys is None and not insecure and security.keys_dir() is None:
-            keys = self._own_keys = self._new_keys()
+            if bind is None and not port:
+                self.socket_dir = security.private_socket_dir("pathways-")
+            if self.socket_dir is not None:
+                bind = f"ipc://{self.socket_dir}/"
+            else:
+                keys = self._own_keys = self._new_keys()
+        bind = LOOPBACK if bind is None else bind
         env = {**worker_env(keys), "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", HASH_SEED)}
-        self.keys = keys
+        self.keys, self.insecure = keys, insecure
         self._env, self._v, self.hbm_gib = env, ["-v"] * verbose, hbm_gib
         self.kernel_limit, self.bind, self.port = kernel_limit, bind, port
         try:
@@ -139,8 +152,9 @@ class LocalCluster:
                 self.twin.close()
         finally:
             stop_processes(list(reversed(self.processes)))
-            if self._own_keys is not None:
-                security.discard(self._own_keys)
+            for own in (self._own_keys, self.socket_dir):
+                if own is not None:
+                    security.discard(own)
 
 
 def hosts_per_island(hosts: int, islands: int) -> int:
@@ -184,13 +198,14 @@ def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_t
     kernel body may run on its host before it is stopped and its call fails with
     ``KernelTimeout`` (None: no limit; ``shard_map(..., limit=)`` overrides it per function).
 
-    Every socket of the cluster requires CURVE, so only holders of its key get anything in.
-    By default the key is a throw-away pair in a private temporary directory, removed when
-    the cluster stops, and ``cluster.address`` names it (``tcp://127.0.0.1:PORT?keys=DIR``):
-    ``pw.connect(cluster.address)`` just works, for the same user. ``keys``: a directory
-    from ``pathways keys DIR`` to use instead (also what ``$PLAQUE_KEYS`` gives when set);
-    the address then stays plain, give the same ``keys`` to ``pw.connect``.
-    ``insecure=True``: no keys, plain TCP that any local user can reach.
+    By default every socket of the cluster is a Unix socket (``ipc://``) in a private
+    temporary directory, removed when the cluster stops: the kernel lets no other user
+    connect, and nothing is encrypted (``cluster.address`` is ``ipc:///tmp/pathways-.../
+    plaque-...``; ``pw.connect(cluster.address)`` just works, for the same user). ``keys``:
+    a directory from ``pathways keys DIR`` to listen on TCP with CURVE instead (also what
+    ``$PLAQUE_KEYS`` gives when set), so only holders of the key get anything in; give the
+    same ``keys`` to ``pw.connect``. ``insecure=True``: no keys, plain TCP that any local
+    user can reach.
 
     ``processes=False`` starts the same coordinator and hosts as threads of this process
     instead (``pathways.twin``): real messages over in-process transports, no process

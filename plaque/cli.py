@@ -48,10 +48,24 @@ def address_arg(text: str) -> str:
 
 def add_worker_options(parser) -> None:
     """The options of every process that joins a coordinator (plaque worker, pathways host)."""
-    parser.add_argument("--bind", default="tcp://127.0.0.1",
-                        help="where to listen: tcp://HOST (a free port is picked) or ipc")
+    parser.add_argument("--bind", default=None,
+                        help="where to listen: tcp://HOST (a free port is picked), ipc (a"
+                             " temporary directory) or ipc://DIR/ (default: the directory of"
+                             " the coordinator's socket if it is ipc://, else tcp://127.0.0.1)")
     parser.add_argument("--coordinator-timeout", type=float, default=10.0,
                         help="exit when the coordinator is silent this long (seconds)")
+
+
+def bind_near(coordinator: str, bind: str | None) -> str:
+    """Where a process joining ``coordinator`` listens: ``bind`` if given, else next to the
+    coordinator's Unix socket (the private directory of a local cluster, which only its
+    user can enter), else TCP on loopback."""
+    if bind is not None:
+        return bind
+    endpoint = security.split_address(coordinator)[0]
+    if endpoint.startswith("ipc://"):
+        return f"{endpoint.rsplit('/', 1)[0]}/"
+    return "tcp://127.0.0.1"
 
 
 def main(argv=None) -> int:
@@ -71,7 +85,8 @@ def main(argv=None) -> int:
     if os.environ.get("PLAQUE_DIE_WITH_PARENT"):
         die_with_parent()
     join = security.adopt(args.join)
-    reason = uvloop.run(serve_worker(join, args.bind, args.coordinator_timeout))
+    reason = uvloop.run(serve_worker(join, bind_near(join, args.bind),
+                                     args.coordinator_timeout))
     logging.getLogger("plaque.worker").info("exited: %s", reason)
     return 0
 

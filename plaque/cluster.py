@@ -71,6 +71,7 @@ class Cluster:
                  keys: str | None = None):
         self._inproc = bind == "inproc"
         self.keys = keys
+        self.socket_dir = None  # a local_cluster's private directory of ipc:// sockets
         self._transport = self._make_transport(bind, keys)
         self.address = self._transport.address
         self._core = CoordinatorCore(self.address, heartbeat_timeout=heartbeat_timeout)
@@ -389,30 +390,42 @@ def worker_env(keys=None) -> dict:
 
 
 @contextlib.contextmanager
-def local_cluster(workers: int = 2, transport: str = "tcp", heartbeat_timeout: float = 3.0,
-                  timeout: float = 30.0, insecure: bool = False):
+def local_cluster(workers: int = 2, transport: str | None = None,
+                  heartbeat_timeout: float = 3.0, timeout: float = 30.0, insecure: bool = False):
     """A coordinator here and ``workers`` workers; always torn down on exit.
 
-    ``transport``: ``"tcp"`` (loopback) or ``"ipc"`` run workers as processes; ``"inproc"``
-    runs them on the coordinator's event loop, for fast tests.
-
-    Over tcp and ipc every socket requires CURVE with a throw-away key pair made in a private
-    temporary directory (``cluster.keys``) and removed on exit, unless ``$PLAQUE_KEYS`` names
-    keys to use instead or ``insecure=True`` asks for plain sockets, which any local user can
-    reach (and so run code in the cluster).
+    ``transport``: None (the default) runs workers as processes on Unix sockets in a private
+    temporary directory (mode 0700, ``cluster.socket_dir``, removed on exit), where the kernel
+    refuses any other user's connect: no CURVE, nothing encrypted between the processes of
+    one user. ``"tcp"`` (loopback) or ``"ipc"`` (the system's temporary directory) run them on
+    those, every socket requiring CURVE with a throw-away key pair made in a private
+    temporary directory (``cluster.keys``) and removed on exit. ``"inproc"`` runs them on the
+    coordinator's event loop, for fast tests. ``$PLAQUE_KEYS`` naming keys makes the default
+    ``"tcp"`` with those keys; ``insecure=True`` makes it ``"tcp"`` with plain sockets, which
+    any local user can reach (and so run code in the cluster).
     """
-    if transport not in ("tcp", "ipc", "inproc"):
+    if transport not in (None, "tcp", "ipc", "inproc"):
         raise ValueError(f"transport must be 'tcp', 'ipc' or 'inproc', got {transport!r}")
-    bind = {"tcp": "tcp://127.0.0.1", "ipc": "ipc", "inproc": "inproc"}[transport]
+    private = None
+    if transport is None and not insecure and security.keys_dir() is None:
+        private = security.private_socket_dir("plaque-")
+    if private is not None:
+        bind = f"ipc://{private}/"
+    else:
+        bind = {None: "tcp://127.0.0.1", "tcp": "tcp://127.0.0.1", "ipc": "ipc",
+                "inproc": "inproc"}[transport]
     own = None
-    if transport != "inproc" and not insecure and security.keys_dir() is None:
+    if private is None and transport != "inproc" and not insecure and \
+            security.keys_dir() is None:
         own = security.ephemeral("plaque-keys-")
     try:
         with _cluster(bind, heartbeat_timeout, own, workers, timeout) as cluster:
+            cluster.socket_dir = private
             yield cluster
     finally:
-        if own is not None:
-            security.discard(own)
+        for directory in (own, private):
+            if directory is not None:
+                security.discard(directory)
 
 
 @contextlib.contextmanager

@@ -16,9 +16,13 @@ Without ``PLAQUE_KEYS`` nothing changes: plain TCP, which is why everything bind
 unless told otherwise.
 
 Local clusters (``pw.local_cluster``, ``pathways up``, ``plaque.local_cluster``) do not wait to
-be told: they make a throw-away key pair (``ephemeral``) in a private temporary directory,
-give it to the processes they start and ``discard`` it when they stop. The address such a
-cluster reports names the directory, ``tcp://127.0.0.1:5555?keys=/tmp/pathways-keys-x1y2``
+be told. By default they listen on ``ipc://`` sockets in a private temporary directory
+(``private_socket_dir``, mode 0700), where the kernel refuses any other user's connect; no
+CURVE, since the processes of one user on one machine gain nothing from encrypting what
+file permissions already keep private. Where they must use TCP (a long ``$TMPDIR``, an
+explicit TCP bind or port) they make a throw-away key pair (``ephemeral``) in such a
+directory instead, give it to the processes they start and ``discard`` it when they stop;
+the address then names the directory, ``tcp://127.0.0.1:5555?keys=/tmp/pathways-keys-x1y2``
 (``split_address``), so a client of the same user needs nothing else to connect.
 """
 
@@ -69,6 +73,26 @@ def ephemeral(prefix: str = "plaque-keys-") -> str:
     except BaseException:
         shutil.rmtree(directory, ignore_errors=True)
         raise
+    return directory
+
+
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, less its NUL)
+SOCKET_NAME = len("/plaque-") + 12  # what ``bind_socket`` adds to a directory's path
+
+
+def private_socket_dir(prefix: str = "plaque-") -> str | None:
+    """A new private temporary directory (mode 0700) for a local cluster's ``ipc://`` sockets,
+    which the caller removes with ``discard``; None if socket paths in it would be longer
+    than the kernel takes (a long ``$TMPDIR``: the caller uses TCP with keys instead).
+
+    Another user cannot enter the directory, so the kernel refuses their connect to any
+    socket in it: on one machine that is what CURVE would give, without encrypting every
+    byte between processes of the same user."""
+    directory = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(directory, 0o700)  # mkdtemp's mode already, whatever the umask; made explicit
+    if len(os.fsencode(directory)) + SOCKET_NAME > SOCKET_PATH_MAX:
+        os.rmdir(directory)
+        return None
     return directory
 
 

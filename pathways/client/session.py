@@ -109,10 +109,16 @@ def split_address(address: str) -> tuple[str, str | None]:
 
 
 def refuse_stopped(address: str, keys: str | None = None) -> None:
-    """Raise ``CoordinatorLost`` if ``address`` names a key directory (``?keys=DIR``) that is
-    gone and no other ``keys`` are given: the cluster that printed the address has stopped,
-    since a local cluster removes its keys when it stops. That is the news, not missing keys."""
+    """Raise ``CoordinatorLost`` if ``address`` is a Unix socket (``ipc://PATH``) that is not
+    there, or names a key directory (``?keys=DIR``) that is gone and no other ``keys`` are
+    given: the cluster that printed the address has stopped, since a local cluster removes
+    its sockets and keys when it stops. That is the news, not a timeout or missing keys."""
     endpoint, named = split_address(address)
+    if endpoint.startswith("ipc://") and not os.path.exists(endpoint[len("ipc://"):]):
+        raise CoordinatorLost(
+            f"the cluster at {endpoint} has stopped: its socket is gone, as a local cluster's"
+            " are once it stops (or this machine does not see it); start the cluster again"
+            " and use the address it prints")
     if keys is None and named is not None and not os.path.exists(named):
         raise CoordinatorLost(
             f"the cluster at {endpoint} has stopped: the key directory its address names"

@@ -67,8 +67,11 @@ class Coordinator:
             where = "inproc://pathways-coordinator/"
         else:
             self.ctx, self._own_ctx = zmq.Context(), True
-            where = bind if bind.startswith("tcp://") else "tcp://127.0.0.1"
-            where = f"{where}:{port}" if port else where  # else a free port
+            if bind.startswith("ipc://"):  # a fresh name in the directory (no port)
+                where = bind if bind.endswith("/") else f"{bind}/"
+            else:
+                where = bind if bind.startswith("tcp://") else "tcp://127.0.0.1"
+                where = f"{where}:{port}" if port else where  # else a free port
         return RouterService(self.ctx, where, self._on_request, sender=-1,
                              after_batch=self.cluster.soon)
 

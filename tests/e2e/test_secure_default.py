@@ -1,18 +1,21 @@
-"""Secure by default: a local cluster (``pw.local_cluster``, ``pathways up``,
-``plaque.local_cluster``) makes a throw-away CURVE key pair in a private directory, so a
-stranger on this machine gets nothing into any of its sockets, let alone code run; the address
-it reports names the keys, so ``pw.connect(cluster.address)`` still just works.
+"""Secure by default: a local cluster (``pw.local_cluster``, ``pathways up``) listens only on
+Unix sockets in a private directory, which the kernel lets no other user enter; given TCP, it
+makes a throw-away CURVE key pair in a private directory instead (as ``plaque.local_cluster``
+does), so a stranger on this machine gets nothing into any of its sockets, let alone code run.
+Either way the address it reports is all a client of the same user needs.
 
-Whether a stranger's message gets in is read off the stranger's own socket: ZeroMQ sends no
-message before the handshake, and a socket monitor tells whether the handshake succeeded or
-failed, so no test waits for something not to happen. The stranger's message is a pickle that,
-unpickled anywhere, creates a directory (``Mkdir``): on an insecure cluster it does.
+Whether a stranger's message gets into a TCP socket is read off the stranger's own socket:
+ZeroMQ sends no message before the handshake, and a socket monitor tells whether the handshake
+succeeded or failed, so no test waits for something not to happen. The stranger's message is a
+pickle that, unpickled anywhere, creates a directory (``Mkdir``): on an insecure cluster it
+does. Another user's connect to a Unix socket is refused by the kernel at once.
 """
 
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -24,6 +27,7 @@ from zmq.utils.monitor import recv_monitor_message
 import pathways as pw
 import plaque
 from pathways import P, protocol
+from pathways.cluster import LOOPBACK, LocalCluster
 from plaque import security, wire
 
 HANDSHAKE = {zmq.EVENT_HANDSHAKE_SUCCEEDED: "succeeded",
@@ -102,11 +106,28 @@ def no_keys_in_environment(monkeypatch):
 
 @pytest.fixture(scope="module")
 def cluster():
+    """The default local cluster: Unix sockets in a private directory."""
     old = os.environ.pop(security.ENV, None)  # module scope: monkeypatch is not there yet
     try:
         with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=2) as c:
             yield c
     finally:
+        if old is not None:
+            os.environ[security.ENV] = old
+
+
+@pytest.fixture(scope="module")
+def tcp_cluster():
+    """A local cluster told to listen on TCP: throw-away CURVE keys, named by its address."""
+    old = os.environ.pop(security.ENV, None)
+    c = None
+    try:
+        c = LocalCluster(1, 2, 2, bind=LOOPBACK)
+        c.wait_ready(4)
+        yield c
+    finally:
+        if c is not None:
+            c.close()
         if old is not None:
             os.environ[security.ENV] = old
 
@@ -181,33 +202,98 @@ def test_connecting_to_something_that_never_answers_says_so(ctx):
 
 # ---- pw.local_cluster -----------------------------------------------------------------------
 
-def test_the_default_cluster_names_private_keys_and_the_address_is_enough(cluster):
-    endpoint, keys = security.split_address(cluster.address)
-    assert endpoint.startswith("tcp://127.0.0.1:") and keys == cluster.keys
-    assert os.stat(keys).st_mode & 0o777 == 0o700
-    assert os.stat(os.path.join(keys, "cluster.key_secret")).st_mode & 0o777 == 0o600
+def unix_sockets(directory) -> list[str]:
+    """The Unix sockets bound in ``directory``."""
+    return sorted(os.path.join(directory, n) for n in os.listdir(directory)
+                  if n.startswith("plaque-"))
+
+
+STRANGER = textwrap.dedent("""
+    import os, socket, sys
+    if sys.argv[1] != "-":  # become another user of this machine (nobody)
+        os.setgid(int(sys.argv[1])); os.setuid(int(sys.argv[1]))
+    for path in sys.argv[2:]:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+            print("connected", path)
+        except PermissionError:
+            print("refused", path)
+        finally:
+            s.close()
+""")
+
+
+def test_the_default_cluster_listens_only_on_unix_sockets_in_a_private_directory(cluster):
+    directory = cluster.socket_dir
+    assert cluster.address.startswith(f"ipc://{directory}/") and cluster.keys is None
+    info = os.stat(directory)
+    assert info.st_mode & 0o777 == 0o700 and info.st_uid == os.getuid()
+    assert len(unix_sockets(directory)) == 3 + 4 * 2  # coordinator 3, each host 4
+    assert all(not listening_ports(p.pid) for p in cluster.processes)  # no TCP at all
     with pw.connect(cluster.address) as client:
         assert psum_everywhere(client) == 5.0
 
 
-def test_no_socket_of_the_default_cluster_lets_a_stranger_in(cluster, ctx, tmp_path):
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as a second user needs root")
+def test_another_user_cannot_connect_to_any_socket_of_the_default_cluster(cluster):
+    paths = unix_sockets(cluster.socket_dir)
+    out = subprocess.run([sys.executable, "-c", STRANGER, "65534", *paths], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split("\n")
+    assert sorted(line for line in out if line) == [f"refused {p}" for p in paths]
+    mine = subprocess.run([sys.executable, "-c", STRANGER, "-", paths[0]], capture_output=True,
+                          text=True, timeout=60, check=True)
+    assert mine.stdout.split() == ["connected", paths[0]]  # the same check lets its user in
+    assert all(p.poll() is None for p in cluster.processes)
+
+
+def test_a_stopped_default_clusters_address_says_it_stopped():
+    with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=1) as c:
+        address, directory = c.address, c.socket_dir
+    assert not os.path.exists(directory)
+    with pytest.raises(pw.CoordinatorLost, match=r"^the cluster at ipc://.* has stopped: its"
+                                                 " socket is gone"):
+        pw.connect(address)
+
+
+def test_the_socket_directory_goes_when_the_cluster_stops_even_on_error():
+    with pytest.raises(RuntimeError, match="boom"):
+        with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=1) as c:
+            directory = c.socket_dir
+            assert os.path.isdir(directory)
+            raise RuntimeError("boom")
+    assert not os.path.exists(directory)
+    assert all(p.poll() is not None for p in c.processes)
+
+
+def test_a_tcp_cluster_names_private_keys_and_the_address_is_enough(tcp_cluster):
+    endpoint, keys = security.split_address(tcp_cluster.address)
+    assert endpoint.startswith("tcp://127.0.0.1:") and keys == tcp_cluster.keys
+    assert tcp_cluster.socket_dir is None
+    assert os.stat(keys).st_mode & 0o777 == 0o700
+    assert os.stat(os.path.join(keys, "cluster.key_secret")).st_mode & 0o777 == 0o600
+    with pw.connect(tcp_cluster.address) as client:
+        assert psum_everywhere(client) == 5.0
+
+
+def test_no_socket_of_a_tcp_cluster_lets_a_stranger_in(tcp_cluster, ctx, tmp_path):
     marker = tmp_path / "ran"
-    for address, kind in sockets(cluster).items():
+    for address, kind in sockets(tcp_cluster).items():
         assert stranger(ctx, address, poisoned(marker, kind), kind) == "failed", address
     other = security.ephemeral()
     try:  # a CURVE client with another key pair fails too
-        assert stranger(ctx, cluster.address.split("?")[0],
+        assert stranger(ctx, tcp_cluster.address.split("?")[0],
                         poisoned(marker, zmq.DEALER), keys=other) == "failed"
     finally:
         security.discard(other)
     assert not marker.exists()
-    assert all(p.poll() is None for p in cluster.processes)
+    assert all(p.poll() is None for p in tcp_cluster.processes)
 
 
-def test_a_keyed_cluster_refuses_a_client_without_its_keys_at_once(cluster):
+def test_a_keyed_cluster_refuses_a_client_without_its_keys_at_once(tcp_cluster):
     """The plain address of a keyed cluster: the coordinator refuses the handshake, and
     connect says that its keys are what is missing (without waiting for a timeout)."""
-    endpoint = cluster.address.split("?")[0]
+    endpoint = tcp_cluster.address.split("?")[0]
     with pytest.raises(pw.CoordinatorLost) as err:
         pw.connect(endpoint, coordinator_timeout=60.0)  # refused: fails long before 60 s
     assert str(err.value) == (
@@ -224,22 +310,17 @@ def test_a_keyed_cluster_refuses_a_client_without_its_keys_at_once(cluster):
         security.discard(other)
 
 
-def test_a_stopped_clusters_address_says_it_stopped():
-    with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=1) as c:
-        address = c.address
+def test_a_stopped_tcp_clusters_address_says_it_stopped():
+    c = LocalCluster(1, 1, 1, bind=LOOPBACK)
+    try:
+        c.wait_ready(1)
+        address, keys = c.address, c.keys
+    finally:
+        c.close()
+    assert not os.path.exists(keys)
     with pytest.raises(pw.CoordinatorLost, match=r"^the cluster at tcp://127\.0\.0\.1:\d+ has"
                                                  " stopped"):
         pw.connect(address)
-
-
-def test_the_keys_go_when_the_cluster_stops_even_on_error():
-    with pytest.raises(RuntimeError, match="boom"):
-        with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=1) as c:
-            keys = c.keys
-            assert os.path.isdir(keys)
-            raise RuntimeError("boom")
-    assert not os.path.exists(keys)
-    assert all(p.poll() is not None for p in c.processes)
 
 
 def test_insecure_gives_a_plain_cluster_a_stranger_runs_code_in(ctx, tmp_path):
@@ -249,7 +330,7 @@ def test_insecure_gives_a_plain_cluster_a_stranger_runs_code_in(ctx, tmp_path):
     marker = tmp_path / "ran"
     with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=1,
                           insecure=True) as c:
-        assert c.keys is None and "?" not in c.address
+        assert c.keys is None and c.socket_dir is None and c.address.startswith("tcp://")
         assert stranger(ctx, c.address, poisoned(marker, zmq.DEALER)) == "succeeded"
         wait_until(marker.exists, timeout=30, interval=0.05)  # what the default prevents
         keys = security.ephemeral()
@@ -264,37 +345,50 @@ def test_insecure_gives_a_plain_cluster_a_stranger_runs_code_in(ctx, tmp_path):
 
 # ---- pathways up ----------------------------------------------------------------------------
 
-def test_pathways_up_prints_a_keyed_address_clients_and_hosts_use(procs):
+def test_pathways_up_prints_an_address_its_user_and_hand_started_hosts_use(procs):
     env = {k: v for k, v in os.environ.items() if k != security.ENV}
     up = subprocess.Popen([sys.executable, "-m", "pathways", "up", "--hosts-per-island", "1",
                            "--devices-per-host", "2"], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, env=env)
     procs.append(up)
-    address = read_until(up, "pathways cluster up at")[-1].split()[4]
-    endpoint, keys = security.split_address(address)
-    assert keys is not None and os.stat(keys).st_mode & 0o777 == 0o700
-    assert read_until(up, "export")[-1].startswith(f"export {security.ENV}={keys} ")
+    lines = read_until(up, "pathways cluster up at")
+    address = lines[-1].split()[4]
+    assert address.startswith("ipc://") and not any("warning" in line for line in lines)
+    directory = os.path.dirname(address[len("ipc://"):])
+    assert os.stat(directory).st_mode & 0o777 == 0o700
     status = subprocess.run([sys.executable, "-m", "pathways", "status", address], env=env,
                             capture_output=True, text=True, timeout=60, check=True).stdout
     assert status.count("device ") == 2
-    procs.append(subprocess.Popen([sys.executable, "-m", "pathways", "host", "--coordinator",
-                                   address, "--devices", "2"], env=env))
+    host = subprocess.Popen([sys.executable, "-m", "pathways", "host", "--coordinator",
+                             address, "--devices", "2"], env=env)
+    procs.append(host)
     with pw.connect(address) as client:
         deadline = time.monotonic() + 30
         while len(client.devices()) < 4:
-            assert time.monotonic() < deadline, "the host given the keyed address never joined"
+            assert time.monotonic() < deadline, "the host started by hand never joined"
             time.sleep(0.1)
         assert psum_everywhere(client) == 5.0
-    with pytest.raises(pw.CoordinatorLost, match="requires the cluster's CURVE keys"):
-        pw.connect(endpoint)
+    assert not listening_ports(host.pid)  # it listens next to the coordinator's socket
     up.send_signal(signal.SIGINT)
     assert up.wait(30) == 0
-    assert not os.path.exists(keys)
+    assert not os.path.exists(directory)
 
 
 # ---- plaque.local_cluster -------------------------------------------------------------------
 
-def test_plaque_local_cluster_is_keyed_by_default(ctx):
+def test_plaque_local_cluster_is_private_by_default_and_keyed_over_tcp(ctx):
+    with plaque.local_cluster(workers=2) as c:
+        directory = c.socket_dir
+        assert c.keys is None and c.address.startswith(f"ipc://{directory}/")
+        assert os.stat(directory).st_mode & 0o777 == 0o700 and len(c.workers()) == 2
+        assert len(unix_sockets(directory)) == 2 * 3  # control and data, coordinator and workers
+        assert all(not listening_ports(p.pid) for p in c.processes)
+        if os.geteuid() == 0:
+            paths = unix_sockets(directory)
+            out = subprocess.run([sys.executable, "-c", STRANGER, "65534", *paths],
+                                 capture_output=True, text=True, timeout=60, check=True).stdout
+            assert sorted(out.split("\n"))[1:] == [f"refused {p}" for p in paths]
+    assert not os.path.exists(directory)
     with plaque.local_cluster(workers=2, transport="tcp") as c:
         keys = c.keys
         assert os.stat(keys).st_mode & 0o777 == 0o700 and len(c.workers()) == 2
