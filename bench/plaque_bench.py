@@ -392,7 +392,9 @@ Arrays: {sz['array_runs']} overlapping runs x {sz['array_per_run']} arrays of 1 
 views of one array; out-of-band frames, no copies); raw: zero_copy_throughput, {sz['raw_arrays']}
 arrays, copy=False both ends.
 Security: {"none (--insecure), plain tcp for engine and raw alike" if args.insecure else
-"CURVE with one throw-away key pair for the engine and the raw baseline alike"}.
+"CURVE (--curve) with one throw-away key pair for the engine and the raw baseline alike"
+if args.curve else "the engine on the default of local clusters (Unix sockets in a private"
+" directory, no CURVE), the raw baseline on plain loopback tcp"}.
 Total bench time {time.perf_counter() - started:.0f} s."""
 
     publish(TITLE, rows, notes, append=not (args.quick or args.no_append))
