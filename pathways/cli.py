@@ -24,6 +24,8 @@ CONNECT_TIMEOUT = 3.0  # seconds a command waits for the coordinator's first ans
 def _coordinator(args) -> int:
     from .control.coordinator import Coordinator
 
+    if not _may_listen(args.bind, args.insecure, "pathways coordinator"):
+        return 2
     coord = Coordinator(args.bind, heartbeat_timeout=args.heartbeat_timeout,
                         policy=args.policy, window=args.window,
                         client_timeout=args.client_timeout, port=args.port)
@@ -34,6 +36,19 @@ def _coordinator(args) -> int:
     stop.wait()
     coord.close()
     return 0
+
+
+def _may_listen(bind: str, insecure: bool, what: str) -> bool:
+    """``plaque.security.refuse_plain``: False (after saying why, in one line) if ``what``
+    must not listen at ``bind`` as it is."""
+    from plaque.security import refuse_plain
+
+    try:
+        refuse_plain(bind, insecure)
+    except PermissionError as exc:
+        print(f"{what}: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def _same_hash_seed(argv: list[str]) -> None:
@@ -56,6 +71,9 @@ def _host(args) -> int:
 
     refuse_stopped(args.coordinator)
     coordinator = adopt(args.coordinator)
+    bind = bind_near(coordinator, args.bind)
+    if not _may_listen(bind, args.insecure, "pathways host"):
+        return 2
     if os.environ.get("PLAQUE_DIE_WITH_PARENT"):
         from plaque.cli import die_with_parent
 
@@ -63,8 +81,7 @@ def _host(args) -> int:
     from .program.cost import DeviceSpec
 
     spec = DeviceSpec(hbm_bytes=int(args.hbm_gib * 2**30))
-    reason = uvloop.run(serve_host(coordinator, args.island, args.devices,
-                                   bind_near(coordinator, args.bind),
+    reason = uvloop.run(serve_host(coordinator, args.island, args.devices, bind,
                                    spec=spec, coordinator_timeout=args.coordinator_timeout,
                                    kernel_limit=args.kernel_limit or None))
     logging.getLogger("pathways.host.process").info("exited: %s", reason)
@@ -95,15 +112,14 @@ def _up(args) -> int:
 
 def _print_keys(cluster) -> None:
     """Say how clients get in: with the address as printed, or the keys in the environment."""
-    from plaque.security import ENV, split_address
+    from plaque.security import ENV, INSECURE_WARNING, split_address
 
     named = split_address(cluster.address)[1]
     if named is not None:
         print(f"export {ENV}={named}  # the cluster's CURVE keys, for clients given the"
               " plain address; removed when the cluster stops", flush=True)
     elif cluster.insecure:
-        print("warning: --insecure: no CURVE keys, so any local user can run code in this"
-              " cluster", flush=True)
+        print(INSECURE_WARNING, flush=True)
 
 
 def _client(address: str):
@@ -299,6 +315,9 @@ def parser() -> argparse.ArgumentParser:
     policy_and_window(co)
     co.add_argument("--client-timeout", type=float, default=5.0,
                     help="a client silent this long is gone: its buffers and runs are freed")
+    co.add_argument("--insecure", action="store_true",
+                    help="listen on plain TCP without keys, which anyone who reaches the port"
+                         " can run code through (refused without this flag)")
     ho = command("host", "run a host (emulated devices) that joins a coordinator")
     ho.add_argument("--coordinator", required=True, type=address_arg,
                     help="the coordinator's address (tcp://HOST:PORT[?keys=DIR])")

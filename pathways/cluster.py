@@ -98,7 +98,7 @@ class LocalCluster:
             [sys.executable, "-m", "pathways", *self._v, "coordinator",
              "--heartbeat-timeout", str(heartbeat_timeout), "--policy", policy,
              "--window", str(window), "--client-timeout", str(client_timeout),
-             "--bind", self.bind, "--port", str(self.port)],
+             "--bind", self.bind, "--port", str(self.port), *self._insecure_flag()],
             stdout=subprocess.PIPE, text=True, env=self._env)
         self.processes.append(coord)
         address = self._read_address(coord)
@@ -130,7 +130,13 @@ class LocalCluster:
         """``pathways host`` joining this cluster, all but its ``--island``."""
         return [sys.executable, "-m", "pathways", *self._v, "host", "--coordinator",
                 self.address, "--devices", str(devices), "--hbm-gib", str(self.hbm_gib),
-                "--kernel-limit", str(self.kernel_limit or 0), "--bind", self.bind]
+                "--kernel-limit", str(self.kernel_limit or 0), "--bind", self.bind,
+                *self._insecure_flag()]
+
+    def _insecure_flag(self) -> list[str]:
+        """``--insecure`` for the processes it starts, when it was told ``insecure=True``
+        (they refuse to listen on plain TCP otherwise); their warning goes to its stderr."""
+        return ["--insecure"] if self.insecure else []
 
     def wait_ready(self, num_devices: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

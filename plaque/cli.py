@@ -54,6 +54,9 @@ def add_worker_options(parser) -> None:
                              " the coordinator's socket if it is ipc://, else tcp://127.0.0.1)")
     parser.add_argument("--coordinator-timeout", type=float, default=10.0,
                         help="exit when the coordinator is silent this long (seconds)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="listen on plain TCP without keys, which anyone who reaches the"
+                             " port can run code through (refused without this flag)")
 
 
 def bind_near(coordinator: str, bind: str | None) -> str:
@@ -85,8 +88,13 @@ def main(argv=None) -> int:
     if os.environ.get("PLAQUE_DIE_WITH_PARENT"):
         die_with_parent()
     join = security.adopt(args.join)
-    reason = uvloop.run(serve_worker(join, bind_near(join, args.bind),
-                                     args.coordinator_timeout))
+    bind = bind_near(join, args.bind)
+    try:
+        security.refuse_plain(bind, args.insecure)
+    except PermissionError as exc:
+        print(f"plaque worker: {exc}", file=sys.stderr)
+        return 2
+    reason = uvloop.run(serve_worker(join, bind, args.coordinator_timeout))
     logging.getLogger("plaque.worker").info("exited: %s", reason)
     return 0
 

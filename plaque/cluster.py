@@ -313,6 +313,8 @@ class Cluster:
             verbose = ["-v"] * int(os.environ.get("PLAQUE_VERBOSE", "0") or 0)
             cmd = [sys.executable, "-m", "plaque", *verbose, "worker", "--join", self.address,
                    "--bind", bind]
+            if self.keys is None and security.keys_dir() is None:  # as this cluster listens
+                cmd.append("--insecure")
             self.processes.append(subprocess.Popen(cmd, env=env))
 
     def close(self, timeout: float = 5.0) -> None:

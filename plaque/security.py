@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -94,6 +95,43 @@ def private_socket_dir(prefix: str = "plaque-") -> str | None:
         os.rmdir(directory)
         return None
     return directory
+
+
+INSECURE_WARNING = ("warning: --insecure: no CURVE keys, so any local user can run code in"
+                    " this cluster")
+
+
+def private_directory(path) -> bool:
+    """Whether ``path`` is a directory this user owns and no other user may enter."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    return os.path.isdir(path) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
+
+
+def refuse_plain(bind: str, insecure: bool) -> None:
+    """Check that a process started by hand (``pathways coordinator``, ``pathways host``,
+    ``plaque worker``) may listen at ``bind``: with keys (``$PLAQUE_KEYS``, or an address's
+    ``?keys=DIR`` adopted into it), on ``inproc://``, on ``ipc://`` sockets in a private
+    directory (one this user owns and no other may enter), or when told ``insecure``, which
+    prints ``INSECURE_WARNING`` to stderr. Anything else raises ``PermissionError`` saying
+    how to get keys: another user, or anyone who reaches the port, could run code in the
+    cluster (loopback is no exception: every local user reaches it)."""
+    if keys_dir() is not None or bind.startswith("inproc://"):
+        return
+    if bind.startswith("ipc://") and bind != "ipc://" and private_directory(
+            bind[len("ipc://"):] if bind.endswith("/") else os.path.dirname(bind[len("ipc://"):])):
+        return
+    if insecure:
+        print(INSECURE_WARNING, file=sys.stderr, flush=True)
+        return
+    raise PermissionError(
+        f"will not listen on {bind} without keys: anyone who reaches it could run"
+        f" code in the cluster (on loopback, any local user). Make keys with 'pathways keys"
+        f" DIR' and give them to every process ({ENV}=DIR, or an address ending in ?keys=DIR),"
+        f" bind ipc://DIR/ in a directory only you can enter, or pass --insecure to accept"
+        f" that")
 
 
 def discard(directory: str) -> None:

@@ -398,3 +398,57 @@ def test_plaque_local_cluster_is_private_by_default_and_keyed_over_tcp(ctx):
     with plaque.local_cluster(workers=1, transport="tcp", insecure=True) as c:
         assert c.keys is None
         assert stranger(ctx, c.address.split("|")[0], [b"PQ"], zmq.PUSH) == "succeeded"
+
+
+# ---- processes started by hand ----------------------------------------------------------------
+
+HAND_STARTED = {
+    "pathways coordinator": ["pathways", "coordinator"],
+    "pathways host": ["pathways", "host", "--coordinator", "tcp://127.0.0.1:1"],
+    "plaque worker": ["plaque", "worker", "--join", "tcp://127.0.0.1:1"],
+}
+
+
+@pytest.mark.parametrize("what", sorted(HAND_STARTED))
+def test_a_process_started_by_hand_without_keys_refuses_to_listen_on_tcp(what):
+    env = {k: v for k, v in os.environ.items() if k != security.ENV}
+    out = subprocess.run([sys.executable, "-m", *HAND_STARTED[what]], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    [line] = out.stderr.splitlines()
+    assert line.startswith(f"{what}: will not listen on tcp://127.0.0.1 without keys")
+    assert "'pathways keys DIR'" in line and "--insecure" in line
+
+
+def test_a_coordinator_started_by_hand_listens_with_keys_in_a_private_directory_or_insecure(
+        tmp_path, ctx):
+    env = {k: v for k, v in os.environ.items() if k != security.ENV}
+    private = tmp_path / "sockets"
+    private.mkdir(mode=0o700)
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    keys = security.ephemeral()
+    marker = tmp_path / "ran"
+    try:
+        for argv, extra_env, warned in (
+                (["--bind", f"ipc://{private}/"], {}, False),
+                ([], {security.ENV: keys}, False),
+                (["--insecure"], {}, True)):
+            coord = subprocess.Popen([sys.executable, "-m", "pathways", "coordinator", *argv],
+                                     env={**env, **extra_env}, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+            try:
+                address = read_until(coord, "pathways coordinator at")[-1].split()[-1]
+                if warned:  # plain tcp: what the refusal protects against
+                    assert stranger(ctx, address, poisoned(marker, zmq.DEALER)) == "succeeded"
+                    wait_until(marker.exists, timeout=30, interval=0.05)
+            finally:
+                coord.terminate()
+                err = coord.communicate(timeout=30)[1]
+            assert (security.INSECURE_WARNING in err) == warned, err
+        out = subprocess.run([sys.executable, "-m", "pathways", "coordinator", "--bind",
+                              f"ipc://{shared}/"], env=env, capture_output=True, text=True,
+                             timeout=60)  # a directory other users may enter is not private
+        assert out.returncode == 2 and "will not listen on ipc://" in out.stderr
+    finally:
+        security.discard(keys)

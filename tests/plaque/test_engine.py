@@ -257,7 +257,8 @@ def test_worker_started_by_hand_joins_and_exits_when_coordinator_vanishes():
         import sys
 
         proc = subprocess.Popen([sys.executable, "-m", "plaque", "worker", "--join",
-                                 cluster.address.split("|")[0], "--coordinator-timeout", "1.5"])
+                                 cluster.address.split("|")[0], "--coordinator-timeout", "1.5",
+                                 "--insecure"])  # as its coordinator: plain tcp
         cluster.processes.append(proc)
         cluster.wait_for_workers(1, timeout=30)
         assert cluster.install(sparse_graph(2, 3)).run(2).result(30).outputs["collect"] == \

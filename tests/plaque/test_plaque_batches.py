@@ -58,7 +58,7 @@ def test_a_keyed_word_count_is_exact_across_different_hash_seeds(caplog):
             env = dict(os.environ, PYTHONHASHSEED=seed, PLAQUE_DIE_WITH_PARENT="1")
             cluster.processes.append(subprocess.Popen(
                 [sys.executable, "-m", "plaque", "worker", "--join",
-                 cluster.address.split("|")[0]], env=env))
+                 cluster.address.split("|")[0], "--insecure"], env=env))
         with caplog.at_level(logging.WARNING, logger="plaque.coordinator"):
             cluster.wait_for_workers(2, timeout=30)
         assert "hashes strings differently" in caplog.text
