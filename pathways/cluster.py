@@ -67,6 +67,8 @@ class LocalCluster:
                 keys = self._own_keys = self._new_keys()
         bind = LOOPBACK if bind is None else bind
         env = {**worker_env(keys), "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", HASH_SEED)}
+        if insecure:  # asked for in code, or said once by pathways up: not again per process
+            env[security.WARNED_ENV] = "1"
         self.keys, self.insecure = keys, insecure
         self._env, self._v, self.hbm_gib = env, ["-v"] * verbose, hbm_gib
         self.kernel_limit, self.bind, self.port = kernel_limit, bind, port

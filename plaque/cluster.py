@@ -309,11 +309,15 @@ class Cluster:
     def start_worker_processes(self, n: int, bind: str = "tcp://127.0.0.1") -> None:
         """Spawn ``n`` worker processes that join this cluster."""
         env = worker_env(self.keys)
+        plain = self.keys is None and security.keys_dir() is None and \
+            not security.private_ipc(bind)  # as this cluster listens, asked for in code:
+        if plain:  # the workers need not each warn
+            env[security.WARNED_ENV] = "1"
         for _ in range(n):
             verbose = ["-v"] * int(os.environ.get("PLAQUE_VERBOSE", "0") or 0)
             cmd = [sys.executable, "-m", "plaque", *verbose, "worker", "--join", self.address,
                    "--bind", bind]
-            if self.keys is None and security.keys_dir() is None:  # as this cluster listens
+            if plain:
                 cmd.append("--insecure")
             self.processes.append(subprocess.Popen(cmd, env=env))
 

@@ -97,6 +97,8 @@ def private_socket_dir(prefix: str = "plaque-") -> str | None:
     return directory
 
 
+WARNED_ENV = "PLAQUE_INSECURE_WARNED"  # set by a local cluster for the processes it starts
+# insecure: it has warned (or was asked in code), so they do not each warn again
 INSECURE_WARNING = ("warning: --insecure: no CURVE keys, so any local user can run code in"
                     " this cluster")
 
@@ -110,21 +112,31 @@ def private_directory(path) -> bool:
     return os.path.isdir(path) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
 
 
+def private_ipc(bind: str) -> bool:
+    """Whether ``bind`` is ``ipc://DIR/`` (or a socket path in DIR) for a private ``DIR``."""
+    if not bind.startswith("ipc://"):
+        return False
+    path = bind[len("ipc://"):]
+    return bool(path) and private_directory(path if bind.endswith("/")
+                                            else os.path.dirname(path))
+
+
 def refuse_plain(bind: str, insecure: bool) -> None:
     """Check that a process started by hand (``pathways coordinator``, ``pathways host``,
     ``plaque worker``) may listen at ``bind``: with keys (``$PLAQUE_KEYS``, or an address's
     ``?keys=DIR`` adopted into it), on ``inproc://``, on ``ipc://`` sockets in a private
     directory (one this user owns and no other may enter), or when told ``insecure``, which
-    prints ``INSECURE_WARNING`` to stderr. Anything else raises ``PermissionError`` saying
+    prints ``INSECURE_WARNING`` to stderr (unless ``$PLAQUE_INSECURE_WARNED`` says the
+    cluster that started it has). Anything else raises ``PermissionError`` saying
     how to get keys: another user, or anyone who reaches the port, could run code in the
     cluster (loopback is no exception: every local user reaches it)."""
     if keys_dir() is not None or bind.startswith("inproc://"):
         return
-    if bind.startswith("ipc://") and bind != "ipc://" and private_directory(
-            bind[len("ipc://"):] if bind.endswith("/") else os.path.dirname(bind[len("ipc://"):])):
+    if private_ipc(bind):
         return
     if insecure:
-        print(INSECURE_WARNING, file=sys.stderr, flush=True)
+        if not os.environ.get(WARNED_ENV):
+            print(INSECURE_WARNING, file=sys.stderr, flush=True)
         return
     raise PermissionError(
         f"will not listen on {bind} without keys: anyone who reaches it could run"

@@ -180,3 +180,28 @@ def test_install_hints_match_the_readme():
     assert hint in (root / "pathways" / "plot.py").read_text()
     ignored = (root / ".gitignore").read_text().split()
     assert {"tour.json", "tour.png", "trace.json", "timeline.png"} <= set(ignored)
+
+
+def test_up_insecure_warns_once_and_a_host_joins_it_only_when_told_insecure(procs):
+    """``pathways up --insecure``: one warning, not one per process it starts; a host started
+    by hand for its plain address refuses without ``--insecure`` and joins with it."""
+    env = {k: v for k, v in os.environ.items() if k != "PLAQUE_KEYS"}
+    up = start("pathways", "up", "--insecure", "--hosts-per-island", "2",
+               "--devices-per-host", "1", env=env)
+    procs.append(up)
+    lines = read_until(up, "pathways cluster up at")
+    address = lines[-1].split()[4]
+    lines += read_until(up, "warning: --insecure")
+    assert sum("warning" in line for line in lines) == 1, lines
+    refused = subprocess.run([sys.executable, "-m", "pathways", "host", "--coordinator",
+                              address, "--devices", "1"], env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 2 and "--insecure" in refused.stderr
+    procs.append(start("pathways", "host", "--coordinator", address, "--devices", "1",
+                       "--insecure", env=env))
+    deadline = time.monotonic() + 60
+    while status(address).count("device ") < 3:
+        assert time.monotonic() < deadline, "the host told --insecure never joined"
+        time.sleep(0.2)
+    up.send_signal(signal.SIGINT)
+    assert up.wait(30) == 0
