@@ -74,10 +74,11 @@ class Layout:
         return hosts_per_island(self.hosts, self.islands)
 
     @property
-    def bind(self) -> str:
-        """Loopback when the job has one node; else every interface, each process announcing
-        its node's name."""
-        return "tcp://127.0.0.1" if self.nodes == 1 else "tcp://0.0.0.0"
+    def bind(self) -> str | None:
+        """None when the job has one node (a local cluster's default: Unix sockets in a
+        private directory, no keys); else every interface, each process announcing its
+        node's name, with the job's CURVE keys."""
+        return None if self.nodes == 1 else "tcp://0.0.0.0"
 
     def srun(self, host_argv: list[str]) -> list[str]:
         """One job step running a host per rank; rank r joins island r // hosts_per_island.

@@ -52,7 +52,7 @@ def test_each_rank_joins_its_island(nodes, per_node, islands):
     argv = layout.srun(["echo", "host"])
     assert argv[:2] == ["srun", "--quiet"]
     assert f"--ntasks={nodes * per_node}" in argv and f"--ntasks-per-node={per_node}" in argv
-    assert layout.bind == ("tcp://127.0.0.1" if nodes == 1 else "tcp://0.0.0.0")
+    assert layout.bind == (None if nodes == 1 else "tcp://0.0.0.0")  # None: private ipc
     shell = argv[argv.index("sh"):]
     for rank in range(layout.hosts):
         out = subprocess.run(shell, env={"SLURM_PROCID": str(rank), "PATH": os.environ["PATH"]},
@@ -170,16 +170,17 @@ def job_env(slurm):
     subprocess.run(["scancel", "--name", name], timeout=30)
 
 
-def _no_process_of(job_id: str) -> None:
-    """Nothing of the job is left: no process naming its key directory, and the directory is
-    gone (the hosts' command lines name it in the coordinator's address)."""
-    keys = Path.home() / ".pathways" / f"slurm-{job_id}"
+def _no_process_of(job_id: str, sockets: str | None = None) -> None:
+    """Nothing of the job is left: no process naming its key directory or, for a job of one
+    node, its ``sockets`` directory (the hosts' command lines name it in the coordinator's
+    address), and the directory is gone."""
+    where = Path(sockets) if sockets else Path.home() / ".pathways" / f"slurm-{job_id}"
     deadline = time.monotonic() + 30
-    while subprocess.run(["pgrep", "-f", str(keys)], capture_output=True).returncode == 0:
+    while subprocess.run(["pgrep", "-f", str(where)], capture_output=True).returncode == 0:
         assert time.monotonic() < deadline, f"processes of job {job_id} still running"
         time.sleep(0.2)
-    while keys.exists():  # removed last, once the processes are gone
-        assert time.monotonic() < deadline, f"{keys} outlived job {job_id}"
+    while where.exists():  # removed last, once the processes are gone
+        assert time.monotonic() < deadline, f"{where} outlived job {job_id}"
         time.sleep(0.2)
 
 
@@ -194,11 +195,13 @@ def test_readme_recipe_runs_the_quickstart(job_env, tmp_path):
     log = output.read_text() if output.exists() else ""
     assert done.returncode == 0, f"{done.stdout}{done.stderr}\n{log}"
     job_id = re.search(r"Submitted batch job (\d+)", done.stdout).group(1)
-    assert re.search(rf"pathways slurm: cluster up at tcp://127\.0\.0\.1:\d+\?keys=\S+"
-                     rf"slurm-{job_id}: 2 hosts x 4 devices on 1 node\(s\), 1 island\(s\)", log)
+    up = re.search(r"pathways slurm: cluster up at ipc://(\S+)/plaque-\w+: 2 hosts x 4"
+                   r" devices on 1 node\(s\), 1 island\(s\)", log)  # one node: private sockets
+    assert up, log
     assert "equal to the reference interpreter" in log
     assert "error" not in log.lower(), log  # a clean shutdown: no step cancelled or killed
-    _no_process_of(job_id)
+    assert not (Path.home() / ".pathways" / f"slurm-{job_id}").exists()  # no keys made
+    _no_process_of(job_id, up.group(1))
 
 
 def test_a_serving_job_is_reached_from_outside_and_cancelled(job_env, tmp_path):
@@ -215,12 +218,14 @@ def test_a_serving_job_is_reached_from_outside_and_cancelled(job_env, tmp_path):
     while not address_file.exists() or not address_file.read_text().endswith("\n"):
         assert time.monotonic() < deadline, output.read_text() if output.exists() else ""
         time.sleep(0.2)
-    with pw.connect(address_file.read_text().strip()) as client:
+    address = address_file.read_text().strip()
+    assert address.startswith("ipc://")  # one node: its private sockets, this user reaches
+    with pw.connect(address) as client:
         devices = client.devices()
     assert sorted(d.island for d in devices) == [0, 0, 1, 1]  # rank r in island r // 1
     assert len({(d.island, d.host) for d in devices}) == 2  # two hosts, one per island
     subprocess.run(["scancel", job_id], check=True, timeout=30)
-    _no_process_of(job_id)
+    _no_process_of(job_id, address[len("ipc://"):].rsplit("/", 1)[0])
     deadline = time.monotonic() + 30
     while address_file.exists():
         assert time.monotonic() < deadline, "the address file outlived the job"
