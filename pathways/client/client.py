@@ -51,6 +51,8 @@ from .trace import Tracing, collect
 
 log = logging.getLogger("pathways.client.client")
 
+MAX_IN_FLIGHT = 1024  # calls given and not ended before a new one waits for the oldest
+
 
 class Client:
     """A connection to a Pathways coordinator. It reserves meshes, places arrays on devices
@@ -65,9 +67,13 @@ class Client:
     def __init__(self, address: str, dispatch: str = "parallel", timeout: float = 30.0,
                  weight: float = 1.0, priority: int = 0, coordinator_timeout: float = 5.0,
                  keys: str | None = None, connect_timeout: float | None = None,
-                 suspend_dir: str | None = None):
+                 suspend_dir: str | None = None, max_in_flight: int = MAX_IN_FLIGHT):
         if dispatch not in ("parallel", "sequential"):
             raise ValueError(f"dispatch must be 'parallel' or 'sequential', got {dispatch!r}")
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or \
+                max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
+        self.max_in_flight = max_in_flight
         if not weight > 0:
             raise ValueError(f"weight must be > 0, got {weight!r}")
         # "tcp://HOST:PORT?keys=DIR" names the cluster's keys; keys= and then $PLAQUE_KEYS
@@ -374,6 +380,7 @@ class Client:
                 raise ProgramError(f"argument {i} was deleted")
             if self.cluster.current(a.mesh) is not a.mesh:
                 self._move(i, a, self.cluster.current(a.mesh))
+        self._wait_for_room()
         program = self.programs.retarget(program)
         meshes = [a.mesh for a in arrays] + [getattr(e.fn, "mesh", None) for e in program.eqns]
         if self.suspensions:  # refused before any output exists (re-checked under the lock)
@@ -413,6 +420,22 @@ class Client:
                     status.set_exception(exc)
                 raise
         return outputs[0] if program.single_output else tuple(outputs)
+
+    def _wait_for_room(self) -> None:
+        """Back-pressure, as JAX's runtime gives: with ``max_in_flight`` runs given and not
+        ended, a call waits for the oldest to end. A program called in a loop without waiting
+        then keeps the coordinator's queue (and the time a ping waits behind it) bounded,
+        instead of queueing without end until the client takes the coordinator for lost.
+        Never on the session's own thread (a done callback), which ends runs."""
+        while len(self.runs) >= self.max_in_flight and not self.session.on_loop_thread():
+            oldest = self.runs.oldest()
+            if oldest is None:
+                return
+            self.session.check_open()
+            try:  # it ends, or the session fails it (exception() waits as result() does,
+                oldest.exception(self.timeout)  # so a simulated client drives its cluster)
+            except (TimeoutError, cf.CancelledError):
+                pass
 
     # ---- after a host loss: the same virtual slices on healthy devices ---------------------
     def remap(self, mesh: Mesh) -> Mesh:
@@ -512,7 +535,8 @@ class Client:
 
 def connect(address: str | None = None, dispatch: str = "parallel", timeout: float = 30.0,
             weight: float = 1.0, priority: int = 0, coordinator_timeout: float = 5.0,
-            keys: str | None = None, suspend_dir: str | None = None) -> Client:
+            keys: str | None = None, suspend_dir: str | None = None,
+            max_in_flight: int = MAX_IN_FLIGHT) -> Client:
     """Connect to a Pathways coordinator at ``address`` (printed by ``pathways up``, or a
     ``pw.local_cluster``'s ``cluster.address``); default: ``$PATHWAYS_ADDRESS``, which
     ``pathways slurm`` sets for the command it runs.
@@ -528,8 +552,10 @@ def connect(address: str | None = None, dispatch: str = "parallel", timeout: flo
     cluster's CURVE keys (``pathways keys DIR``) when the cluster requires them; default: the
     directory the address names (``tcp://HOST:PORT?keys=DIR``, what local clusters report),
     else ``$PLAQUE_KEYS``. ``suspend_dir``: where the hosts write a suspended slice's arrays
-    (default: the system's temporary directory). A malformed address raises ``ValueError``;
-    a directory without a key pair, ``FileNotFoundError``.
+    (default: the system's temporary directory). ``max_in_flight``: calls given and not
+    yet ended past which a new call waits for the oldest to end (as JAX's dispatch does).
+    A malformed address raises ``ValueError``; a directory without a key pair,
+    ``FileNotFoundError``.
 
     >>> with pw.connect(cluster.address, weight=2.0) as client:   # or "tcp://HOST:PORT?keys=DIR"
     ...     print(len(client.devices()))
@@ -542,4 +568,5 @@ def connect(address: str | None = None, dispatch: str = "parallel", timeout: flo
     refuse_stopped(address, keys)
     return Client(address, dispatch=dispatch, timeout=timeout, weight=weight,
                   priority=priority, coordinator_timeout=coordinator_timeout, keys=keys,
-                  suspend_dir=suspend_dir, connect_timeout=coordinator_timeout)
+                  suspend_dir=suspend_dir, connect_timeout=coordinator_timeout,
+                  max_in_flight=max_in_flight)

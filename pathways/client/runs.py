@@ -66,6 +66,12 @@ class RunBook:
                 out.append(run)
         return out
 
+    def oldest(self) -> cf.Future | None:
+        """The status of the run in flight the longest, or None if none is."""
+        for run in list(self._runs.values())[:1]:
+            return run.status
+        return None
+
     def statuses(self) -> list[cf.Future]:
         """The status of every run in flight now."""
         return [run.status for run in list(self._runs.values())]

@@ -191,6 +191,11 @@ class Session:
         """A new future for what the user will wait on (replies, runs, saves)."""
         return cf.Future()
 
+    def on_loop_thread(self) -> bool:
+        """Whether the caller runs on the session's loop (a done callback), which must
+        never wait for what the loop itself settles."""
+        return threading.current_thread() is self._thread
+
     def clock(self) -> float:
         """The client's time in seconds (monotonic; a simulated session's is virtual)."""
         return time.perf_counter()

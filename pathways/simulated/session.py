@@ -97,6 +97,11 @@ class SimSession(Session):
     def future(self) -> cf.Future:
         return self.sim.future()
 
+    def on_loop_thread(self) -> bool:
+        """Inside the simulation (a role's handler), where driving it again must not
+        happen."""
+        return self.sim.net.loop.is_running()
+
     def blocking_executor(self) -> cf.Executor:
         return InlineExecutor()
 
