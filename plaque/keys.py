@@ -10,7 +10,8 @@ Keys may be ``int`` (and ``bool`` and numpy integers, as their value), ``float``
 ``bytes``, ``None`` or tuples of these; equal keys hash equally (``1``, ``1.0`` and ``True`` are
 one key, as in a dict). Anything else is refused with a ``TypeError``: an object without a
 stable value (a class instance hashed by identity, say) would scatter silently.
-A numpy integer array of keys is hashed at once by ``stable_shards``.
+A numpy integer array of keys is hashed at once by ``stable_shards``; any other batch of keys
+has each distinct key hashed once.
 """
 
 from __future__ import annotations
@@ -78,5 +79,15 @@ def stable_shards(keys, num_shards: int) -> np.ndarray:
         with np.errstate(over="ignore"):
             mixed = (keys.astype(np.int64).view(np.uint64) * np.uint64(_GOLDEN)) >> np.uint64(32)
         return (mixed % np.uint64(num_shards)).astype(np.int64)
-    return np.fromiter((stable_hash(k) % num_shards for k in keys), dtype=np.int64,
-                       count=len(keys))
+    if isinstance(keys, np.ndarray):
+        keys = keys.tolist()  # numpy str_ / bytes_ / floats as their Python values
+    try:  # each distinct key hashed once: a batch of words repeats most of them
+        shard_of = dict.fromkeys(keys)
+    except TypeError:  # an unhashable key: stable_hash names it
+        shard_of = None
+    if shard_of is None or len(shard_of) == len(keys):
+        return np.fromiter((stable_hash(k) % num_shards for k in keys), dtype=np.int64,
+                           count=len(keys))
+    for k in shard_of:  # equal keys (1, 1.0, True) share an entry: they hash equally
+        shard_of[k] = stable_hash(k) % num_shards
+    return np.fromiter(map(shard_of.__getitem__, keys), dtype=np.int64, count=len(keys))

@@ -225,6 +225,26 @@ def test_the_array_path_hashes_as_the_scalar_one(ints, n):
     assert plaque.stable_shards(ints, n).tolist() == want
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(keys, max_size=12), st.lists(st.integers(0, 40), max_size=40),
+       st.integers(1, 17))
+def test_a_batch_with_repeated_keys_hashes_as_each_key_alone(distinct, picks, n):
+    """A batch hashes each distinct key once; every key still gets stable_shard's shard,
+    equal keys of different types (1, 1.0, True; str and numpy str) included."""
+    batch = [distinct[i % len(distinct)] for i in picks] if distinct else []
+    batch += [1, 1.0, True, "a", np.str_("a"), np.float64(2.5), 2.5] * (len(batch) % 2)
+    want = [plaque.stable_shard(k, n) for k in batch]
+    assert plaque.stable_shards(batch, n).tolist() == want
+    assert plaque.stable_shards(np.array(batch + [None], dtype=object), n).tolist() == \
+        want + [plaque.stable_shard(None, n)]
+
+
+def test_a_batch_with_a_key_of_no_stable_hash_is_refused_by_name():
+    for batch in (["a", "a", [1]], ["a", "a", object()]):
+        with pytest.raises(TypeError, match="has no stable hash"):
+            plaque.stable_shards(batch, 4)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(-2**80, 2**80))
 def test_an_int_key_hashes_as_defined(k):
