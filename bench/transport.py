@@ -36,9 +36,8 @@ import numpy as np
 
 import pathways as pw
 from bench.multicontroller import trivial_body
-from bench.results import bench_parser, publish
+from bench.results import bench_parser, publish, security_for_all
 from pathways import P
-from plaque import security
 
 TITLE = "Transports of a local cluster: default (private ipc) vs plain tcp vs CURVE"
 MODES = ("default", "insecure", "curve")
@@ -97,29 +96,19 @@ def _put_fetch(client, mesh, mib: int, reps: int) -> tuple[float, float]:
 
 def run_mode(mode: str, budget: float, reps: int, transfer_reps: int) -> dict:
     """One cluster in ``mode``: its figures by name."""
-    saved = os.environ.pop(security.ENV, None)
-    keys = security.ephemeral("bench-keys-") if mode == "curve" else None
-    if keys is not None:
-        os.environ[security.ENV] = keys
-    try:
-        with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=4,
-                              insecure=mode == "insecure") as cluster, \
-                pw.connect(cluster.address) as client:
-            scheme = cluster.address.split("://")[0]
-            if (scheme == "ipc") != (mode == "default"):
-                raise AssertionError(f"{mode}: the cluster listens at {cluster.address}")
-            mesh = client.mesh((4,), ("d",))
-            out = dict(zip(("OpByOp /s", "Chained /s"), _fig5(client, mesh, budget, reps)))
-            for mib in SIZES_MIB:
-                put, fetch = _put_fetch(client, mesh, mib, transfer_reps)
-                out[f"put {mib} MiB GB/s"], out[f"fetch {mib} MiB GB/s"] = put, fetch
-            return out
-    finally:
-        os.environ.pop(security.ENV, None)
-        if saved is not None:
-            os.environ[security.ENV] = saved
-        if keys is not None:
-            security.discard(keys)
+    with security_for_all(mode == "insecure", mode == "curve") as security, \
+            pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=4,
+                             **security) as cluster, \
+            pw.connect(cluster.address) as client:
+        scheme = cluster.address.split("://")[0]
+        if (scheme == "ipc") != (mode == "default"):
+            raise AssertionError(f"{mode}: the cluster listens at {cluster.address}")
+        mesh = client.mesh((4,), ("d",))
+        out = dict(zip(("OpByOp /s", "Chained /s"), _fig5(client, mesh, budget, reps)))
+        for mib in SIZES_MIB:
+            put, fetch = _put_fetch(client, mesh, mib, transfer_reps)
+            out[f"put {mib} MiB GB/s"], out[f"fetch {mib} MiB GB/s"] = put, fetch
+        return out
 
 
 def main(argv=None) -> int:

@@ -137,7 +137,8 @@ class LocalCluster:
 
     def _insecure_flag(self) -> list[str]:
         """``--insecure`` for the processes it starts, when it was told ``insecure=True``
-        (they refuse to listen on plain TCP otherwise); their warning goes to its stderr."""
+        (they refuse to listen on plain TCP otherwise; ``$PLAQUE_INSECURE_WARNED`` in their
+        environment keeps each from warning again)."""
         return ["--insecure"] if self.insecure else []
 
     def wait_ready(self, num_devices: int, timeout: float = 60.0) -> None:

@@ -309,9 +309,11 @@ class Cluster:
     def start_worker_processes(self, n: int, bind: str = "tcp://127.0.0.1") -> None:
         """Spawn ``n`` worker processes that join this cluster."""
         env = worker_env(self.keys)
+        # without keys outside a private directory, as its creator asked in code: its
+        # workers must be told --insecure too, and need not each warn about it
         plain = self.keys is None and security.keys_dir() is None and \
-            not security.private_ipc(bind)  # as this cluster listens, asked for in code:
-        if plain:  # the workers need not each warn
+            not security.private_ipc(bind)
+        if plain:
             env[security.WARNED_ENV] = "1"
         for _ in range(n):
             verbose = ["-v"] * int(os.environ.get("PLAQUE_VERBOSE", "0") or 0)

@@ -12,8 +12,9 @@ processes it starts). Then:
   nothing it sends is ever delivered, let alone unpickled;
 - every connecting socket is a CURVE client with the cluster's key pair.
 
-Without ``PLAQUE_KEYS`` nothing changes: plain TCP, which is why everything binds to loopback
-unless told otherwise.
+Without ``PLAQUE_KEYS`` a socket is plain, which is why everything binds to loopback unless
+told otherwise, and why a process started by hand refuses to listen on plain TCP (loopback
+too: every local user reaches it) unless told ``--insecure`` (``refuse_plain``).
 
 Local clusters (``pw.local_cluster``, ``pathways up``, ``plaque.local_cluster``) do not wait to
 be told. By default they listen on ``ipc://`` sockets in a private temporary directory
@@ -97,8 +98,9 @@ def private_socket_dir(prefix: str = "plaque-") -> str | None:
     return directory
 
 
-WARNED_ENV = "PLAQUE_INSECURE_WARNED"  # set by a local cluster for the processes it starts
-# insecure: it has warned (or was asked in code), so they do not each warn again
+# set by an insecure local cluster for the processes it starts: it has warned (or was asked
+# in code), so they do not each warn again
+WARNED_ENV = "PLAQUE_INSECURE_WARNED"
 INSECURE_WARNING = ("warning: --insecure: no CURVE keys, so any local user can run code in"
                     " this cluster")
 

@@ -68,9 +68,11 @@ class RunBook:
 
     def oldest(self) -> cf.Future | None:
         """The status of the run in flight the longest, or None if none is."""
-        for run in list(self._runs.values())[:1]:
-            return run.status
-        return None
+        try:
+            run = next(iter(self._runs.values()), None)
+        except RuntimeError:  # a run ended on the loop thread meanwhile: look again
+            return self.oldest()
+        return None if run is None else run.status
 
     def statuses(self) -> list[cf.Future]:
         """The status of every run in flight now."""

@@ -216,10 +216,6 @@ class Kernel(DeviceWork):
         self._outputs = None
 
     @property
-    def arg(self):
-        return self.gang.arg
-
-    @property
     def limit(self):
         """Seconds the body may run (None: the host's default)."""
         return self.spec.fn.limit
@@ -265,6 +261,7 @@ class Kernel(DeviceWork):
         self.host.post_release(self.cap, small)
 
     def _release_inputs(self):
+        """``release_input`` of each input, with the keys the gang already made."""
         keys, spec, store = self.input_keys(), self.spec, self.host.store
         for i, uses in enumerate(spec.releases):
             if i in spec.incoming:

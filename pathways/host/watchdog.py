@@ -19,8 +19,8 @@ A simulated cluster runs every host's bodies on its one thread and starts no thr
 own: there ``timer_watchdog`` gives the process's one ``TimerWatchdog`` instead, whose
 CPU-time interval timer (``ITIMER_VIRTUAL``) ticks while bodies run and raises
 ``KernelTimeout`` from its signal in a body past its deadline (to within ``TICK`` CPU
-seconds). A body spinning past its limit is stopped; one blocked
-without using CPU is not (a simulated body does not wait on anything real).
+seconds). A body spinning past its limit is stopped; one blocked without using CPU is not (a
+simulated body does not wait on anything real).
 """
 
 from __future__ import annotations
@@ -115,8 +115,8 @@ class TimerWatchdog:
     process's CPU-time interval timer ticks every ``TICK`` CPU seconds while bodies run, and
     its signal interrupts the body on the thread once that body's deadline has passed.
 
-    ``watch`` and ``unwatch`` are attribute stores (they run at every switch into a body, so
-    two ``setitimer`` calls there cost a simulated host a quarter of its CPU); the timer is
+    ``watch`` and ``unwatch`` are attribute stores (they run at every switch into a body:
+    two ``setitimer`` calls there were a quarter of a simulation's py-spy samples); the timer is
     armed by the first ``watch`` after it went quiet, and a tick that finds no body on the
     thread disarms it, so a process that stops running bodies is not signalled for long."""
 

@@ -26,6 +26,14 @@ def status(address):
     return out.stdout
 
 
+def wait_for_devices(address, n: int, what: str, timeout: float = 60.0) -> None:
+    """Until ``pathways status`` shows ``n`` devices; fails naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while status(address).count("device ") < n:
+        assert time.monotonic() < deadline, f"{what} never joined"
+        time.sleep(0.2)
+
+
 def test_up_host_status_and_clean_shutdown(procs):
     up = start("pathways", "up", "--islands", "2", "--hosts-per-island", "1",
                "--devices-per-host", "2", env=dict(os.environ))
@@ -37,10 +45,7 @@ def test_up_host_status_and_clean_shutdown(procs):
     extra = start("pathways", "host", "--coordinator", address, "--island", "1",
                   "--devices", "3")
     procs.append(extra)
-    deadline = time.monotonic() + 30
-    while status(address).count("device ") < 7:
-        assert time.monotonic() < deadline, "the added host never showed up"
-        time.sleep(0.2)
+    wait_for_devices(address, 7, "the added host", timeout=30)
     up.send_signal(signal.SIGINT)
     assert up.wait(30) == 0
     assert extra.wait(30) == 0  # the host notices its coordinator is gone and exits
@@ -199,9 +204,6 @@ def test_up_insecure_warns_once_and_a_host_joins_it_only_when_told_insecure(proc
     assert refused.returncode == 2 and "--insecure" in refused.stderr
     procs.append(start("pathways", "host", "--coordinator", address, "--devices", "1",
                        "--insecure", env=env))
-    deadline = time.monotonic() + 60
-    while status(address).count("device ") < 3:
-        assert time.monotonic() < deadline, "the host told --insecure never joined"
-        time.sleep(0.2)
+    wait_for_devices(address, 3, "the host told --insecure")
     up.send_signal(signal.SIGINT)
     assert up.wait(30) == 0
