@@ -16,6 +16,7 @@ import time
 
 import zmq
 
+from plaque import security, wire
 from plaque.logutil import dropped
 from plaque.zmq_transport import bind_socket
 
@@ -50,6 +51,8 @@ class RouterService:
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.address = bind_socket(self.sock, bind)
+        # CURVE on it (bind_socket's keys): large buffers travel in frames of a MiB
+        self._encrypts = not bind.startswith("inproc") and security.keys_dir() is not None
         self.handle, self.sender, self.after_batch = handle, sender, after_batch
         self.loop = None
         self._scheduled = False
@@ -104,8 +107,10 @@ class RouterService:
         if self.sock.closed:
             return
         for ident, payloads in replies.items():
-            self.sock.send_multipart([ident, *protocol.pack(protocol.batch(payloads),
-                                                            self.sender)], copy=False)
+            frames = protocol.pack(protocol.batch(payloads), self.sender)
+            if self._encrypts:
+                frames = wire.chunked(frames)
+            self.sock.send_multipart([ident, *frames], copy=False)
         self._drain_soon()  # a send may have swallowed the readable edge
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from collections import deque
 
 import zmq
 
-from . import security
+from . import security, wire
 from .transport import Transport
 from .wire import CONTROL, DATA
 
@@ -82,6 +82,8 @@ class ZmqTransport(Transport):
             raise ValueError(f"bind address must start with tcp:// or ipc://, got {bind!r}")
         self._own_context = context is None
         self.keys = keys
+        # CURVE on its sockets: large buffers then travel in frames of a MiB (wire.chunked)
+        self._encrypts = (keys if keys is not None else security.keys_dir()) is not None
         self.hwm = HWM if hwm is None else hwm
         self.ctx = context or zmq.Context()
         self._pull = {}
@@ -177,6 +179,8 @@ class ZmqTransport(Transport):
             if peer not in self._addresses:
                 raise KeyError(f"unknown peer {peer}")
             return  # peer announced without a data address yet: nothing can reach it
+        if self._encrypts:
+            frames = wire.chunked(frames)
         backlog = self._backlog.get(key)
         if backlog:
             backlog.append(frames)

@@ -30,7 +30,7 @@ import uvloop
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from plaque import security
+from plaque import security, wire
 from plaque.zmq_transport import context_for
 
 from .. import protocol
@@ -402,7 +402,10 @@ class Session:
 
     def _send_now(self, address, payload):
         s = self._sock(address)
-        s.send_multipart(protocol.pack(payload), copy=False)
+        frames = protocol.pack(payload)
+        if self.keys is not None:  # CURVE: large buffers travel in frames of a MiB
+            frames = wire.chunked(frames)
+        s.send_multipart(frames, copy=False)
         # A send can consume the edge of the socket's FD that announced an incoming message
         # (ZeroMQ's FD is edge-triggered and shared by both directions): look again.
         self._drain(s)

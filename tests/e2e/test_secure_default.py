@@ -276,6 +276,19 @@ def test_a_tcp_cluster_names_private_keys_and_the_address_is_enough(tcp_cluster)
         assert psum_everywhere(client) == 5.0
 
 
+def test_arrays_larger_than_a_chunk_cross_a_curve_cluster_intact(tcp_cluster):
+    """Over CURVE, buffers over ``wire.CHUNK`` travel in frames of a MiB: a put, a transfer
+    between hosts (a P("d") array read whole) and a fetch of 3 MiB shards come back exact."""
+    with pw.connect(tcp_cluster.address) as client:
+        mesh = client.mesh((4,), ("d",))
+        value = np.random.default_rng(0).random(3 * wire.CHUNK, dtype=np.float32)  # 12 MiB
+        x = client.put(value, mesh, P("d"))
+        doubled = pw.shard_map(lambda v: v * np.float32(2), mesh, P("d"), P("d"))(x)
+        total = pw.shard_map(lambda v: v.sum(keepdims=True), mesh, P(), P())(doubled)
+        np.testing.assert_array_equal(doubled.result(timeout=60), value * 2)
+        np.testing.assert_array_equal(total.result(timeout=60), (value * 2).sum(keepdims=True))
+
+
 def test_no_socket_of_a_tcp_cluster_lets_a_stranger_in(tcp_cluster, ctx, tmp_path):
     marker = tmp_path / "ran"
     for address, kind in sockets(tcp_cluster).items():

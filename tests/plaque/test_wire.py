@@ -119,6 +119,42 @@ def test_large_array_goes_out_of_band_uncopied(nbytes, order):
     assert same(got, array) and got.flags.f_contiguous == array.flags.f_contiguous
 
 
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_chunked_sends_a_buffer_over_chunk_as_frames_of_its_own_memory(order):
+    array = np.arange(5 * wire.CHUNK // 8, dtype=np.float64).reshape(2, -1).copy(order=order)
+    small, big = np.arange(wire.INBAND_LIMIT, dtype=np.uint8), np.ones(wire.CHUNK + 1, np.int8)
+    plain = wire.encode(Kind.DATA, 1, [small, array, big])
+    assert wire.chunked(plain[:2] + plain[2:3]) == plain[:3]  # nothing over CHUNK: unchanged
+    frames = wire.chunked(plain)
+    assert frames[0][3] == int(Kind.DATA) | wire.CHUNKED and frames[1] is plain[1]
+    assert struct.unpack("<3I", frames[2]) == (1, 5, 2)  # frames per buffer
+    sizes = [memoryview(f).nbytes for f in frames[3:]]
+    assert sizes == [small.nbytes, *[wire.CHUNK] * 5, wire.CHUNK, 1]
+    for f in frames[4:9]:  # views of the array, not copies
+        assert np.shares_memory(np.frombuffer(f, dtype=np.uint8), array)
+    kind, sender, got = wire.decode(on_the_wire(frames))
+    assert (kind, sender) == (Kind.DATA, 1)  # the flag is not the kind
+    assert same(got, [small, array, big])
+    assert got[1].flags.f_contiguous == array.flags.f_contiguous
+
+
+@pytest.mark.parametrize("layout, extra", [(b"", 0), (b"\x01\x00\x00", 0),
+                                           (struct.pack("<2I", 1, 0), 1),
+                                           (struct.pack("<2I", 1, 2), 2),
+                                           (struct.pack("<1I", 2), 3)])
+def test_a_chunked_message_whose_frame_counts_do_not_match_is_a_protocol_error(layout, extra):
+    body = wire.encode(Kind.DATA, 1, [np.ones(wire.CHUNK + 1, np.int8)])[1]
+    frames = [header(kind=int(Kind.DATA) | wire.CHUNKED), body, layout,
+              *[b"x" * 8] * extra]
+    with pytest.raises(ProtocolError, match="frame counts"):
+        wire.decode(frames)
+
+
+def test_a_chunked_message_without_its_frame_counts_is_a_protocol_error():
+    with pytest.raises(ProtocolError, match="no frame counts"):
+        wire.decode([header(kind=int(Kind.DATA) | wire.CHUNKED), b"x"])
+
+
 def test_several_large_arrays_one_frame_each_in_order():
     arrays = [np.full(1000 + i, i, dtype=np.int64) for i in range(4)]
     frames = wire.encode(Kind.OUTPUT, 2, [("x", arrays[0]), ("y", arrays[1:])])
