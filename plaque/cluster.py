@@ -46,9 +46,15 @@ class InstalledGraph:
     def __init__(self, cluster: Cluster, gid: int, graph: Graph):
         self.cluster, self.gid, self.graph = cluster, gid, graph
 
-    def run(self, arg=None) -> cf.Future:
-        """Start a run; the future gives a ``RunResult`` or raises the run's error."""
-        return self.cluster._run(self.gid, arg)
+    def run(self, arg=None, parts=None) -> cf.Future:
+        """Start a run; the future gives a ``RunResult`` or raises the run's error.
+
+        ``arg`` reaches every shard (``ctx.arg``); ``parts`` is the run's partitioned input,
+        ``{node name: [part of shard 0, part of shard 1, ...]}``, and each shard gets only its
+        own (``ctx.part``), sent to the worker that hosts it alone: files, line ranges or
+        numpy chunks to read there, not the whole input to every worker. A node or a count
+        of parts that does not fit the graph fails the future with ``GraphError``."""
+        return self.cluster._run(self.gid, arg, parts)
 
     def uninstall(self) -> None:
         self.cluster._call(lambda: self.cluster._core.uninstall(self.gid))
@@ -221,9 +227,10 @@ class Cluster:
         self._endpoint.soon()
         return gid
 
-    def start_async(self, gid: int, arg, callback):
-        """Loop thread: start a run; ``callback(result, error)`` runs when it ends."""
-        t = self._core.start(gid, arg)
+    def start_async(self, gid: int, arg, callback, parts=None):
+        """Loop thread: start a run (``parts``: its partitioned input, as ``run`` takes it);
+        ``callback(result, error)`` runs when it ends."""
+        t = self._core.start(gid, arg, parts)
         self._runs[(gid, t)] = callback
         self._endpoint.soon()
         return t
@@ -253,7 +260,7 @@ class Cluster:
         gid = fut.result(timeout)
         return InstalledGraph(self, gid, graph)
 
-    def _run(self, gid, arg) -> cf.Future:
+    def _run(self, gid, arg, parts=None) -> cf.Future:
         fut = self._new_future()
         if self._closed:
             fut.set_exception(ClusterClosed("the cluster is closed"))
@@ -261,7 +268,7 @@ class Cluster:
 
         def job():
             try:
-                self.start_async(gid, arg, _resolver(fut))
+                self.start_async(gid, arg, _resolver(fut), parts)
             except BaseException as exc:
                 fut.set_exception(exc)
                 return

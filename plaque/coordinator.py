@@ -77,9 +77,36 @@ class _Graph:
     workers: list[int]
     tracker: ProgressTracker
     awaiting: set[int]
+    placement: list = field(default_factory=list)  # per node: the worker of each shard
     next_t: itertools.count = field(default_factory=itertools.count)
     broken: Exception | None = None
     runs: dict[object, _Run] = field(default_factory=dict)
+
+
+def _split_parts(g: _Graph, parts) -> dict[int, dict]:
+    """``{worker: {(node index, shard): part}}`` of a run's ``parts`` (``{node name:
+    sequence of one part per shard}``); GraphError naming what does not fit the graph."""
+    if not isinstance(parts, dict):
+        raise GraphError(f"parts must be a dict of node name -> one part per shard, got"
+                         f" {type(parts).__name__}")
+    split: dict[int, dict] = {}
+    for name, node_parts in parts.items():
+        if name not in g.node_names:
+            raise GraphError(f"parts for {name!r}: graph {g.name!r} has no such node (its"
+                             f" nodes: {', '.join(map(repr, g.node_names))})")
+        node = g.node_names.index(name)
+        shards = g.placement[node]
+        try:
+            node_parts = list(node_parts)
+        except TypeError:
+            raise GraphError(f"parts for {name!r} must be a sequence of one part per shard,"
+                             f" got {type(node_parts).__name__}") from None
+        if len(node_parts) != len(shards):
+            raise GraphError(f"parts for {name!r}: {len(node_parts)} given for its"
+                             f" {len(shards)} shards (one per shard)")
+        for shard, (worker, part) in enumerate(zip(shards, node_parts)):
+            split.setdefault(worker, {})[(node, shard)] = part
+    return split
 
 
 @dataclass
@@ -146,7 +173,7 @@ class CoordinatorCore:
         gid = next(self._gids)
         workers = sorted({w for p in placement for w in p})
         self.graphs[gid] = _Graph(graph.name, [n.name for n in graph.nodes], workers,
-                                  ProgressTracker(topology), set(workers))
+                                  ProgressTracker(topology), set(workers), placement=placement)
         blob = ship((graph, placement), [n.factory for n in graph.nodes])
         for w in workers:
             self._send(w, Kind.INSTALL, Install(gid, blob).wire())
@@ -162,18 +189,21 @@ class CoordinatorCore:
             if self.workers[w].alive:
                 self._send(w, Kind.UNINSTALL, gid)
 
-    def start(self, gid: int, arg=None):
-        """Begin a run of graph ``gid``; returns its timestamp."""
+    def start(self, gid: int, arg=None, parts=None):
+        """Begin a run of graph ``gid``; returns its timestamp. ``parts``: the run's
+        partitioned input, ``{node name: [part of shard 0, part of shard 1, ...]}``; each
+        worker is sent the parts of the shards it hosts only (``ctx.part``)."""
         g = self.graphs.get(gid)
         if g is None:
             raise GraphError(f"graph {gid} is not installed")
         if g.broken is not None:
             raise g.broken
+        split = _split_parts(g, parts) if parts is not None else {}
         t = next(g.next_t)
         g.tracker.update(g.tracker.start_changes(t))
         g.runs[t] = _Run(RunResult(t))
         for w in g.workers:
-            self._send(w, Kind.START, Start(gid, t, arg).wire())
+            self._send(w, Kind.START, Start(gid, t, arg, split.get(w)).wire())
         return t
 
     def request_counters(self) -> tuple[int, list[int]]:

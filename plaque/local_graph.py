@@ -46,6 +46,7 @@ class LocalGraph:
         self.waiting_on: dict[tuple, set] = {}  # witness -> shards
         self.unchecked: set = set()  # shards with a new timestamp to test
         self.args: dict[object, object] = {}
+        self.parts: dict[object, dict] = {}  # t -> {(node, shard): its part of the input}
         self.early: dict[object, list] = {}  # tuples that overtook their run's START
         self.failed: set = set()  # timestamps whose operators already raised here
         self.eager = not all(n.notify for n in graph.nodes)  # has never-notified nodes

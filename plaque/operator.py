@@ -113,6 +113,14 @@ class Context:
         return self._core.hold_capability(self.local_graph, self.node_index, self.shard, self.t)
 
     @property
+    def part(self):
+        """This shard's part of the current run's partitioned input
+        (``run(arg, parts={node: [part of shard 0, ...]})``): only the worker hosting the
+        shard receives it. None when the run gave this node no parts."""
+        parts = self.local_graph.parts.get(self.t)
+        return None if parts is None else parts.get((self.node_index, self.shard))
+
+    @property
     def state(self) -> dict:
         """This shard's state for the current run: a dict, empty at first, dropped when the
         shard has completed the run (after ``on_complete`` and any held capability). A node

@@ -78,11 +78,14 @@ class InstallReply:
 
 @payload
 class Start:
-    """``Kind.START``, coordinator -> worker: begin run ``t`` of graph ``gid`` with ``arg``."""
+    """``Kind.START``, coordinator -> worker: begin run ``t`` of graph ``gid`` with ``arg``;
+    ``parts``: ``{(node index, shard): part}`` of the run's partitioned input, for the shards
+    this worker hosts (None: none)."""
 
     gid: int
     t: object
     arg: object
+    parts: dict | None = None
 
 
 @payload

@@ -201,6 +201,8 @@ class WorkerCore:
         g, t, arg = self.graphs[start.gid], start.t, start.arg
         g.tracker.update(((CAP, n, s, t), 1) for n, s in g.tracked)
         g.args[t] = arg
+        if start.parts:
+            g.parts[t] = start.parts
         g.live[t] = set(g.ops)
         for shard in g.ops:
             if g.graph.nodes[shard[0]].notify:
@@ -464,6 +466,7 @@ class WorkerCore:
         g.failed.discard(t)
         if not g.eager:
             g.args.pop(t, None)
+            g.parts.pop(t, None)
             return
         # Shards that are never notified may still get input for t: keep its argument for
         # a while (input with no argument would wait for a START that already came).
@@ -471,6 +474,7 @@ class WorkerCore:
         while len(g.retired) > LocalGraph.RETIRED_KEPT:
             old, _ = g.retired.popitem(last=False)
             g.args.pop(old, None)
+            g.parts.pop(old, None)
             for ctx in g.unnotified_states.pop(old, ()):
                 ctx.run_states.pop(old, None)
 
