@@ -51,8 +51,7 @@ class RouterService:
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.address = bind_socket(self.sock, bind)
-        # CURVE on it (bind_socket's keys): large buffers travel in frames of a MiB
-        self._encrypts = not bind.startswith("inproc") and security.keys_dir() is not None
+        self._encrypts = security.encrypts(self.address)  # bind_socket's keys
         self.handle, self.sender, self.after_batch = handle, sender, after_batch
         self.loop = None
         self._scheduled = False

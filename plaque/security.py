@@ -240,6 +240,13 @@ def server(sock: zmq.Socket, directory: str | None = None) -> None:
     sock.curve_server = True
 
 
+def encrypts(where: str, directory: str | None = None) -> bool:
+    """Whether a socket at ``where`` uses CURVE: keys in ``directory`` or ``$PLAQUE_KEYS``,
+    and an endpoint outside this process. Such a socket sends large buffers in frames of a
+    MiB (``plaque.wire.chunked``)."""
+    return not in_process(where) and (directory or keys_dir()) is not None
+
+
 def in_process(address: str) -> bool:
     """Whether ``address`` is a ZeroMQ ``inproc://`` endpoint: reachable only by sockets of
     this process and its context, so it needs (and gets) no CURVE."""

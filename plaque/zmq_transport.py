@@ -82,8 +82,7 @@ class ZmqTransport(Transport):
             raise ValueError(f"bind address must start with tcp:// or ipc://, got {bind!r}")
         self._own_context = context is None
         self.keys = keys
-        # CURVE on its sockets: large buffers then travel in frames of a MiB (wire.chunked)
-        self._encrypts = (keys if keys is not None else security.keys_dir()) is not None
+        self._encrypts = security.encrypts(bind, keys)
         self.hwm = HWM if hwm is None else hwm
         self.ctx = context or zmq.Context()
         self._pull = {}

@@ -403,7 +403,7 @@ class Session:
     def _send_now(self, address, payload):
         s = self._sock(address)
         frames = protocol.pack(payload)
-        if self.keys is not None:  # CURVE: large buffers travel in frames of a MiB
+        if security.encrypts(address, self.keys):
             frames = wire.chunked(frames)
         s.send_multipart(frames, copy=False)
         # A send can consume the edge of the socket's FD that announced an incoming message

@@ -38,10 +38,10 @@ def input_key(spec, arg, i: int, device: int):
     return (arg.array_id(spec.inputs[i]), device)
 
 
-def release_input(spec, arg, host: HostServices, i: int, device: int) -> None:
-    """This user is done with input ``i``: free a transfer buffer, or count one use of a
-    value shared by ``spec.releases[i]`` users (the last frees it); kept values stay."""
-    key = input_key(spec, arg, i, device)
+def release_input(spec, host: HostServices, i: int, key) -> None:
+    """This user is done with input ``i`` (its buffer ``key``, as ``input_key`` names it):
+    free a transfer buffer, or count one use of a value shared by ``spec.releases[i]`` users
+    (the last frees it); kept values stay."""
     if i in spec.incoming:
         host.store.delete(key)
     elif spec.releases[i]:
@@ -261,13 +261,8 @@ class Kernel(DeviceWork):
         self.host.post_release(self.cap, small)
 
     def _release_inputs(self):
-        """``release_input`` of each input, with the keys the gang already made."""
-        keys, spec, store = self.input_keys(), self.spec, self.host.store
-        for i, uses in enumerate(spec.releases):
-            if i in spec.incoming:
-                store.delete(keys[i])
-            elif uses:
-                store.release_use(keys[i], uses)
+        for i, key in enumerate(self.input_keys()):
+            release_input(self.spec, self.host, i, key)
 
     def on_error(self, exc):
         err = kernel_error(self.name, self.device_id, exc)

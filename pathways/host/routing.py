@@ -80,7 +80,7 @@ class RouteOp(DispatchedOp):
                 cap.emit(("rows", shard, sel.astype(np.int32), local, rows,
                           spec.links[shard][dst]), ROUTED_PORT, shard=dst)
         for i in range(1 + fn.token_args):
-            release_input(spec, arg, host, i, device)
+            release_input(spec, host, i, input_key(spec, arg, i, device))
         cap.release()
 
 
@@ -214,7 +214,8 @@ class ExpertKernel(DeviceWork):
 
     def _release_params(self):
         for i in self._param_indices():
-            release_input(self.spec, self.arg, self.host, i, self.device_id)
+            release_input(self.spec, self.host, i,
+                          input_key(self.spec, self.arg, i, self.device_id))
 
     def on_error(self, exc):
         err = kernel_error(self.name, self.device_id, exc)
