@@ -19,12 +19,12 @@ from .errors import (
     ProtocolError,
     WorkerLost,
 )
-from .graph import BROADCAST, KEYED, ONE_TO_ONE, Graph, Routing
+from .graph import BROADCAST, KEYED, ONE_TO_ONE, Combiner, Graph, Routing
 from .keys import stable_hash, stable_shard, stable_shards
 from .operator import Context, Operator
 
 __all__ = [
-    "BROADCAST", "KEYED", "ONE_TO_ONE", "Cluster", "ClusterClosed", "Context",
+    "BROADCAST", "KEYED", "ONE_TO_ONE", "Cluster", "ClusterClosed", "Combiner", "Context",
     "CoordinatorLost", "Graph", "GraphError", "InstalledGraph", "Operator", "OperatorError",
     "PlaqueError", "ProtocolError", "Routing", "RunResult", "WorkerLost", "local_cluster",
     "stable_hash", "stable_shard", "stable_shards", "total",

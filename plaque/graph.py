@@ -8,6 +8,10 @@ one node to an input port of another and says how tuples find their destination 
 - ``BROADCAST``: every tuple goes to every destination shard;
 - ``KEYED``: the sender names the destination shard of each tuple (any subset, or none).
 
+A KEYED edge may combine (``combine=operator.add``, or a ``Combiner``): a sender folds the values
+it emits under one key into one accumulator per turn, and the receiver gets ``(key,
+accumulator)`` pairs, as a Flink or Beam combiner, or Bytewax's ``reduce_final``, pre-aggregates.
+
 Graphs are acyclic: timestamps are run numbers and do not change along edges.
 """
 
@@ -49,6 +53,33 @@ class Node:
 
 
 @dataclass(frozen=True)
+class Combiner:
+    """How a combining KEYED edge folds the values emitted under one key before they leave.
+
+    ``add(acc, value)`` folds a value into an accumulator; ``create(value)`` makes the first
+    accumulator of a key (default: the value itself); ``merge(acc, acc)`` joins two
+    accumulators of one key (default: ``add``, right when accumulators and values are alike,
+    as for ``operator.add`` or ``max``). The receiver gets ``(key, accumulator)`` pairs and
+    merges them itself (``Combiner.merge`` is there for it to call).
+
+    >>> mean = Combiner(add=lambda a, v: (a[0] + v, a[1] + 1), create=lambda v: (v, 1),
+    ...                 merge=lambda a, b: (a[0] + b[0], a[1] + b[1]))
+    """
+
+    add: Callable[[Any, Any], Any]
+    create: Callable[[Any], Any] | None = None
+    merge: Callable[[Any, Any], Any] | None = None
+
+    def __post_init__(self):
+        for name in ("add", "create", "merge"):
+            fn = getattr(self, name)
+            if fn is not None and not callable(fn):
+                raise GraphError(f"Combiner {name}= must be callable, got {fn!r}")
+        if self.merge is None:
+            object.__setattr__(self, "merge", self.add)
+
+
+@dataclass(frozen=True)
 class Edge:
     """Output ``src_port`` of node ``src`` to input ``dst_port`` of node ``dst``."""
 
@@ -57,6 +88,7 @@ class Edge:
     routing: Routing
     src_port: int = 0
     dst_port: int = 0
+    combine: Combiner | None = None  # KEYED only: fold values per key before they leave
 
 
 @dataclass
@@ -102,8 +134,14 @@ class Graph:
         self.nodes.append(node)
         return node
 
-    def edge(self, src: Node, dst: Node, routing=ONE_TO_ONE, src_port=0, dst_port=0) -> Edge:
-        """Connect output ``src_port`` of ``src`` to input ``dst_port`` of ``dst``."""
+    def edge(self, src: Node, dst: Node, routing=ONE_TO_ONE, src_port=0, dst_port=0,
+             combine=None) -> Edge:
+        """Connect output ``src_port`` of ``src`` to input ``dst_port`` of ``dst``.
+
+        ``combine`` (KEYED edges only): a function ``f(acc, value)`` such as ``operator.add``,
+        or a ``Combiner``; the sender then folds what it emits under each key (``key=`` or
+        ``keys=``) into one accumulator per turn and ``dst`` receives ``(key, accumulator)``
+        pairs instead of the values, each key's hash computed once per turn."""
         for n in (src, dst):
             if not isinstance(n, Node) or n.index >= len(self.nodes) or self.nodes[n.index] != n:
                 raise GraphError(f"edge endpoint {n!r} is not a node of graph {self.name!r}")
@@ -115,7 +153,16 @@ class Graph:
             )
         if src.index == dst.index:
             raise GraphError(f"edge {src.name!r} -> itself would make a cycle")
-        edge = Edge(src.index, dst.index, routing, int(src_port), int(dst_port))
+        if combine is not None:
+            if routing is not KEYED:
+                raise GraphError(f"edge {src.name!r} -> {dst.name!r}: combine= needs a KEYED"
+                                 f" edge (values are folded per key), not {routing.name}")
+            if not isinstance(combine, Combiner):
+                if not callable(combine):
+                    raise GraphError(f"edge {src.name!r} -> {dst.name!r}: combine= must be a"
+                                     f" function f(acc, value) or a Combiner, got {combine!r}")
+                combine = Combiner(add=combine)
+        edge = Edge(src.index, dst.index, routing, int(src_port), int(dst_port), combine)
         self.edges.append(edge)
         if self._has_cycle():
             self.edges.pop()

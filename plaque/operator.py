@@ -57,7 +57,9 @@ class Context:
 
     Routing on KEYED edges: ``key=k`` sends to shard ``plaque.stable_shard(k, n)`` of the
     receiver's n shards, the same in every process (never ``hash()``, which differs between
-    processes); ``shard=i`` names the shard. Other edges ignore both.
+    processes); ``shard=i`` names the shard. Other edges ignore both. On a combining KEYED edge
+    (``Graph.edge(..., combine=f)``) ``key=`` is required and values are folded per key: the
+    receiver gets ``(key, accumulator)`` pairs.
     """
 
     __slots__ = ("node", "shard", "num_shards", "worker", "arg", "services", "t", "_core",
@@ -84,6 +86,13 @@ class Context:
         if keyed:
             if key is not None and len(keyed) == 1:  # the usual keyed emit, without calls
                 edge = keyed[0]
+                pending = edge.pending
+                if pending is not None:  # a combining edge: fold into the key's accumulator
+                    if key in pending:
+                        pending[key] = edge.add(pending[key], value)
+                    else:
+                        pending[key] = value if edge.create is None else edge.create(value)
+                    return
                 s = stable_hash(key) % edge.shards
                 bucket = edge.buckets[s]
                 if bucket is None:

@@ -3,9 +3,13 @@ port, t), whatever the number of emits.
 
 An emit appends to a bucket; a batch (a list, or a numpy array whose rows are the tuples)
 extends one. Each operator shard's routes are cached per (t, port) for the turn, so a per-tuple
-emit is a dict lookup and an append. Progress counts a bucket's tuples once, when the turn's
-changes are committed (``count``), never per tuple. At the end of the turn the worker delivers
-the local buckets and sends the others, one DATA message per peer (``messages``). No I/O.
+emit is a dict lookup and an append. On a combining KEYED edge an emit folds the value into its
+key's accumulator for the turn instead (``KeyedRoute.pending``); the accumulators go to their
+shards' buckets, each key hashed once, when the turn's changes are committed or local tuples
+delivered (``flush_combined``), so what is counted is the pairs that leave. Progress counts a
+bucket's tuples once, when the turn's changes are committed (``count``), never per tuple. At
+the end of the turn the worker delivers the local buckets and sends the others, one DATA
+message per peer (``messages``). No I/O.
 """
 
 from __future__ import annotations
@@ -21,9 +25,11 @@ MAX_ARRAY_BYTES_PER_MESSAGE = 1 << 22  # ... or about this many bytes of numpy r
 
 
 class Bucket:
-    """Tuples for one (graph, node, shard, port, t): single values and numpy row arrays."""
+    """Tuples for one (graph, node, shard, port, t): single values, numpy row arrays and
+    (on a combining edge) accumulators by key, which leave as ``(key, accumulator)`` pairs."""
 
-    __slots__ = ("key", "pointstamp", "graph", "worker", "values", "arrays", "rows", "counted")
+    __slots__ = ("key", "pointstamp", "graph", "worker", "values", "arrays", "rows", "counted",
+                 "combined")
 
     def __init__(self, graph, dst, shard, port, t, worker):
         self.key = (graph.gid, dst, shard, port, t)
@@ -33,6 +39,7 @@ class Bucket:
         self.arrays: list = []
         self.rows = 0  # rows in arrays
         self.counted = 0  # tuples already in the staged progress changes
+        self.combined: dict = {}  # key -> accumulator (combining edges only)
 
     def add(self, values) -> None:
         if isinstance(values, np.ndarray):
@@ -43,18 +50,34 @@ class Bucket:
             self.values.extend(values)
 
     def __bool__(self) -> bool:
-        return bool(self.values) or bool(self.rows)
+        return bool(self.values) or bool(self.rows) or bool(self.combined)
 
 
 class KeyedRoute:
     """One KEYED edge of a route: the edge, its destination's shard count and name, and the
-    destination's buckets by shard, made as keys pick them."""
+    destination's buckets by shard, made as keys pick them. On a combining edge, ``pending``
+    holds this turn's accumulators by key until they are flushed to the buckets, and ``add``
+    and ``create`` are its combiner's (``pending`` is None on other edges)."""
 
-    __slots__ = ("edge", "shards", "buckets", "name")
+    __slots__ = ("edge", "shards", "buckets", "name", "pending", "add", "create", "ctx", "t")
 
-    def __init__(self, edge, shards: int, name: str):
+    def __init__(self, edge, shards: int, name: str, ctx=None, t=None):
         self.edge, self.shards, self.name = edge, shards, name
         self.buckets: list[Bucket | None] = [None] * shards
+        combine = edge.combine
+        self.pending: dict | None = None if combine is None else {}
+        self.add = self.create = None
+        if combine is not None:
+            self.add, self.create = combine.add, combine.create
+        self.ctx, self.t = ctx, t  # whose emits, at which run (to flush them)
+
+    def fold(self, key, value) -> None:
+        """Fold one value emitted under ``key`` into its accumulator."""
+        pending = self.pending
+        if key in pending:
+            pending[key] = self.add(pending[key], value)
+        else:
+            pending[key] = value if self.create is None else self.create(value)
 
 
 class Route:
@@ -76,6 +99,7 @@ class Outbox:
         self.buckets: dict[tuple, Bucket] = {}
         self.local: list[Bucket] = []  # the buckets of shards on this worker
         self._cached: list = []  # contexts whose routes are cached for this turn
+        self._combining: list[KeyedRoute] = []  # this turn's routes of combining edges
 
     def bucket(self, g, dst, shard, port, t) -> Bucket:
         b = self.buckets.get((g.gid, dst, shard, port, t))
@@ -93,7 +117,10 @@ class Outbox:
         for e in g.routes.get((ctx.node_index, port), ()):
             node = g.graph.nodes[e.dst]
             if e.routing is KEYED:
-                route.keyed.append(KeyedRoute(e, node.shards, node.name))
+                keyed = KeyedRoute(e, node.shards, node.name, ctx, t)
+                route.keyed.append(keyed)
+                if keyed.pending is not None:
+                    self._combining.append(keyed)
                 continue
             shards = (ctx.shard,) if e.routing is ONE_TO_ONE else range(node.shards)
             route.plain.extend(self.bucket(g, e.dst, s, e.dst_port, t) for s in shards)
@@ -114,6 +141,12 @@ class Outbox:
         """One tuple onto the KEYED edges of ``route``: to its key's shard, or to ``shard``."""
         h = None if key is None else stable_hash(key)
         for keyed in route.keyed:
+            if keyed.pending is not None:
+                if key is None:
+                    raise ValueError(f"emit on the combining KEYED edge to {keyed.name!r}"
+                                     " needs key= (values are folded per key)")
+                keyed.fold(key, value)
+                continue
             n = keyed.shards
             s = h % n if h is not None else checked_shard(shard, n, keyed.name)
             self.keyed_bucket(ctx, ctx.t, keyed, s).values.append(value)
@@ -131,7 +164,9 @@ class Outbox:
             b.add(values)
         for keyed in route.keyed:
             n, name = keyed.shards, keyed.name
-            if key is not None or shard is not None:
+            if keyed.pending is not None:
+                fold_batch(keyed, values, key, keys)
+            elif key is not None or shard is not None:
                 s = stable_hash(key) % n if key is not None else checked_shard(shard, n, name)
                 self.keyed_bucket(ctx, t, keyed, s).add(values)
             elif shards is not None or keys is not None:
@@ -141,14 +176,39 @@ class Outbox:
                 raise ValueError(f"emit on a KEYED edge to {name!r} needs key= (or shard=); a"
                                  " batch also takes keys= or shards=")
 
+    def flush_combined(self) -> None:
+        """Move the accumulators of this turn's combining routes into their shards' buckets,
+        hashing each key once; a key that has no stable hash, or a ``merge`` that raises,
+        fails its run (reported as an error of the emitting shard)."""
+        for keyed in self._combining:
+            pending = keyed.pending
+            if not pending:
+                continue
+            keyed.pending = {}
+            ctx, t = keyed.ctx, keyed.t
+            try:
+                n = keyed.shards
+                dests = stable_shards(list(pending), n).tolist() if n > 1 \
+                    else [0] * len(pending)
+                merge, buckets = keyed.edge.combine.merge, keyed.buckets
+                for (key, acc), s in zip(pending.items(), dests):
+                    b = buckets[s]
+                    if b is None:
+                        b = self.keyed_bucket(ctx, t, keyed, s)
+                    combined = b.combined
+                    combined[key] = merge(combined[key], acc) if key in combined else acc
+            except Exception as exc:
+                ctx._core._report(ctx.local_graph, ctx.node_index, ctx.shard, t, exc)
+
     def count(self) -> None:
         """Stage every bucket's uncounted tuples in its graph's progress changes."""
+        self.flush_combined()
         for b in self.buckets.values():
             self._count(b)
 
     @staticmethod
     def _count(b: Bucket) -> None:
-        n = len(b.values) + b.rows - b.counted
+        n = len(b.values) + b.rows + len(b.combined) - b.counted
         if n:
             b.graph.staged.add(b.pointstamp, n)
             b.counted += n
@@ -158,6 +218,9 @@ class Outbox:
         self._count(b)
         chunks = [b.values] if b.values else []
         chunks.extend(b.arrays)
+        if b.combined:
+            chunks.append(list(b.combined.items()))
+            b.combined = {}
         b.values, b.arrays, b.rows, b.counted = [], [], 0, 0
         return chunks
 
@@ -192,6 +255,7 @@ class Outbox:
         for ctx in self._cached:
             ctx.turn_routes.clear()
         self._cached.clear()
+        self._combining.clear()
         self.buckets = {b.key: b for b in self.local if b}
         self.local = list(self.buckets.values())
 
@@ -237,3 +301,25 @@ def split(values, shards, keys, n: int, name: str):
     for s, part in enumerate(parts):
         if part:
             yield s, part
+
+
+def fold_batch(keyed: KeyedRoute, values, key, keys) -> None:
+    """Fold a batch into a combining route: every value under ``key``, or each under its own
+    of ``keys``."""
+    if key is None and keys is None:
+        raise ValueError(f"emit_batch on the combining KEYED edge to {keyed.name!r} needs key="
+                         " or keys= (values are folded per key)")
+    if isinstance(values, np.ndarray):
+        values = list(values)
+    if key is not None:
+        for v in values:
+            keyed.fold(key, v)
+        return
+    if isinstance(keys, np.ndarray):
+        keys = keys.tolist()
+    if len(keys) != len(values):
+        raise ValueError(f"emit_batch to {keyed.name!r}: {len(values)} values but"
+                         f" {len(keys)} keys")
+    fold = keyed.fold
+    for k, v in zip(keys, values):
+        fold(k, v)

@@ -298,6 +298,7 @@ class WorkerCore:
         moved = True
         while moved:
             moved = False
+            self.outbox.flush_combined()  # folded pairs of combining edges into their buckets
             for b in list(self.outbox.local):
                 if b:
                     moved = True
