@@ -1,113 +1,135 @@
-"""Word count on Plaque, with batch operators and keys.
+"""Word count over text files on Plaque: partitioned input, a combining edge, a JSONL sink.
 
-lines (S shards) -> split -> KEYED by word -> count (C shards)
+files -> split (S shards, each reading its own line-aligned part of the files)
+      -> KEYED by word, combined -> count (C shards) -> out (a JSONL sink, C files per run)
 
-Each source shard makes its share of a deterministic corpus (Zipf-distributed words); the
-splitter turns a batch of lines into one batch of words and sends every word to the shard of
-its key with ``emit_batch(words, keys=words)``: one stable hash per word, the same in every
-worker process whatever its ``PYTHONHASHSEED``. A counter keeps its run's counts in
-``ctx.state`` (runs overlap) and outputs them when its input is complete. The driver starts
-several runs at once, checks every count against ``collections.Counter`` over the same corpus,
-and prints the throughput.
+``text_parts(files, S)`` cuts the files into S byte ranges that start and end at line
+boundaries; each split shard reads its own where it runs (nothing of the input passes through
+the driver) and emits ``1`` under each word's key. The edge to ``count`` combines with
+``operator.add``: a split shard sends each distinct word once per turn with its count, hashed
+once. A count shard adds the pairs it receives into its run's ``ctx.state`` and, when its input
+is complete, hands its counts to the sink, which writes ``counts-<run>/part-<shard>.jsonl``
+and publishes the run's directory when the run succeeds. The driver checks every count
+against ``collections.Counter`` over the same files and prints the throughput.
 
-Run: ``python examples/word_count.py [--workers 2] [--lines 20000] [--runs 4]``.
+Run: ``python examples/word_count.py [--workers 2] [--words 2000000] [--runs 3]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
+import operator
+import os
 import sys
+import tempfile
 import time
 
 import numpy as np
 
 import plaque
-from plaque import KEYED, ONE_TO_ONE, Graph, Operator
 
-VOCABULARY = 5000
-WORDS_PER_LINE = 12
-
-
-def corpus(shard: int, num_shards: int, lines: int, run: int) -> list[str]:
-    """This source shard's lines of run ``run``'s corpus (the same wherever it is made)."""
-    rng = np.random.default_rng([run, shard])
-    mine = lines // num_shards + (shard < lines % num_shards)
-    ranks = np.minimum(rng.zipf(1.3, size=(mine, WORDS_PER_LINE)), VOCABULARY)
-    return [" ".join(f"w{r}" for r in row) for row in ranks]
-
-
-class Lines(Operator):
-    """A source: ctx.arg = (lines in the corpus, run number)."""
-
-    def on_complete(self, ctx, t):
-        lines, run = ctx.arg
-        ctx.emit_batch(corpus(ctx.shard, ctx.num_shards, lines, run))
+# --- the word count: what a user writes ------------------------------------------------------
+from plaque import KEYED, ONE_TO_ONE, Graph, JsonlSink, Operator, read_lines
 
 
 class Split(Operator):
-    def on_batch(self, ctx, t, port, lines):
-        words = " ".join(lines).split()
-        ctx.emit_batch(words, keys=words)
+    def on_start(self, ctx, t):                   # a source: reads its own part of the files
+        for line in read_lines(ctx.part):
+            for word in line.split():
+                ctx.emit(1, key=word)             # folded per word before it leaves
 
 
 class Count(Operator):
-    def on_batch(self, ctx, t, port, words):
+    def on_batch(self, ctx, t, port, pairs):      # (word, count) pairs from every splitter
         counts = ctx.state.setdefault("counts", collections.Counter())
-        counts.update(words)
+        for word, n in pairs:
+            counts[word] += n
 
-    def on_complete(self, ctx, t):
-        ctx.output(dict(ctx.state.get("counts", {})))
+    def on_complete(self, ctx, t):                # every pair of run t is in
+        ctx.emit_batch(list(ctx.state.get("counts", {}).items()))
 
 
-def graph(sources: int = 2, counters: int = 4) -> Graph:
+def graph(out: str, splitters: int = 2, counters: int = 2) -> Graph:
     g = Graph("word-count")
-    lines = g.node("lines", Lines, shards=sources)
-    split = g.node("split", Split, shards=sources)
+    split = g.node("split", Split, shards=splitters)
     count = g.node("count", Count, shards=counters)
-    g.edge(lines, split, ONE_TO_ONE)
-    g.edge(split, count, KEYED)
+    g.edge(split, count, KEYED, combine=operator.add)
+    g.edge(count, g.node("out", JsonlSink(out), shards=counters), ONE_TO_ONE)
     return g
+# --- end of the word count -------------------------------------------------------------------
 
 
-def expected(lines: int, run: int, sources: int) -> collections.Counter:
+VOCABULARY = 50_000
+WORDS_PER_LINE = 12
+
+
+def write_corpus(directory: str, words: int, files: int = 4, seed: int = 0) -> list[str]:
+    """``files`` text files of Zipf-distributed words, ``words`` in all; their paths."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    lines = max(1, words // WORDS_PER_LINE)
+    for f in range(files):
+        mine = lines // files + (f < lines % files)
+        ranks = np.minimum(rng.zipf(1.3, size=(mine, WORDS_PER_LINE)), VOCABULARY)
+        path = os.path.join(directory, f"corpus-{f}.txt")
+        with open(path, "w") as fh:
+            fh.writelines(" ".join(f"w{r}" for r in row) + "\n" for row in ranks)
+        paths.append(path)
+    return paths
+
+
+def expected(paths) -> collections.Counter:
+    """The oracle: plain Python over the same files."""
     want: collections.Counter = collections.Counter()
-    for s in range(sources):
-        for line in corpus(s, sources, lines, run):
-            want.update(line.split())
+    for path in paths:
+        with open(path) as fh:
+            for line in fh:
+                want.update(line.split())
     return want
 
 
-def check(result, lines: int, run: int, sources: int) -> int:
-    """Raise unless every word was counted exactly once, on one shard; returns the words."""
-    shards = result.outputs.get("count", {})
+def published(directory: str) -> collections.Counter:
+    """The counts a run's sink published, refusing a word counted in two files."""
     got: collections.Counter = collections.Counter()
-    for counts in (c for outs in shards.values() for c in outs):
-        if set(counts) & set(got):
-            raise AssertionError("a word was counted on two shards: keys split")
-        got.update(counts)
-    if got != expected(lines, run, sources):
-        raise AssertionError(f"run {run}: counts differ from collections.Counter")
-    return sum(got.values())
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name)) as fh:
+            for line in fh:
+                word, n = json.loads(line)
+                if word in got:
+                    raise AssertionError(f"{word!r} was counted on two shards: keys split")
+                got[word] = n
+    return got
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-    ap.add_argument("--lines", type=int, default=20_000, help="lines per run (default 20000)")
-    ap.add_argument("--runs", type=int, default=4, help="runs started at once (default 4)")
+    ap.add_argument("--words", type=int, default=2_000_000, help="words in the corpus")
+    ap.add_argument("--runs", type=int, default=3, help="timed runs, one after another")
     args = ap.parse_args(argv)
-    with plaque.local_cluster(workers=args.workers) as cluster:
-        installed = cluster.install(graph())
-        installed.run((100, 0)).result(timeout=60)  # warm-up: imports, connections
-        start = time.perf_counter()
-        futures = [installed.run((args.lines, run)) for run in range(args.runs)]
-        results = [f.result(timeout=300) for f in futures]
-        elapsed = time.perf_counter() - start
-    words = sum(check(r, args.lines, run, 2) for run, r in enumerate(results))
-    print(f"{args.runs} overlapping runs of {args.lines} lines on {args.workers} workers:"
-          f" {words:,} words counted in {elapsed:.2f} s = {words / elapsed:,.0f} words/s")
-    print("every count equals collections.Counter over the same corpus (exact)")
+    with tempfile.TemporaryDirectory(prefix="plaque-wc-") as tmp:
+        paths = write_corpus(tmp, args.words)
+        out = os.path.join(tmp, "counts-{t}")
+        with plaque.local_cluster(workers=args.workers) as cluster:
+            installed = cluster.install(graph(out, args.workers, args.workers))
+            parts = {"split": plaque.text_parts(paths, args.workers)}
+            installed.run(parts=parts).result(timeout=300)  # warm-up: imports, connections
+            times, results = [], []
+            for _ in range(args.runs):
+                start = time.perf_counter()
+                results.append(installed.run(parts=parts).result(timeout=300))
+                times.append(time.perf_counter() - start)
+        want = expected(paths)
+        for result in results:
+            if published(os.path.join(tmp, f"counts-{result.timestamp}")) != want:
+                raise AssertionError(f"run {result.timestamp}: counts differ from Counter")
+    words = sum(want.values())
+    print(f"word count over {len(paths)} files on {args.workers} workers: {words:,} words,"
+          f" {len(want):,} distinct, best of {args.runs} runs {min(times):.2f} s ="
+          f" {words / min(times):,.0f} words/s")
+    print("every run's published counts equal collections.Counter over the files (exact)")
     return 0
 
 

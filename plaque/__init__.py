@@ -17,15 +17,19 @@ from .errors import (
     OperatorError,
     PlaqueError,
     ProtocolError,
+    SinkError,
     WorkerLost,
 )
 from .graph import BROADCAST, KEYED, ONE_TO_ONE, Combiner, Graph, Routing
 from .keys import stable_hash, stable_shard, stable_shards
 from .operator import Context, Operator
+from .readers import read_lines, text_parts
+from .sinks import JsonlSink, ParquetSink, Sink, TextSink
 
 __all__ = [
     "BROADCAST", "KEYED", "ONE_TO_ONE", "Cluster", "ClusterClosed", "Combiner", "Context",
     "CoordinatorLost", "Graph", "GraphError", "InstalledGraph", "Operator", "OperatorError",
-    "PlaqueError", "ProtocolError", "Routing", "RunResult", "WorkerLost", "local_cluster",
-    "stable_hash", "stable_shard", "stable_shards", "total",
+    "JsonlSink", "ParquetSink", "PlaqueError", "ProtocolError", "Routing", "RunResult", "Sink",
+    "SinkError", "TextSink", "WorkerLost", "local_cluster", "read_lines", "stable_hash",
+    "stable_shard", "stable_shards", "text_parts", "total",
 ]

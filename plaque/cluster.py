@@ -29,8 +29,10 @@ from . import security
 from .coordinator import CoordinatorCore, RunResult
 from .endpoint import Endpoint
 from .errors import ClusterClosed, PlaqueError
-from .events import CountersReceived, Installed, Membership, RunDone, RunFailed
+from .events import CountersReceived, Installed, Membership, RunDone, RunFailed, RunSettled
 from .graph import Graph
+from .sinks import StagedRun, sink_nodes
+from .streams import Stream
 from .transport import InprocTransport
 from .worker import WorkerCore
 from .zmq_transport import ZmqTransport
@@ -53,8 +55,35 @@ class InstalledGraph:
         ``{node name: [part of shard 0, part of shard 1, ...]}``, and each shard gets only its
         own (``ctx.part``), sent to the worker that hosts it alone: files, line ranges or
         numpy chunks to read there, not the whole input to every worker. A node or a count
-        of parts that does not fit the graph fails the future with ``GraphError``."""
-        return self.cluster._run(self.gid, arg, parts)
+        of parts that does not fit the graph fails the future with ``GraphError``.
+
+        A graph with sinks (``plaque.sinks``) gets a staging directory per sink for the run,
+        renamed to the sink's target before the future succeeds; if that fails (the target
+        exists, a shard's file is missing) the future fails with ``SinkError``."""
+        try:
+            parts, staged = self._staged(parts)
+        except Exception as exc:
+            fut = self.cluster._new_future()
+            fut.set_exception(exc)
+            return fut
+        return self.cluster._run(self.gid, arg, parts, staged)
+
+    def stream(self, arg=None) -> Stream:
+        """Open a stream of this graph (it needs an input node, ``g.input``): its epochs are
+        runs with ``arg``, fed by the driver (``plaque.streams``)."""
+        return Stream(self, arg)
+
+    def _staged(self, parts):
+        """A run's parts and its sinks' staging (None without sinks)."""
+        sinks = sink_nodes(self.graph)
+        if not sinks:
+            return parts, None
+        staged = StagedRun(sinks)
+        try:
+            return staged.parts(parts), staged
+        except Exception:
+            staged.abort()
+            raise
 
     def uninstall(self) -> None:
         self.cluster._call(lambda: self.cluster._core.uninstall(self.gid))
@@ -86,6 +115,7 @@ class Cluster:
         # flight (by (graph id, timestamp))
         self._installs: dict[int, object] = {}
         self._runs: dict[tuple, object] = {}
+        self._staged: dict[tuple, StagedRun] = {}  # (gid, t) -> sinks' staging of a run
         self._counter_requests: dict[int, tuple] = {}  # request -> (future, workers, replies)
         self._members: list[int] = []
         self._member_cv = threading.Condition()
@@ -166,6 +196,11 @@ class Cluster:
     def _on_run_failed(self, ev: RunFailed):
         _settle(self._runs, (ev.gid, ev.t), ev.error, None)
 
+    def _on_run_settled(self, ev: RunSettled):
+        staged = self._staged.pop((ev.gid, ev.t), None)
+        if staged is not None:  # no worker writes there any more
+            staged.abort()
+
     def _on_counters(self, ev: CountersReceived):
         fut, want, got = self._counter_requests.get(ev.request, (None, None, None))
         if fut is not None:
@@ -176,7 +211,7 @@ class Cluster:
 
     _ON_EVENT = {
         Membership: _on_membership, Installed: _on_installed, RunDone: _on_run_done,
-        RunFailed: _on_run_failed, CountersReceived: _on_counters,
+        RunFailed: _on_run_failed, CountersReceived: _on_counters, RunSettled: _on_run_settled,
     }
 
     def _call(self, fn, timeout=30.0):
@@ -227,10 +262,11 @@ class Cluster:
         self._endpoint.soon()
         return gid
 
-    def start_async(self, gid: int, arg, callback, parts=None):
-        """Loop thread: start a run (``parts``: its partitioned input, as ``run`` takes it);
-        ``callback(result, error)`` runs when it ends."""
-        t = self._core.start(gid, arg, parts)
+    def start_async(self, gid: int, arg, callback, parts=None, stream=None):
+        """Loop thread: start a run (``parts``: its partitioned input, as ``run`` takes it;
+        ``stream``: the stream it is an epoch of); ``callback(result, error)`` runs when it
+        ends."""
+        t = self._core.start(gid, arg, parts, stream)
         self._runs[(gid, t)] = callback
         self._endpoint.soon()
         return t
@@ -260,18 +296,25 @@ class Cluster:
         gid = fut.result(timeout)
         return InstalledGraph(self, gid, graph)
 
-    def _run(self, gid, arg, parts=None) -> cf.Future:
+    def _run(self, gid, arg, parts=None, staged: StagedRun | None = None) -> cf.Future:
         fut = self._new_future()
         if self._closed:
+            if staged is not None:
+                staged.abort()
             fut.set_exception(ClusterClosed("the cluster is closed"))
             return fut
 
         def job():
             try:
-                self.start_async(gid, arg, _resolver(fut), parts)
+                settle = _resolver(fut) if staged is None else self._committer(gid, fut, staged)
+                t = self.start_async(gid, arg, settle, parts)
             except BaseException as exc:
+                if staged is not None:
+                    staged.abort()
                 fut.set_exception(exc)
                 return
+            if staged is not None:  # a failed run's staging goes once the run settles
+                self._staged[(gid, t)] = staged
             self._endpoint.turn()
 
         self._loop.call_soon_threadsafe(job)
@@ -359,6 +402,9 @@ class Cluster:
             self._installs.clear()
             self._runs.clear()
             self._counter_requests.clear()
+            for staged in self._staged.values():  # the workers are gone: nobody writes there
+                staged.abort()
+            self._staged.clear()
             self._loop.stop()
 
         self._loop.call_soon_threadsafe(shutdown)
@@ -371,6 +417,78 @@ class Cluster:
 
     def __exit__(self, *exc):
         self.close()
+
+
+    def open_epoch(self, stream: Stream, closing: cf.Future | None) -> cf.Future:
+        """Any thread: advance ``stream``'s open epoch (if ``closing`` is its future) and
+        start the next; returns the new epoch's future."""
+        fut = self._new_future()
+        gid = stream.installed.gid
+        try:
+            parts, staged = stream.installed._staged(None)
+        except Exception as exc:
+            fut.set_exception(exc)
+            parts = staged = None
+
+        def job():
+            if closing is not None and stream.loop_t is not None:
+                self._core.advance(gid, stream.loop_t, stream.id)
+            stream.loop_t = None
+            if fut.done():  # its sinks could not be staged
+                return
+            try:
+                settle = _resolver(fut) if staged is None else self._committer(gid, fut, staged)
+                stream.loop_t = t = self.start_async(gid, stream.arg, settle, parts, stream.id)
+            except BaseException as exc:
+                if staged is not None:
+                    staged.abort()
+                fut.set_exception(exc)
+                return
+            if staged is not None:
+                self._staged[(gid, t)] = staged
+            self._endpoint.turn()
+
+        self._post(job, fut)
+        return fut
+
+    def feed(self, stream: Stream, node, shard: int, values, keys) -> None:
+        """Any thread: send ``values`` into ``stream``'s open epoch."""
+        def job():
+            if stream.loop_t is not None:
+                self._core.feed(stream.installed.gid, stream.loop_t, node.index, shard, values,
+                                keys)
+                self._endpoint.soon()
+        self._post(job)
+
+    def close_epoch(self, stream: Stream, fut: cf.Future) -> None:
+        """Any thread: advance ``stream``'s last epoch and end the stream."""
+        def job():
+            if stream.loop_t is not None:
+                self._core.advance(stream.installed.gid, stream.loop_t, stream.id, last=True)
+                self._endpoint.turn()
+        self._post(job, fut)
+
+    def _post(self, job, fut: cf.Future | None = None) -> None:
+        if self._closed:
+            if fut is not None and not fut.done():
+                fut.set_exception(ClusterClosed("the cluster is closed"))
+            return
+        self._loop.call_soon_threadsafe(job)
+
+    def _committer(self, gid: int, fut: cf.Future, staged: StagedRun):
+        """Loop thread: a callback(value, error) that publishes a successful run's sinks
+        before settling ``fut`` (a failure to publish fails it)."""
+        settle = _resolver(fut)
+
+        def done(result, error):
+            if error is None:
+                self._staged.pop((gid, result.timestamp), None)
+                try:
+                    staged.commit(result)
+                except Exception as exc:
+                    error = exc
+            settle(result if error is None else None, error)
+        return done
 
 
 def _settle(pending: dict, key, error, value) -> None:

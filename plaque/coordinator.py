@@ -23,14 +23,24 @@ from . import wire
 from .commands import Connect, Disconnect, Send
 from .counters import Counters
 from .errors import GraphError, OperatorError, WorkerLost
-from .events import CountersReceived, Installed, Membership, RunDone, RunFailed, UserMessage
+from .events import (
+    CountersReceived,
+    Installed,
+    Membership,
+    RunDone,
+    RunFailed,
+    RunSettled,
+    UserMessage,
+)
 from .graph import Graph, Topology
 from .heartbeat import HEARTBEAT_INTERVAL
 from .liveness import GRACE_TIMEOUTS, Listening
 from .logutil import dropped
 from .payloads import (
+    Advance,
     CountersReply,
     ErrorReport,
+    Feed,
     Hello,
     Install,
     InstallReply,
@@ -189,10 +199,11 @@ class CoordinatorCore:
             if self.workers[w].alive:
                 self._send(w, Kind.UNINSTALL, gid)
 
-    def start(self, gid: int, arg=None, parts=None):
+    def start(self, gid: int, arg=None, parts=None, stream: int | None = None):
         """Begin a run of graph ``gid``; returns its timestamp. ``parts``: the run's
         partitioned input, ``{node name: [part of shard 0, part of shard 1, ...]}``; each
-        worker is sent the parts of the shards it hosts only (``ctx.part``)."""
+        worker is sent the parts of the shards it hosts only (``ctx.part``). ``stream``: the
+        stream this run is an epoch of (its input nodes then wait for ``advance``)."""
         g = self.graphs.get(gid)
         if g is None:
             raise GraphError(f"graph {gid} is not installed")
@@ -203,8 +214,24 @@ class CoordinatorCore:
         g.tracker.update(g.tracker.start_changes(t))
         g.runs[t] = _Run(RunResult(t))
         for w in g.workers:
-            self._send(w, Kind.START, Start(gid, t, arg, split.get(w)).wire())
+            self._send(w, Kind.START, Start(gid, t, arg, split.get(w), stream).wire())
         return t
+
+    def feed(self, gid: int, t, node: int, shard: int, values, keys=None) -> None:
+        """Send ``values`` into epoch ``t`` through shard ``shard`` of input node ``node``."""
+        g = self.graphs.get(gid)
+        if g is None or g.broken is not None or t not in g.runs:
+            return  # the epoch already failed: its future says why
+        w = g.placement[node][shard]
+        self._send(w, Kind.FEED, Feed(gid, t, node, shard, values, keys).wire())
+
+    def advance(self, gid: int, t, stream: int, last: bool = False) -> None:
+        """Epoch ``t`` of ``stream`` takes no more input; ``last``: the stream ends."""
+        g = self.graphs.get(gid)
+        if g is None or g.broken is not None:
+            return
+        for w in g.workers:
+            self._send(w, Kind.ADVANCE, Advance(gid, t, stream, last).wire())
 
     def request_counters(self) -> tuple[int, list[int]]:
         """Ask every live worker for its counters; ``counters`` events carry the replies."""
@@ -329,6 +356,8 @@ class CoordinatorCore:
             del g.runs[t]
             if not run.failed:
                 self._events.append(RunDone(gid, t, run.result))
+            else:
+                self._events.append(RunSettled(gid, t))
 
     def _on_error(self, sender, payload):
         r = ErrorReport.of(payload)
@@ -403,6 +432,7 @@ class CoordinatorCore:
             for t, run in list(g.runs.items()):
                 if not run.failed:
                     self._events.append(RunFailed(gid, t, err))
+                self._events.append(RunSettled(gid, t))  # uninstalled below, never to finish
             g.runs.clear()
             if g.awaiting:
                 self._events.append(Installed(gid, err))

@@ -11,6 +11,10 @@ class GraphError(PlaqueError):
     """The graph is malformed: unknown node, cycle, mismatched shard counts, bad placement."""
 
 
+class SinkError(PlaqueError):
+    """A sink could not write or publish a run's output (see ``plaque.sinks``)."""
+
+
 class OperatorError(PlaqueError):
     """An operator raised on a worker; carries where it happened and the remote traceback."""
 

@@ -55,6 +55,16 @@ class RunFailed(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class RunSettled(Event):
+    """Failed run ``t`` of graph ``gid`` is over everywhere: no worker will run an operator
+    for it any more (its progress completed, or the graph broke with a lost worker and was
+    uninstalled). What the run left behind can be cleaned up now."""
+
+    gid: int
+    t: object
+
+
+@dataclass(frozen=True, slots=True)
 class CountersReceived(Event):
     """``worker``'s traffic counters, answering counters request ``request``."""
 

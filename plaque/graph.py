@@ -134,6 +134,13 @@ class Graph:
         self.nodes.append(node)
         return node
 
+    def input(self, name, shards=1, placement=None) -> Node:
+        """Add an input node: in a stream (``installed.stream()``) each of its shards emits
+        what the driver sends it (``stream.send``) into the open epoch, on port 0; in a
+        plain run it emits nothing."""
+        from .streams import StreamInput  # streams needs operator only; no cycle at run time
+        return self.node(name, StreamInput, shards, placement, notify=False)
+
     def edge(self, src: Node, dst: Node, routing=ONE_TO_ONE, src_port=0, dst_port=0,
              combine=None) -> Edge:
         """Connect output ``src_port`` of ``src`` to input ``dst_port`` of ``dst``.

@@ -47,6 +47,10 @@ class LocalGraph:
         self.unchecked: set = set()  # shards with a new timestamp to test
         self.args: dict[object, object] = {}
         self.parts: dict[object, dict] = {}  # t -> {(node, shard): its part of the input}
+        self.stream_of: dict[object, int] = {}  # t -> the stream it is an epoch of
+        self.stream_last: dict[int, object] = {}  # stream -> its last epoch, once closed
+        self.stream_states: dict[tuple, dict] = {}  # (stream, node, shard) -> keyed state
+        self.inputs: dict[tuple, object] = {}  # (node, shard, t) -> held input capability
         self.early: dict[object, list] = {}  # tuples that overtook their run's START
         self.failed: set = set()  # timestamps whose operators already raised here
         self.eager = not all(n.notify for n in graph.nodes)  # has never-notified nodes
@@ -56,6 +60,12 @@ class LocalGraph:
         self.live: dict[object, set] = {}  # t -> local shards whose capability is not dropped
         self.unnotified_states: dict[object, list] = {}  # t -> contexts of never-notified
         # shards holding ctx.state at t, dropped when t retires
+
+    def drop_stream(self, stream) -> None:
+        """Forget a closed stream's keyed state on this worker."""
+        self.stream_last.pop(stream, None)
+        for key in [k for k in self.stream_states if k[0] == stream]:
+            del self.stream_states[key]
 
     def apply(self, changes) -> None:
         """Apply progress changes to this worker's copy, only at the locations it tracks."""

@@ -113,6 +113,12 @@ class Context:
         """Hand ``value`` to the driver: it appears in the run's result under this node/shard."""
         self._core.add_output(self.local_graph, self.node_index, self.shard, self.t, value)
 
+    def fail(self, exc: BaseException, t=None) -> None:
+        """Fail run ``t`` (default: the current one) with ``exc``, as if a handler of this
+        shard had raised it."""
+        self._core.report(self.local_graph, self.node_index, self.shard,
+                           self.t if t is None else t, exc)
+
     def hold(self) -> Capability:
         """Keep this shard's capability for the current run after the handler returns.
 
@@ -128,6 +134,32 @@ class Context:
         shard receives it. None when the run gave this node no parts."""
         parts = self.local_graph.parts.get(self.t)
         return None if parts is None else parts.get((self.node_index, self.shard))
+
+    @property
+    def stream(self) -> int | None:
+        """The stream the current run is an epoch of (``installed.stream()``), or None."""
+        return self.local_graph.stream_of.get(self.t)
+
+    @property
+    def keyed_state(self) -> dict:
+        """This shard's state across the epochs of its stream: a dict, empty at first, kept
+        until the stream closes and its last epoch is over here (a plain run is a stream of
+        one epoch: its ``keyed_state`` is its ``state``). Keys of a KEYED edge always reach
+        the same shard, so what a shard keeps here by key is that key's state.
+
+        Input of a later epoch may arrive before an earlier epoch completes, while
+        ``on_complete`` comes in epoch order: gather an epoch's input in ``ctx.state`` and
+        fold it into ``keyed_state`` in ``on_complete``, so each epoch sees exactly the
+        epochs before it."""
+        g = self.local_graph
+        stream = g.stream_of.get(self.t)
+        if stream is None:
+            return self.state
+        key = (stream, self.node_index, self.shard)
+        state = g.stream_states.get(key)
+        if state is None:
+            state = g.stream_states[key] = {}
+        return state
 
     @property
     def state(self) -> dict:

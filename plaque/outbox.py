@@ -198,7 +198,7 @@ class Outbox:
                     combined = b.combined
                     combined[key] = merge(combined[key], acc) if key in combined else acc
             except Exception as exc:
-                ctx._core._report(ctx.local_graph, ctx.node_index, ctx.shard, t, exc)
+                ctx.fail(exc, t)
 
     def count(self) -> None:
         """Stage every bucket's uncounted tuples in its graph's progress changes."""

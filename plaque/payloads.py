@@ -86,6 +86,32 @@ class Start:
     t: object
     arg: object
     parts: dict | None = None
+    stream: int | None = None  # the stream this run is an epoch of (None: a plain run)
+
+
+@payload
+class Feed:
+    """``Kind.FEED``, coordinator -> worker: ``values`` the driver sends into epoch ``t`` of
+    a stream, emitted by shard ``shard`` of input node ``node`` (``keys``: one per value, for
+    its KEYED edges; None: none). Sent on the channel of START and ADVANCE, so in order."""
+
+    gid: int
+    t: object
+    node: int
+    shard: int
+    values: object
+    keys: object = None
+
+
+@payload
+class Advance:
+    """``Kind.ADVANCE``, coordinator -> worker: epoch ``t`` of stream ``stream`` takes no more
+    input (its input shards let their capabilities go); ``last``: the stream ends with it."""
+
+    gid: int
+    t: object
+    stream: int
+    last: bool = False
 
 
 @payload

@@ -58,6 +58,8 @@ class Kind(enum.IntEnum):
     STOP = 14  # coordinator -> worker: exit
     USER = 15  # anyone -> anyone: a payload for the embedding runtime (not for graphs)
     REPORT = 16  # worker -> coordinator: (PROGRESS body, OUTPUT list), small ones in one
+    FEED = 17  # coordinator -> worker: values the driver sends into an epoch of a stream
+    ADVANCE = 18  # coordinator -> worker: a stream's epoch takes no more input
 
 
 COORDINATOR = -1  # the sender id of the coordinator

@@ -27,8 +27,10 @@ from .logutil import dropped
 from .operator import Capability
 from .outbox import Outbox
 from .payloads import (
+    Advance,
     CountersReply,
     ErrorReport,
+    Feed,
     Hello,
     Install,
     InstallReply,
@@ -203,6 +205,8 @@ class WorkerCore:
         g.args[t] = arg
         if start.parts:
             g.parts[t] = start.parts
+        if start.stream is not None:
+            g.stream_of[t] = start.stream
         g.live[t] = set(g.ops)
         for shard in g.ops:
             if g.graph.nodes[shard[0]].notify:
@@ -216,7 +220,7 @@ class WorkerCore:
             try:
                 on_start(ctx, t)
             except Exception as exc:
-                self._report(g, node, shard, t, exc)
+                self.report(g, node, shard, t, exc)
         for node, shard, port, values in g.early.pop(t, ()):
             self._deliver(g, node, shard, port, t, values)
         for node, shard in [k for k in g.ops if not g.graph.nodes[k[0]].notify]:
@@ -240,6 +244,32 @@ class WorkerCore:
             g = self.graphs.get(gid)
             if g is not None:
                 g.apply(changes)
+
+    def _on_feed(self, sender, payload):
+        feed = Feed.of(payload)
+        g = self.graphs.get(feed.gid)
+        cap = g.inputs.get((feed.node, feed.shard, feed.t)) if g is not None else None
+        if cap is None:  # uninstalled, or the epoch already advanced: the driver refuses that
+            raise ValueError(f"no open epoch {feed.t} of input {feed.node}[{feed.shard}]")
+        try:
+            cap.emit_batch(feed.values, keys=feed.keys)
+        except Exception as exc:
+            self.report(g, feed.node, feed.shard, feed.t, exc)
+
+    def _on_advance(self, sender, payload):
+        adv = Advance.of(payload)
+        g = self.graphs.get(adv.gid)
+        if g is None:
+            return
+        for node, shard in g.ops:
+            cap = g.inputs.pop((node, shard, adv.t), None)
+            if cap is not None:
+                cap.release()
+        if adv.last:
+            if adv.t in g.live:
+                g.stream_last[adv.stream] = adv.t  # dropped when this worker finishes t
+            else:
+                g.drop_stream(adv.stream)
 
     def _on_heartbeat(self, sender, payload):
         pass
@@ -275,6 +305,7 @@ class WorkerCore:
         Kind.UNINSTALL: _on_uninstall, Kind.START: _on_start, Kind.DATA: _on_data,
         Kind.PROGRESS: _on_progress, Kind.HEARTBEAT: _on_heartbeat,
         Kind.COUNTERS: _on_counters, Kind.STOP: _on_stop, Kind.USER: _on_user,
+        Kind.FEED: _on_feed, Kind.ADVANCE: _on_advance,
     }
 
     # ---- operators ------------------------------------------------------------------------
@@ -290,7 +321,7 @@ class WorkerCore:
                     for v in values:
                         op.on_input(ctx, t, port, v)
             except Exception as exc:
-                self._report(g, node, shard, t, exc)
+                self.report(g, node, shard, t, exc)
         self._change(g, (INPUT, node, shard, t), -len(values))
 
     def _deliver_local(self) -> None:
@@ -355,7 +386,7 @@ class WorkerCore:
                 fn(cap)
             except Exception as exc:
                 ctx = cap.ctx
-                self._report(ctx.local_graph, ctx.node_index, ctx.shard, cap.t, exc)
+                self.report(ctx.local_graph, ctx.node_index, ctx.shard, cap.t, exc)
                 if not cap.released:
                     cap.release()
 
@@ -387,7 +418,9 @@ class WorkerCore:
                         batch = g.for_coordinator[t] = ChangeBatch()
                     batch.add(key, delta)
 
-    def _report(self, g, node, shard, t, exc) -> None:
+    def report(self, g, node, shard, t, exc) -> None:
+        """Fail run ``t`` of ``g``: shard ``shard`` of ``node`` raised ``exc``; the
+        coordinator is told (the run's later handlers here are skipped)."""
         g.failed.add(t)
         name = g.graph.nodes[node].name
         tb = "".join(traceback.format_exception(exc))
@@ -443,7 +476,7 @@ class WorkerCore:
             try:
                 op.on_complete(ctx, t)
             except Exception as exc:
-                self._report(g, node, shard, t, exc)
+                self.report(g, node, shard, t, exc)
         self._settle(g, node, shard, t)
 
     def _settle(self, g, node, shard, t) -> None:
@@ -465,9 +498,13 @@ class WorkerCore:
         g.finished.append(t)
         del g.live[t]
         g.failed.discard(t)
+        stream = g.stream_of.get(t)
+        if stream is not None and g.stream_last.get(stream) == t:
+            g.drop_stream(stream)  # the stream's last epoch: its keyed state goes
         if not g.eager:
             g.args.pop(t, None)
             g.parts.pop(t, None)
+            g.stream_of.pop(t, None)
             return
         # Shards that are never notified may still get input for t: keep its argument for
         # a while (input with no argument would wait for a START that already came).
@@ -476,6 +513,7 @@ class WorkerCore:
             old, _ = g.retired.popitem(last=False)
             g.args.pop(old, None)
             g.parts.pop(old, None)
+            g.stream_of.pop(old, None)
             for ctx in g.unnotified_states.pop(old, ()):
                 ctx.run_states.pop(old, None)
 

@@ -51,10 +51,17 @@ def test_jax_transformer_example_trains_and_matches_plain_jax():
 
 
 def test_word_count_example_is_exact_and_prints_its_throughput():
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "word_count.py"), "--lines",
-                          "2000", "--runs", "2"],
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "word_count.py"), "--words",
+                          "30000", "--runs", "2"],
                          capture_output=True, text=True, timeout=120, check=True).stdout
     assert "words/s" in out and "(exact)" in out
+
+
+def test_the_word_count_is_at_most_20_lines_of_user_code():
+    text = (ROOT / "examples" / "word_count.py").read_text()
+    code = text.split("# --- the word count: what a user writes")[1].split("# --- end")[0]
+    lines = [ln for ln in code.splitlines()[1:] if ln.strip()]
+    assert len(lines) <= 20, "\n".join(lines)
 
 
 def test_keyed_aggregation_example_is_exact_and_prints_its_throughput():

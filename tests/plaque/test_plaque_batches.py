@@ -51,7 +51,7 @@ def test_the_readme_plaque_snippet_runs():
     assert out.splitlines()[0] == "54 6534"
 
 
-def test_a_keyed_word_count_is_exact_across_different_hash_seeds(caplog):
+def test_a_keyed_word_count_is_exact_across_different_hash_seeds(caplog, tmp_path):
     cluster = plaque.Cluster("tcp://127.0.0.1", heartbeat_timeout=3.0)
     try:
         for seed in ("1", "2"):  # str hashes differ between these two workers
@@ -62,10 +62,15 @@ def test_a_keyed_word_count_is_exact_across_different_hash_seeds(caplog):
         with caplog.at_level(logging.WARNING, logger="plaque.coordinator"):
             cluster.wait_for_workers(2, timeout=30)
         assert "hashes strings differently" in caplog.text
-        installed = cluster.install(word_count.graph(sources=2, counters=5))
-        futures = [installed.run((400, run)) for run in range(3)]
-        for run, f in enumerate(futures):
-            assert word_count.check(f.result(60), 400, run, 2) == 400 * word_count.WORDS_PER_LINE
+        paths = word_count.write_corpus(str(tmp_path), 5000)
+        out = str(tmp_path / "counts-{t}")
+        installed = cluster.install(word_count.graph(out, splitters=2, counters=5))
+        futures = [installed.run(parts={"split": plaque.text_parts(paths, 2)})
+                   for _ in range(3)]
+        want = word_count.expected(paths)
+        for f in futures:
+            t = f.result(60).timestamp
+            assert word_count.published(str(tmp_path / f"counts-{t}")) == want
     finally:
         cluster.close()
 

@@ -1,0 +1,297 @@
+"""Sinks: nodes that write their shard's input to files, one directory per run, atomically.
+
+A sink is a node whose factory is a ``Sink``: ``g.node("out", JsonlSink("out/counts-{t}"),
+shards=4)``. Each shard writes what reaches it to ``part-<shard>.<suffix>`` and outputs a
+report, ``{"shard", "file", "records", "bytes"}``. The files go to a hidden staging directory
+next to the target, made by the driver when the run starts; when the run succeeds the driver
+checks every shard's file and renames the directory to the target (``{t}`` in its last
+component becomes the run's timestamp), so a reader sees all of a run's output or none of it.
+A failed run's staging directory is removed once no worker can write to it any more.
+
+The target must not exist unless ``overwrite=True`` (then the old directory is replaced in one
+rename and removed last). The driver and the workers must share the filesystem of the target,
+as on one machine or a cluster with a shared filesystem; a worker that cannot see the staging
+directory fails the run saying so.
+
+Formats: ``TextSink`` (``str(value)`` per line), ``JsonlSink`` (one JSON document per line) and
+``ParquetSink`` (records are dicts; needs pyarrow: ``pip install 'pathways-open[parquet]'``).
+A format is a ``Sink`` subclass with ``open``, ``write`` and ``close``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+
+from .errors import GraphError, SinkError
+from .operator import Operator
+
+__all__ = ["JsonlSink", "ParquetSink", "Sink", "TextSink"]
+
+
+class Sink:
+    """What a sink node writes and where; call it to make one shard's writer (an operator).
+
+    ``path``: the run's output directory, made absolute where the graph is built; ``{t}``
+    in its last component is replaced by the run's timestamp. ``overwrite``: replace an
+    existing directory (otherwise a run whose target exists fails, and says where its output
+    was kept).
+    """
+
+    suffix = ".out"
+
+    def __init__(self, path, overwrite: bool = False):
+        path = os.path.abspath(os.fspath(path))
+        parent, leaf = os.path.split(path)
+        if not leaf or "{" in parent or set("{}") & set(leaf.replace("{t}", "")):
+            raise GraphError(f"sink path {path!r}: give a directory whose last component may"
+                             " hold {t} (the run's timestamp), and no other braces")
+        self.path, self.overwrite = path, bool(overwrite)
+
+    def __call__(self) -> SinkWriter:
+        return SinkWriter(self)
+
+    def target(self, t) -> str:
+        """The directory run ``t`` commits to."""
+        return self.path.replace("{t}", str(t))
+
+    # ---- the format: override these ------------------------------------------------------
+    def open(self, path: str):
+        """A new file at ``path`` to write one shard's records to."""
+        return open(path, "w", encoding="utf-8")
+
+    def write(self, fh, values) -> None:
+        """Write a batch of records."""
+        raise NotImplementedError
+
+    def close(self, fh) -> None:
+        """Flush ``fh`` to disk and close it."""
+        fh.flush()
+        os.fsync(fh.fileno())
+        fh.close()
+
+
+class TextSink(Sink):
+    """One line per record: ``str(value)``."""
+
+    suffix = ".txt"
+
+    def write(self, fh, values) -> None:
+        fh.write("".join(f"{v}\n" for v in values))
+
+
+class JsonlSink(Sink):
+    """One JSON document per line (JSON Lines)."""
+
+    suffix = ".jsonl"
+
+    def write(self, fh, values) -> None:
+        dumps = json.dumps
+        fh.write("".join(dumps(v) + "\n" for v in values))
+
+
+class ParquetSink(Sink):
+    """Records are dicts of column -> value; each batch becomes a row group."""
+
+    suffix = ".parquet"
+
+    def __init__(self, path, overwrite: bool = False):
+        super().__init__(path, overwrite)
+        _pyarrow()  # refuse at graph-building time, not on the workers
+
+    def open(self, path: str):
+        return _ParquetFile(path)
+
+    def write(self, fh, values) -> None:
+        fh.write(values)
+
+    def close(self, fh) -> None:
+        fh.close()
+
+
+class _ParquetFile:
+    """A Parquet file written a batch (row group) at a time; its schema is the first batch's."""
+
+    def __init__(self, path):
+        self.path, self.writer = path, None
+
+    def write(self, records) -> None:
+        pa, pq = _pyarrow()
+        table = pa.Table.from_pylist(list(records))
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.path, table.schema)
+        self.writer.write_table(table)
+
+    def close(self) -> None:
+        if self.writer is None:  # no records: a file with no columns still says "empty"
+            pa, pq = _pyarrow()
+            pq.write_table(pa.table({}), self.path)
+        else:
+            self.writer.close()
+        with open(self.path, "rb") as fh:
+            os.fsync(fh.fileno())
+
+
+def _pyarrow():
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError("Parquet needs pyarrow: pip install 'pathways-open[parquet]'") \
+            from None
+    return pa, pq
+
+
+class SinkWriter(Operator):
+    """One shard of a sink node: writes to ``ctx.part``, the run's staging directory."""
+
+    def __init__(self, spec: Sink):
+        self.spec = spec
+
+    def _file(self, ctx):
+        state = ctx.state
+        fh = state.get("fh")
+        if fh is None:
+            staging = ctx.part
+            if staging is None:
+                raise SinkError(f"sink {ctx.node!r} ran without a staging directory: start"
+                                " runs of a graph with sinks with InstalledGraph.run")
+            if not os.path.isdir(staging):
+                raise SinkError(f"sink {ctx.node!r}: its staging directory {staging} does not"
+                                f" exist on worker {ctx.worker}; sinks need a filesystem the"
+                                " driver and the workers share")
+            name = f"part-{ctx.shard:05d}{self.spec.suffix}"
+            fh = state["fh"] = self.spec.open(os.path.join(staging, name))
+            state["name"], state["records"] = name, 0
+        return fh
+
+    def on_batch(self, ctx, t, port, values) -> None:
+        self.spec.write(self._file(ctx), values)
+        ctx.state["records"] += len(values)
+
+    def on_complete(self, ctx, t) -> None:
+        fh, state = self._file(ctx), ctx.state
+        self.spec.close(fh)
+        path = os.path.join(ctx.part, state["name"])
+        ctx.output({"shard": ctx.shard, "file": state["name"], "records": state["records"],
+                    "bytes": os.path.getsize(path)})
+
+
+def sink_nodes(graph) -> list:
+    """The nodes of ``graph`` that are sinks."""
+    return [n for n in graph.nodes if isinstance(n.factory, Sink)]
+
+
+class StagedRun:
+    """The driver's side of one run's sinks: staging directories made before the run, each
+    renamed to its target when the run succeeds (``commit``) or removed (``abort``)."""
+
+    def __init__(self, nodes):
+        self.staged: list[tuple] = []  # (node, spec, staging directory)
+        try:
+            for node in nodes:
+                spec = node.factory
+                parent, leaf = os.path.split(spec.path)
+                os.makedirs(parent, exist_ok=True)
+                hidden = leaf.replace("{t}", "t")
+                staging = os.path.join(parent, f".{hidden}.staging-{uuid.uuid4().hex[:12]}")
+                os.mkdir(staging, 0o755)
+                self.staged.append((node, spec, staging))
+        except OSError as exc:
+            self.abort()
+            raise SinkError(f"cannot make the staging directory of sink {node.name!r}: {exc}")\
+                from exc
+
+    def parts(self, parts):
+        """The run's parts with each sink's staging directory as its shards' part."""
+        parts = dict(parts or {})
+        for node, _, staging in self.staged:
+            if node.name in parts:
+                raise GraphError(f"parts for {node.name!r}: it is a sink; its shards' parts"
+                                 " are its staging directory")
+            parts[node.name] = [staging] * node.shards
+        return parts
+
+    def commit(self, result) -> None:
+        """Check every shard's file, then rename each staging directory to its target; the
+        reports in ``result`` then name the files at their targets."""
+        t = result.timestamp
+        try:
+            checked = [(node, spec, staging, self._check(node, staging, result))
+                       for node, spec, staging in self.staged]
+        except Exception:
+            self.abort()  # incomplete output: nothing of it is published
+            raise
+        while checked:
+            node, spec, staging, reports = checked[0]
+            target = spec.target(t)
+            try:
+                _publish(node.name, staging, target, spec.overwrite)
+            except SinkError as exc:  # complete output that has nowhere to go: keep it
+                kept = ", ".join(staging for _, _, staging, _ in checked)
+                self.staged = []
+                raise SinkError(f"{exc}; the run's output is kept in {kept}") from None
+            checked.pop(0)
+            self.staged.pop(0)
+            for report in reports:
+                report["file"] = os.path.join(target, report["file"])
+
+    @staticmethod
+    def _check(node, staging, result) -> list:
+        shards = result.outputs.get(node.name, {})
+        reports = [r for s in sorted(shards) for r in shards[s]]
+        if sorted(r.get("shard") for r in reports) != list(range(node.shards)):
+            raise SinkError(f"sink {node.name!r}: {len(reports)} of its {node.shards} shards"
+                            " reported their files")
+        for r in reports:
+            path = os.path.join(staging, r["file"])
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                raise SinkError(f"sink {node.name!r}: {path} is not visible here; sinks need a"
+                                " filesystem the driver and the workers share") from None
+            if size != r["bytes"]:
+                raise SinkError(f"sink {node.name!r}: {path} has {size} bytes, its shard wrote"
+                                f" {r['bytes']}")
+        _fsync_dir(staging)
+        return reports
+
+    def abort(self) -> None:
+        """Remove what is still staged (call once no worker can write to it)."""
+        for _, _, staging in self.staged:
+            shutil.rmtree(staging, ignore_errors=True)
+        self.staged = []
+
+
+def _publish(name: str, staging: str, target: str, overwrite: bool) -> None:
+    """Rename ``staging`` to ``target``; an existing target is refused, or with ``overwrite``
+    moved aside first, restored if the rename fails and removed only once it succeeded."""
+    aside = None
+    if os.path.lexists(target):
+        if not overwrite:
+            raise SinkError(f"sink {name!r}: {target} already exists; give overwrite=True or"
+                            " a path with {t} in it")
+        aside = f"{staging}.old"
+        os.rename(target, aside)
+    try:
+        os.rename(staging, target)  # refuses a non-empty directory made meanwhile
+    except OSError as exc:
+        if aside is not None:
+            os.rename(aside, target)
+        raise SinkError(f"sink {name!r}: cannot rename its output to {target}: {exc}") from exc
+    _fsync_dir(os.path.dirname(target))
+    if aside is not None:
+        if os.path.isdir(aside) and not os.path.islink(aside):
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.unlink(aside)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,212 @@
+"""Sinks write each shard's input to a file in a staging directory; the driver renames it to
+the sink's target when the run succeeds (all of a run's files or none), refuses or replaces an
+existing target, and removes a failed run's staging once no worker can write there."""
+
+from __future__ import annotations
+
+import collections
+import json
+import operator
+import os
+import time
+
+import pytest
+
+import plaque
+from plaque import KEYED, Graph, JsonlSink, Operator, TextSink
+from plaque.errors import GraphError, SinkError
+from plaque.sinks import StagedRun
+
+
+class Words(Operator):
+    """Emits each word of its part, combined per key into (word, count) pairs."""
+
+    def on_start(self, ctx, t):
+        if ctx.arg == "fail" and ctx.shard == 1:
+            raise RuntimeError("source failed on purpose")
+        for word in ctx.part:
+            ctx.emit(1, key=word)
+
+
+class Slow(Operator):
+    """Passes pairs on after a pause, so a sink is still writing when another shard fails."""
+
+    def on_batch(self, ctx, t, port, pairs):
+        time.sleep(0.05)
+        ctx.emit_batch(pairs)
+
+
+def wc_graph(sink, shards=2, via=None) -> Graph:
+    g = Graph("wc-sink")
+    src = g.node("src", Words, shards=3)
+    out = g.node("out", sink, shards=shards)
+    if via is None:
+        g.edge(src, out, KEYED, combine=operator.add)
+    else:
+        mid = g.node("mid", via, shards=shards)
+        g.edge(src, mid, KEYED, combine=operator.add)
+        g.edge(mid, out, plaque.ONE_TO_ONE)
+    return g
+
+
+PARTS = [["a", "b", "a"], ["c"] * 5, ["b", "d"]]
+WANT = collections.Counter(w for p in PARTS for w in p)
+
+
+def read_jsonl(directory) -> collections.Counter:
+    got: collections.Counter = collections.Counter()
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name)) as fh:
+            for line in fh:
+                word, n = json.loads(line)
+                assert word not in got, "a word in two files"
+                got[word] = n
+    return got
+
+
+def leftovers(parent) -> list[str]:
+    return sorted(n for n in os.listdir(parent) if n.startswith("."))
+
+
+def wait_for_no_leftovers(parent, timeout=20.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while leftovers(parent) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return leftovers(parent)
+
+
+@pytest.fixture(scope="module", params=["inproc", None])  # None: worker processes
+def cluster(request):
+    with plaque.local_cluster(workers=2, transport=request.param) as c:
+        yield c
+
+
+def test_each_run_publishes_one_directory_with_a_file_per_shard(cluster, tmp_path):
+    installed = cluster.install(wc_graph(JsonlSink(tmp_path / "counts-{t}"), shards=3))
+    results = [installed.run(parts={"src": PARTS}).result(30) for _ in range(2)]
+    for result in results:
+        target = tmp_path / f"counts-{result.timestamp}"
+        assert sorted(os.listdir(target)) == [f"part-{s:05d}.jsonl" for s in range(3)]
+        assert read_jsonl(target) == WANT
+        reports = result.values("out")
+        assert [r["shard"] for r in reports] == [0, 1, 2]
+        assert sum(r["records"] for r in reports) == len(WANT)
+        for r in reports:
+            assert r["file"] == str(target / f"part-{r['shard']:05d}.jsonl")
+            assert os.path.getsize(r["file"]) == r["bytes"]
+    assert leftovers(tmp_path) == []
+
+
+def test_a_shard_with_no_input_writes_an_empty_file(cluster, tmp_path):
+    installed = cluster.install(wc_graph(TextSink(tmp_path / "out"), shards=4))
+    result = installed.run(parts={"src": [["x"], [], []]}).result(30)
+    files = sorted(os.listdir(tmp_path / "out"))
+    assert files == [f"part-{s:05d}.txt" for s in range(4)]
+    lines = [line for f in files for line in open(tmp_path / "out" / f)]
+    assert lines == ["('x', 1)\n"]
+    assert sorted(r["records"] for r in result.values("out")) == [0, 0, 0, 1]
+
+
+def test_an_existing_target_is_refused_and_the_output_kept_aside(cluster, tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "precious").write_text("keep me")
+    installed = cluster.install(wc_graph(JsonlSink(tmp_path / "out")))
+    with pytest.raises(SinkError, match=r"out already exists; give overwrite=True or a path"
+                                        r" with \{t\}.*the run's output is kept in (\S+)") as e:
+        installed.run(parts={"src": PARTS}).result(30)
+    assert os.listdir(tmp_path / "out") == ["precious"]
+    kept = str(e.value).rsplit(" ", 1)[1]
+    assert read_jsonl(kept) == WANT
+
+
+def test_overwrite_replaces_the_old_directory_whole(cluster, tmp_path):
+    installed = cluster.install(wc_graph(JsonlSink(tmp_path / "out", overwrite=True)))
+    installed.run(parts={"src": [["old"], [], []]}).result(30)
+    (tmp_path / "out" / "stray").write_text("from before")
+    installed.run(parts={"src": PARTS}).result(30)
+    assert read_jsonl(tmp_path / "out") == WANT  # no "old", no "stray"
+    assert leftovers(tmp_path) == []
+
+
+def test_a_failed_run_publishes_nothing_and_its_staging_goes(cluster, tmp_path):
+    installed = cluster.install(wc_graph(JsonlSink(tmp_path / "out-{t}"), via=Slow))
+    with pytest.raises(plaque.OperatorError, match="source failed on purpose"):
+        installed.run("fail", parts={"src": PARTS}).result(30)
+    assert wait_for_no_leftovers(tmp_path) == []
+    assert not any(n.startswith("out-") for n in os.listdir(tmp_path))
+    ok = installed.run(parts={"src": PARTS}).result(30)  # the graph goes on
+    assert read_jsonl(tmp_path / f"out-{ok.timestamp}") == WANT
+
+
+class Hold(Operator):
+    """Keeps its run open: holds its capability and never lets it go."""
+
+    def on_start(self, ctx, t):
+        ctx.hold()
+
+
+def test_a_lost_worker_fails_the_run_in_flight_and_its_staging_goes(tmp_path):
+    g = Graph("lost")
+    src = g.node("src", Hold, shards=1, placement=(0,))
+    out = g.node("out", JsonlSink(tmp_path / "out"), shards=2, placement=(0, 1))
+    g.edge(src, out, KEYED)
+    with plaque.local_cluster(workers=2, transport="inproc", heartbeat_timeout=0.5) as c:
+        fut = c.install(g).run()
+        assert len(leftovers(tmp_path)) == 1
+        c.kill_inproc_worker(1)
+        with pytest.raises(plaque.WorkerLost):
+            fut.result(30)
+        assert wait_for_no_leftovers(tmp_path) == []
+        assert not (tmp_path / "out").exists()
+
+
+def test_staging_is_removed_when_the_cluster_closes_mid_run(tmp_path):
+    g = Graph("held")
+    src = g.node("src", Hold, shards=1)
+    out = g.node("out", TextSink(tmp_path / "out"), shards=1)
+    g.edge(src, out, plaque.ONE_TO_ONE)
+    with plaque.local_cluster(workers=1, transport="inproc") as c:
+        fut = c.install(g).run()
+        deadline = time.monotonic() + 10
+        while not leftovers(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(leftovers(tmp_path)) == 1
+    with pytest.raises(plaque.ClusterClosed):
+        fut.result(5)
+    assert leftovers(tmp_path) == [] and not (tmp_path / "out").exists()
+
+
+def test_commit_refuses_missing_or_short_files_and_removes_the_staging(tmp_path):
+    g = Graph("unit")
+    out = g.node("out", JsonlSink(tmp_path / "out"), shards=2)
+    result = plaque.RunResult(0, {"out": {0: [{"shard": 0, "file": "part-00000.jsonl",
+                                                "records": 1, "bytes": 3}]}})
+    staged = StagedRun([out])
+    with pytest.raises(SinkError, match=r"1 of its 2 shards reported their files"):
+        staged.commit(result)
+    assert leftovers(tmp_path) == []
+    staged = StagedRun([out])
+    staging = staged.staged[0][2]
+    result.outputs["out"][1] = [{"shard": 1, "file": "part-00001.jsonl", "records": 0,
+                                 "bytes": 0}]
+    open(os.path.join(staging, "part-00000.jsonl"), "w").write("[]\n")
+    with pytest.raises(SinkError, match=r"part-00001.jsonl is not visible here; sinks need a"
+                                        r" filesystem the driver and the workers share"):
+        staged.commit(result)
+    staged = StagedRun([out])
+    staging = staged.staged[0][2]
+    open(os.path.join(staging, "part-00000.jsonl"), "w").write("[")
+    open(os.path.join(staging, "part-00001.jsonl"), "w").write("")
+    with pytest.raises(SinkError, match=r"part-00000.jsonl has 1 bytes, its shard wrote 3"):
+        staged.commit(result)
+    assert leftovers(tmp_path) == [] and not (tmp_path / "out").exists()
+
+
+def test_bad_sink_paths_and_parts_for_a_sink_are_refused(cluster, tmp_path):
+    for bad in [tmp_path / "{run}", tmp_path / "{t}" / "x", tmp_path / "a{"]:
+        with pytest.raises(GraphError, match="sink path"):
+            JsonlSink(bad)
+    installed = cluster.install(wc_graph(JsonlSink(tmp_path / "out")))
+    with pytest.raises(GraphError, match=r"parts for 'out': it is a sink"):
+        installed.run(parts={"src": PARTS, "out": ["x", "y"]}).result(30)
+    assert leftovers(tmp_path) == []
