@@ -63,7 +63,8 @@ class Context:
     """
 
     __slots__ = ("node", "shard", "num_shards", "worker", "arg", "services", "t", "_core",
-                 "local_graph", "node_index", "_notify", "turn_routes", "run_states")
+                 "local_graph", "node_index", "_notify", "turn_routes", "run_states",
+                 "last_route")
 
     def __init__(self, node, shard, num_shards, worker, core, graph, index, notify=True,
                  services=None):
@@ -73,13 +74,26 @@ class Context:
         self.arg = None
         self.t = None
         self.turn_routes: dict = {}  # (t, port) -> where emits go (outbox.Route), this turn only
+        self.last_route = None  # the last route of port 0 opened this turn (any t)
         self.run_states: dict = {}  # t -> state dict
 
     def emit(self, value, port: int = 0, shard: int | None = None, key=None) -> None:
         """Send ``value`` on output ``port``."""
-        route = self.turn_routes.get((self.t, port))
-        if route is None:
-            route = self._core.outbox.open(self, self.t, port)
+        route = self.last_route
+        if route is None or port or route.t != self.t:
+            route = self.turn_routes.get((self.t, port))
+            if route is None:
+                route = self._core.outbox.open(self, self.t, port)
+        fold = route.fold
+        if fold is not None and key is not None:  # only a combining KEYED edge: fold
+            pending = fold.pending
+            if key not in pending:
+                pending[key] = value if fold.create is None else fold.create(value)
+            elif fold.plus:
+                pending[key] = pending[key] + value
+            else:
+                pending[key] = fold.add(pending[key], value)
+            return
         for bucket in route.plain:
             bucket.values.append(value)
         keyed = route.keyed

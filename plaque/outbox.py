@@ -14,6 +14,8 @@ message per peer (``messages``). No I/O.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from .graph import KEYED, ONE_TO_ONE
@@ -59,7 +61,8 @@ class KeyedRoute:
     holds this turn's accumulators by key until they are flushed to the buckets, and ``add``
     and ``create`` are its combiner's (``pending`` is None on other edges)."""
 
-    __slots__ = ("edge", "shards", "buckets", "name", "pending", "add", "create", "ctx", "t")
+    __slots__ = ("edge", "shards", "buckets", "name", "pending", "add", "create", "ctx", "t",
+                 "plus")
 
     def __init__(self, edge, shards: int, name: str, ctx=None, t=None):
         self.edge, self.shards, self.name = edge, shards, name
@@ -69,6 +72,8 @@ class KeyedRoute:
         self.add = self.create = None
         if combine is not None:
             self.add, self.create = combine.add, combine.create
+        # operator.add with no create: fold with "+" inline (a new object, as add makes)
+        self.plus = self.add is operator.add and self.create is None
         self.ctx, self.t = ctx, t  # whose emits, at which run (to flush them)
 
     def fold(self, key, value) -> None:
@@ -82,13 +87,16 @@ class KeyedRoute:
 
 class Route:
     """Where one shard's emits on one port go in one run: the buckets of its ONE_TO_ONE and
-    BROADCAST edges, and its KEYED edges."""
+    BROADCAST edges, and its KEYED edges; ``fold`` is the KEYED route when that is all there
+    is and it combines (``Context.emit`` then only folds)."""
 
-    __slots__ = ("plain", "keyed")
+    __slots__ = ("plain", "keyed", "t", "fold")
 
-    def __init__(self):
+    def __init__(self, t=None):
         self.plain: list[Bucket] = []
         self.keyed: list[KeyedRoute] = []
+        self.t = t
+        self.fold: KeyedRoute | None = None
 
 
 class Outbox:
@@ -113,7 +121,7 @@ class Outbox:
 
     def open(self, ctx, t, port) -> Route:
         """Where emits from ``ctx``'s shard at t on ``port`` go, cached for this turn."""
-        g, route = ctx.local_graph, Route()
+        g, route = ctx.local_graph, Route(t)
         for e in g.routes.get((ctx.node_index, port), ()):
             node = g.graph.nodes[e.dst]
             if e.routing is KEYED:
@@ -124,9 +132,13 @@ class Outbox:
                 continue
             shards = (ctx.shard,) if e.routing is ONE_TO_ONE else range(node.shards)
             route.plain.extend(self.bucket(g, e.dst, s, e.dst_port, t) for s in shards)
+        if len(route.keyed) == 1 and not route.plain and route.keyed[0].pending is not None:
+            route.fold = route.keyed[0]
         if not ctx.turn_routes:
             self._cached.append(ctx)
         ctx.turn_routes[(t, port)] = route
+        if port == 0:
+            ctx.last_route = route
         return route
 
     def keyed_bucket(self, ctx, t, keyed: KeyedRoute, s) -> Bucket:
@@ -254,6 +266,7 @@ class Outbox:
         """Forget this turn's routes and buckets; local tuples not yet delivered stay."""
         for ctx in self._cached:
             ctx.turn_routes.clear()
+            ctx.last_route = None
         self._cached.clear()
         self._combining.clear()
         self.buckets = {b.key: b for b in self.local if b}
