@@ -23,13 +23,13 @@ from .errors import (
 from .graph import BROADCAST, KEYED, ONE_TO_ONE, Combiner, Graph, Routing
 from .keys import stable_hash, stable_shard, stable_shards
 from .operator import Context, Operator
-from .readers import read_lines, text_parts
+from .readers import parquet_parts, read_lines, read_parquet, text_parts
 from .sinks import JsonlSink, ParquetSink, Sink, TextSink
 
 __all__ = [
     "BROADCAST", "KEYED", "ONE_TO_ONE", "Cluster", "ClusterClosed", "Combiner", "Context",
     "CoordinatorLost", "Graph", "GraphError", "InstalledGraph", "Operator", "OperatorError",
     "JsonlSink", "ParquetSink", "PlaqueError", "ProtocolError", "Routing", "RunResult", "Sink",
-    "SinkError", "TextSink", "WorkerLost", "local_cluster", "read_lines", "stable_hash",
-    "stable_shard", "stable_shards", "text_parts", "total",
+    "SinkError", "TextSink", "WorkerLost", "local_cluster", "parquet_parts", "read_lines",
+    "read_parquet", "stable_hash", "stable_shard", "stable_shards", "text_parts", "total",
 ]

@@ -1,4 +1,5 @@
-"""Ready-made partitioned input: text files cut into parts a run's source shards read.
+"""Ready-made partitioned input: text and Parquet files cut into parts a run's source shards
+read.
 
 ``text_parts(paths, n)`` cuts text files into ``n`` parts of about equal size, each a tuple of
 ``(path, start, stop)`` byte ranges that begin and end at line boundaries, so every line is in
@@ -9,6 +10,11 @@ each source shard reads its own with ``read_lines(ctx.part)`` on the worker that
 >>> parts = text_parts(["a.txt", "b.txt"], 4)       # one part per shard of "src"
 >>> for line in read_lines(parts[0]):                # on the worker of shard 0
 ...     ...
+
+``parquet_parts(paths, n)`` does the same for Parquet files by row groups (the driver reads
+only each file's footer), and ``read_parquet(part, columns)`` yields a part's row groups as
+``pyarrow.Table`` objects on the worker; both need pyarrow (``pip install
+'pathways-open[parquet]'``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 
-__all__ = ["read_lines", "text_parts"]
+__all__ = ["parquet_parts", "read_lines", "read_parquet", "text_parts"]
 
 SCAN = 1 << 16  # bytes read at a time while looking for the end of a line
 
@@ -37,6 +43,53 @@ def text_parts(paths, n: int) -> list[tuple]:
     cuts = [_line_start(paths, sizes, total * k // n) for k in range(1, n)]
     bounds = [(0, 0), *cuts, (len(paths), 0)]  # (file index, offset) of each part's start
     return [_ranges(paths, sizes, a, b) for a, b in zip(bounds, bounds[1:])]
+
+
+def parquet_parts(paths, n: int) -> list[tuple]:
+    """``n`` parts of the Parquet files ``paths`` (one path or a sequence), in order: part
+    ``i`` is a tuple of ``(path, row group)`` pairs, contiguous, of about ``rows / n`` rows
+    each (whole row groups, so with fewer row groups than parts some parts are empty)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    pq = parquet_module()
+    paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    groups = []  # (path, row group, rows)
+    for path in paths:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"no file at {os.fspath(path)!r}")
+        meta = pq.ParquetFile(path).metadata
+        groups.extend((os.fspath(path), g, meta.row_group(g).num_rows)
+                      for g in range(meta.num_row_groups))
+    total = sum(rows for _, _, rows in groups)
+    parts: list[list] = [[] for _ in range(n)]
+    seen = 0
+    for path, g, rows in groups:  # a row group goes to the part its middle row falls in
+        middle = seen + rows / 2
+        parts[min(n - 1, int(middle * n / total)) if total else 0].append((path, g))
+        seen += rows
+    return [tuple(p) for p in parts]
+
+
+def read_parquet(part: Sequence, columns=None) -> Iterator:
+    """The row groups of ``part`` (from ``parquet_parts``), in order, each a
+    ``pyarrow.Table`` (only ``columns``, if given)."""
+    pq = parquet_module()
+    opened: dict = {}
+    for path, group in part:
+        f = opened.get(path)
+        if f is None:
+            f = opened[path] = pq.ParquetFile(path)
+        yield f.read_row_group(group, columns=columns)
+
+
+def parquet_module():
+    """``pyarrow.parquet``, or an ImportError saying how to install it."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError("Parquet needs pyarrow: pip install 'pathways-open[parquet]'") \
+            from None
+    return pq
 
 
 def read_lines(part: Sequence) -> Iterator[str]:

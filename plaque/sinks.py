@@ -27,6 +27,7 @@ import uuid
 
 from .errors import GraphError, SinkError
 from .operator import Operator
+from .readers import parquet_module
 
 __all__ = ["JsonlSink", "ParquetSink", "Sink", "TextSink"]
 
@@ -135,13 +136,8 @@ class _ParquetFile:
 
 
 def _pyarrow():
-    try:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ImportError("Parquet needs pyarrow: pip install 'pathways-open[parquet]'") \
-            from None
-    return pa, pq
+    import pyarrow as pa  # parquet_module() has refused already if pyarrow is missing
+    return pa, parquet_module()
 
 
 class SinkWriter(Operator):

@@ -1,0 +1,117 @@
+"""Parquet in and out: ``parquet_parts`` cuts files into parts of whole row groups (reading
+only footers), ``read_parquet`` reads a part where its shard runs, and ``ParquetSink`` writes
+a shard's records as row groups of one file per shard."""
+
+from __future__ import annotations
+
+import collections
+import operator
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import plaque
+from plaque import KEYED, ONE_TO_ONE, Graph, Operator, ParquetSink
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+def write(path, users, amounts, row_group_size):
+    table = pa.table({"user": users, "amount": amounts})
+    pq.write_table(table, path, row_group_size=row_group_size)
+    return str(path)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.tuples(st.integers(0, 60), st.integers(1, 9)), min_size=1,
+                      max_size=4), n=st.integers(1, 6))
+def test_every_row_group_is_in_exactly_one_part_in_order(tmp_path_factory, sizes, n):
+    d = tmp_path_factory.mktemp("pq")
+    paths = [write(d / f"f{i}.parquet", list(range(rows)), [1] * rows, group)
+             for i, (rows, group) in enumerate(sizes)]
+    parts = plaque.parquet_parts(paths, n)
+    assert len(parts) == n
+    flat = [pair for part in parts for pair in part]
+    want = [(p, g) for p in paths for g in range(pq.ParquetFile(p).metadata.num_row_groups)]
+    assert flat == want
+    rows = [sum(t.num_rows for t in plaque.read_parquet(part)) for part in parts]
+    assert sum(rows) == sum(r for r, _ in sizes)
+    largest_group = max((pq.ParquetFile(p).metadata.row_group(g).num_rows for p, g in want),
+                        default=0)
+    assert max(rows) <= sum(rows) / n + largest_group  # about equal: off by a group at most
+
+
+def test_read_parquet_takes_columns_and_bad_input_is_named(tmp_path):
+    path = write(tmp_path / "a.parquet", [1, 2, 3], [10, 20, 30], 2)
+    (part,) = plaque.parquet_parts(path, 1)
+    tables = list(plaque.read_parquet(part, columns=["amount"]))
+    assert [t.column_names for t in tables] == [["amount"], ["amount"]]
+    assert [v for t in tables for v in t.column("amount").to_pylist()] == [10, 20, 30]
+    with pytest.raises(FileNotFoundError, match="no file at"):
+        plaque.parquet_parts([tmp_path / "nope.parquet"], 2)
+    with pytest.raises(ValueError, match="n must be an int >= 1"):
+        plaque.parquet_parts(path, 0)
+
+
+class Events(Operator):
+    """Per tuple: each row's amount under its user's key."""
+
+    def on_start(self, ctx, t):
+        for table in plaque.read_parquet(ctx.part):
+            for row in table.to_pylist():
+                ctx.emit(row["amount"], key=row["user"])
+
+
+class Totals(Operator):
+    def on_batch(self, ctx, t, port, pairs):
+        totals = ctx.state.setdefault("totals", collections.Counter())
+        for user, amount in pairs:
+            totals[user] += amount
+
+    def on_complete(self, ctx, t):
+        ctx.emit_batch([{"user": u, "total": n} for u, n in
+                        sorted(ctx.state.get("totals", {}).items())])
+
+
+@pytest.mark.parametrize("transport", ["inproc", None])
+def test_keyed_aggregation_from_parquet_to_parquet_matches_python(tmp_path, transport):
+    paths = [write(tmp_path / f"e{i}.parquet", [u % 7 for u in range(i, i + 300)],
+                   list(range(300)), 40) for i in range(3)]
+    g = Graph("pq")
+    src = g.node("events", Events, shards=3)
+    tot = g.node("totals", Totals, shards=2)
+    g.edge(src, tot, KEYED, combine=operator.add)
+    g.edge(tot, g.node("out", ParquetSink(tmp_path / "totals"), shards=2), ONE_TO_ONE)
+    with plaque.local_cluster(workers=2, transport=transport) as c:
+        result = c.install(g).run(parts={"events": plaque.parquet_parts(paths, 3)}).result(60)
+    want: collections.Counter = collections.Counter()
+    for p in paths:
+        for row in pq.read_table(p).to_pylist():
+            want[row["user"]] += row["amount"]
+    files = sorted(os.listdir(tmp_path / "totals"))
+    assert files == ["part-00000.parquet", "part-00001.parquet"]
+    got = {}
+    for f in files:
+        for row in pq.read_table(tmp_path / "totals" / f).to_pylist():
+            assert row["user"] not in got
+            got[row["user"]] = row["total"]
+    assert got == dict(want)
+    assert sum(r["records"] for r in result.values("out")) == len(want)
+
+
+def test_a_parquet_sink_shard_with_no_records_writes_an_empty_file(tmp_path):
+    class One(Operator):
+        def on_start(self, ctx, t):
+            if ctx.shard == 0:
+                ctx.emit({"x": 1})
+
+    g = Graph("empty")
+    src = g.node("src", One, shards=2)
+    g.edge(src, g.node("out", ParquetSink(tmp_path / "out"), shards=2), ONE_TO_ONE)
+    with plaque.local_cluster(workers=1, transport="inproc") as c:
+        c.install(g).run().result(30)
+    tables = [pq.read_table(tmp_path / "out" / f) for f in sorted(os.listdir(tmp_path / "out"))]
+    assert [t.num_rows for t in tables] == [1, 0]
