@@ -8,7 +8,7 @@ import pytest
 from conftest import ROOT
 
 BENCHES = ["plaque_bench", "dispatch", "pipeline", "islands", "gpipe", "moe", "multitenancy",
-           "scale", "jax_bodies", "checkpoint", "jax_steps"]
+           "scale", "jax_bodies", "checkpoint", "jax_steps", "dataflow"]
 
 
 PLOTS = {"dispatch", "multitenancy"}  # sweeps that can draw themselves

@@ -57,6 +57,23 @@ def test_word_count_example_is_exact_and_prints_its_throughput():
     assert "words/s" in out and "(exact)" in out
 
 
+def test_stream_window_example_is_exact_and_prints_its_throughput():
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "stream_window.py"),
+                          "--events", "20000"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "clicks/s" in out and "(exact)" in out
+
+
+def test_parquet_aggregation_example_is_exact_and_prints_its_throughput():
+    import pytest
+
+    pytest.importorskip("pyarrow")
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "parquet_aggregation.py"),
+                          "--events", "60000"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "events/s" in out and "(exact)" in out
+
+
 def test_the_word_count_is_at_most_20_lines_of_user_code():
     text = (ROOT / "examples" / "word_count.py").read_text()
     code = text.split("# --- the word count: what a user writes")[1].split("# --- end")[0]

@@ -1,0 +1,99 @@
+"""The Bytewax side of ``bench.dataflow``: the same word count and keyed aggregation written
+as Bytewax's documentation writes them (``flat_map`` + ``count_final``; ``key_on`` +
+``reduce_final``), for ``python -m bytewax.run bench.bytewax_flows:word_count(...)``.
+
+Each worker reads whole files (one partition per file, as ``DirSource`` does) and writes its
+results to ``OUT/part-<worker>.jsonl``, which ``bench.dataflow`` checks against plain Python.
+Imports only bytewax and numpy, so it runs in whichever environment has Bytewax installed.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import os
+from pathlib import Path
+
+import bytewax.operators as op
+import numpy as np
+from bytewax.connectors.files import DirSource
+from bytewax.dataflow import Dataflow
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
+from bytewax.outputs import DynamicSink, StatelessSinkPartition
+
+
+class _Lines(StatelessSinkPartition):
+    def __init__(self, path):
+        self.fh = open(path, "w")
+
+    def write_batch(self, items):
+        self.fh.write("".join(json.dumps(item) + "\n" for item in items))
+
+    def close(self):
+        self.fh.close()
+
+
+class JsonlPerWorker(DynamicSink):
+    """Each worker writes what reaches it to ``directory/part-<worker>.jsonl``."""
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def build(self, step_id, worker_index, worker_count):
+        return _Lines(os.path.join(self.directory, f"part-{worker_index}.jsonl"))
+
+
+class _Rows(StatefulSourcePartition):
+    def __init__(self, path):
+        self.rows = np.load(path).tolist() if path else []
+        self.done = False
+
+    def next_batch(self):
+        if self.done:
+            raise StopIteration
+        self.done = True
+        return self.rows
+
+    def snapshot(self):
+        return None
+
+
+class NpyRows(FixedPartitionedSource):
+    """One partition per ``.npy`` file; each yields the file's rows (user, amount)."""
+
+    def __init__(self, paths):
+        self.paths = list(paths)
+
+    def list_parts(self):
+        return [os.path.basename(p) for p in self.paths]
+
+    def build_part(self, step_id, for_part, resume_state):
+        return _Rows(next(p for p in self.paths if os.path.basename(p) == for_part))
+
+
+def word_count(directory: str, out: str) -> Dataflow:
+    flow = Dataflow("word-count")
+    lines = op.input("lines", flow, DirSource(Path(directory), glob_pat="corpus-*.txt"))
+    words = op.flat_map("split", lines, str.split)
+    counts = op.count_final("count", words, lambda word: word)
+    op.output("out", counts, JsonlPerWorker(out))
+    return flow
+
+
+def keyed_sum(directory: str, out: str) -> Dataflow:
+    flow = Dataflow("keyed-sum")
+    paths = sorted(str(p) for p in Path(directory).glob("events-*.npy"))
+    rows = op.input("events", flow, NpyRows(paths))
+    keyed = op.key_on("user", rows, lambda row: str(row[0]))
+    amounts = op.map_value("amount", keyed, lambda row: row[1])
+    totals = op.reduce_final("sum", amounts, operator.add)
+    op.output("out", totals, JsonlPerWorker(out))
+    return flow
+
+
+def nothing(directory: str, out: str) -> Dataflow:
+    """An empty flow: what starting the processes costs, taken off the others' times."""
+    flow = Dataflow("nothing")
+    rows = op.input("events", flow, NpyRows([]))
+    op.output("out", rows, JsonlPerWorker(out))
+    return flow
