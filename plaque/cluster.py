@@ -418,7 +418,6 @@ class Cluster:
     def __exit__(self, *exc):
         self.close()
 
-
     def open_epoch(self, stream: Stream, closing: cf.Future | None) -> cf.Future:
         """Any thread: advance ``stream``'s open epoch (if ``closing`` is its future) and
         start the next; returns the new epoch's future."""
@@ -448,7 +447,8 @@ class Cluster:
                 self._staged[(gid, t)] = staged
             self._endpoint.turn()
 
-        self._post(job, fut)
+        if not self._post(job, fut) and staged is not None:
+            staged.abort()
         return fut
 
     def feed(self, stream: Stream, node, shard: int, values, keys) -> None:
@@ -468,12 +468,14 @@ class Cluster:
                 self._endpoint.turn()
         self._post(job, fut)
 
-    def _post(self, job, fut: cf.Future | None = None) -> None:
+    def _post(self, job, fut: cf.Future | None = None) -> bool:
+        """Any thread: run ``job`` on the loop; False (and ``fut`` failed) once closed."""
         if self._closed:
             if fut is not None and not fut.done():
                 fut.set_exception(ClusterClosed("the cluster is closed"))
-            return
+            return False
         self._loop.call_soon_threadsafe(job)
+        return True
 
     def _committer(self, gid: int, fut: cf.Future, staged: StagedRun):
         """Loop thread: a callback(value, error) that publishes a successful run's sinks

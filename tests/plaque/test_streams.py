@@ -174,3 +174,14 @@ def test_bad_use_is_named(installed):
     for call in (lambda: stream.send(["x"]), stream.advance, stream.close):
         with pytest.raises(StreamClosed, match=r"is closed"):
             call()
+
+
+def test_a_stream_of_a_closed_cluster_fails_its_epochs_and_leaves_no_staging(tmp_path):
+    with plaque.local_cluster(workers=2, transport="inproc") as c:
+        stream = c.install(stream_graph(sink=JsonlSink(tmp_path / "epoch-{t}"))).stream()
+        stream.send(["a"])
+        first = stream.advance()
+        assert merged(first.result(30)) == {"a": 1}
+    with pytest.raises(plaque.ClusterClosed):
+        stream.advance().result(5)
+    assert sorted(os.listdir(tmp_path)) == [f"epoch-{first.result().timestamp}"]
