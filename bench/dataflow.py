@@ -49,8 +49,9 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 import word_count  # noqa: E402  (the example's graph is the benchmark's)
 
 EVENT_USERS = 100_000
-BASELINES_EMPTY = {"Bytewax words/s": "", "Bytewax events/s": "", "Plaque/Bytewax": "",
-                 "Pathway words/s": "", "Pathway events/s": "", "Plaque/Pathway": ""}
+BASELINES_EMPTY = {f"{name}{column}": "" for name in ("Dask bag", "Bytewax", "Pathway")
+                   for column in (" words/s", " events/s")}
+BASELINES_EMPTY.update({f"Plaque/{name}": "" for name in ("Dask", "Bytewax", "Pathway")})
 
 
 # ---- keyed aggregation ------------------------------------------------------------------------
@@ -251,6 +252,19 @@ def bytewax_best(python, flow, directory, workers, reps):
     return best, got
 
 
+def both(best, wc_args, ev_args, workers: int, reps: int):
+    """A baseline's (seconds, results) of the word count, then of the keyed sum."""
+    return (*best(*wc_args, workers, reps), *best(*ev_args, workers, reps))
+
+
+def dask_both(texts, events, workers: int, reps: int):
+    """Dask's best word count and keyed sum on a warmed pool of ``workers`` processes."""
+    with dask_processes(workers):
+        dask_word_count(texts, workers), dask_events(events, workers)  # warm-up
+        return (*best_of(reps, dask_word_count, texts, workers),
+                *best_of(reps, dask_events, events, workers))
+
+
 @contextlib.contextmanager
 def dask_processes(workers: int):
     """Dask's processes scheduler on a pool of ``workers`` processes started once, as our
@@ -311,8 +325,7 @@ def main(argv=None) -> int:
         rows.append({"workers": "plain Python, 1 process",
                      "word count words/s": f"{words / python_wc:,.0f}",
                      "keyed events/s": f"{args.events / python_ev:,.0f}",
-                     "Dask bag words/s": "", "Dask bag events/s": "",
-                     "Plaque/Dask": "", **BASELINES_EMPTY})
+                     **BASELINES_EMPTY})
         latency: list[float] = []
         for workers in sweep:
             out = os.path.join(tmp, f"counts-w{workers}-{{t}}")
@@ -339,35 +352,26 @@ def main(argv=None) -> int:
             row = {"workers": f"Plaque, {workers} worker processes",
                    "word count words/s": f"{words / t_wc:,.0f}",
                    "keyed events/s": f"{args.events / t_ev:,.0f}",
-                   "Dask bag words/s": "", "Dask bag events/s": "", "Plaque/Dask": "",
                    **BASELINES_EMPTY}
+            runs = []  # (baseline, its best word count and keyed sum at this worker count)
             if have_dask:
-                with dask_processes(workers):
-                    dask_word_count(texts, workers), dask_events(events, workers)  # warm-up
-                    d_wc, c_wc = best_of(args.reps, dask_word_count, texts, workers)
-                    d_ev, c_ev = best_of(args.reps, dask_events, events, workers)
-                if c_wc != want_words or c_ev != want_events:
-                    raise AssertionError("Dask's counts differ from plain Python")
-                row["Dask bag words/s"] = f"{words / d_wc:,.0f}"
-                row["Dask bag events/s"] = f"{args.events / d_ev:,.0f}"
-                row["Plaque/Dask"] = f"{d_wc / t_wc:.2f}x words, {d_ev / t_ev:.2f}x events"
+                runs.append(("Dask bag", dask_both, (texts, events, workers, args.reps)))
             if bytewax is not None:
-                b_wc, g_wc = bytewax_best(bytewax, "word_count", tmp, workers, args.reps)
-                b_ev, g_ev = bytewax_best(bytewax, "keyed_sum", tmp, workers, args.reps)
-                if g_wc != dict(want_words) or \
-                        {int(k): v for k, v in g_ev.items()} != dict(want_events):
-                    raise AssertionError("Bytewax's counts differ from plain Python")
-                row["Bytewax words/s"] = f"{words / b_wc:,.0f}"
-                row["Bytewax events/s"] = f"{args.events / b_ev:,.0f}"
-                row["Plaque/Bytewax"] = f"{b_wc / t_wc:.2f}x words, {b_ev / t_ev:.2f}x events"
+                runs.append(("Bytewax", both, (bytewax_best, (bytewax, "word_count", tmp),
+                                               (bytewax, "keyed_sum", tmp), workers, args.reps)))
             if pathway is not None:
-                p_wc, h_wc = pathway_best(pathway, "word_count", pw_text, workers, args.reps)
-                p_ev, h_ev = pathway_best(pathway, "keyed_sum", pw_csv, workers, args.reps)
-                if h_wc != dict(want_words) or h_ev != dict(want_events):
-                    raise AssertionError("Pathway's counts differ from plain Python")
-                row["Pathway words/s"] = f"{words / p_wc:,.0f}"
-                row["Pathway events/s"] = f"{args.events / p_ev:,.0f}"
-                row["Plaque/Pathway"] = f"{p_wc / t_wc:.2f}x words, {p_ev / t_ev:.2f}x events"
+                runs.append(("Pathway", both, (pathway_best, (pathway, "word_count", pw_text),
+                                               (pathway, "keyed_sum", pw_csv), workers,
+                                               args.reps)))
+            for name, run, run_args in runs:
+                o_wc, got_wc, o_ev, got_ev = run(*run_args)
+                if dict(got_wc) != dict(want_words) or \
+                        {int(k): v for k, v in got_ev.items()} != dict(want_events):
+                    raise AssertionError(f"{name}'s results differ from plain Python")
+                row[f"{name} words/s"] = f"{words / o_wc:,.0f}"
+                row[f"{name} events/s"] = f"{args.events / o_ev:,.0f}"
+                row[f"Plaque/{name.split()[0]}"] = \
+                    f"{o_wc / t_wc:.2f}x words, {o_ev / t_ev:.2f}x events"
             rows.append(row)
             print(" | ".join(f"{k}: {v}" for k, v in row.items()), flush=True)
     lat = sorted(latency)
