@@ -181,6 +181,26 @@ def _show_status(c, before, clear=False):
     return now
 
 
+def _dashboard(args) -> int:
+    from .dashboard import Dashboard
+
+    client = _client(args.address)
+    try:
+        with Dashboard(args.address, args.port, args.bind, args.hz, args.window,
+                       client=client) as dash:
+            print(f"dashboard of {args.address}: open {dash.url}", flush=True)
+            stop = threading.Event()
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, lambda *_: stop.set())
+            try:
+                stop.wait()
+            except KeyboardInterrupt:
+                pass
+    finally:
+        client.close()
+    return 0
+
+
 def _trace(args) -> int:
     from .client.trace import chrome_trace, collect, marks, write
 
@@ -333,6 +353,15 @@ def parser() -> argparse.ArgumentParser:
     st.add_argument("--watch", type=float, nargs="?", const=1.0, default=None,
                     metavar="SECONDS", help="refresh every SECONDS (1 if given alone) until"
                                             " Ctrl-C")
+    da = command("dashboard", "serve a live page of the cluster (devices, timelines, hosts,"
+                              " clients) on 127.0.0.1")
+    da.add_argument("address", type=address_arg, help="tcp://HOST:PORT[?keys=DIR]")
+    da.add_argument("--port", type=int, default=0, help="the HTTP port (default: any free one)")
+    da.add_argument("--bind", default="127.0.0.1",
+                    help="the HTTP interface (default 127.0.0.1: this machine only)")
+    da.add_argument("--hz", type=float, default=4.0, help="updates per second (default 4)")
+    da.add_argument("--window", type=float, default=10.0,
+                    help="seconds of kernels shown per device (default 10)")
     ke = command("keys", "create the CURVE key pair a secured cluster needs")
     ke.add_argument("directory", help="where to write the key pair (created if missing)")
     tr = command("trace", "record every device's timeline as Chrome trace JSON")
@@ -414,7 +443,7 @@ def main(argv=None) -> int:
                         f" pid={os.getpid()} %(levelname)s %(name)s: %(message)s")
     handler = {"up": _up, "coordinator": _coordinator, "host": _host, "status": _status,
                "trace": _trace, "plot": _plot, "keys": _keys, "k8s": _k8s,
-               "slurm": _slurm, "simulate": _simulate}
+               "slurm": _slurm, "simulate": _simulate, "dashboard": _dashboard}
     try:
         return handler[args.command](args)
     except PathwaysError as exc:  # one line; the traceback with -v

@@ -1,0 +1,230 @@
+"""A live dashboard: the cluster in a browser, pushed as it runs.
+
+``pathways dashboard ADDRESS`` connects to a cluster as a normal client (the same address and
+keys as any other), gathers what it sees a few times a second and serves one page on
+``127.0.0.1`` that the browser keeps open: per-device timelines of the last seconds (kernels
+coloured by client; click one for its function, run, seq and times), busy % and HBM per
+device, hosts with their liveness, clients with weight, priority, runs running and gangs
+queued. Updates are pushed (server-sent events), never polled by the page. The URL carries a
+random token, as Jupyter's does; requests without it are refused. The page is one file with
+no library and nothing fetched from elsewhere, so it works offline.
+
+``Dashboard`` is the server: ``snapshot()`` is what the page is sent (a JSON-able dict).
+"""
+
+from __future__ import annotations
+
+import hmac
+import http.server
+import json
+import secrets
+import threading
+import time
+import urllib.parse
+from collections import deque
+from importlib import resources
+
+from . import protocol
+
+__all__ = ["Dashboard"]
+
+HOST_TIMEOUT = 1.0  # a host that does not answer a status request this fast is shown down
+
+
+class Dashboard:
+    """Serve the page of the cluster at ``address`` on ``bind``:``port`` (0: any free one).
+
+    ``hz``: snapshots per second; ``window``: seconds of kernels kept per device. ``url``
+    is what to open (with the token). ``close()`` stops it; it is also a context manager.
+    """
+
+    def __init__(self, address: str, port: int = 0, bind: str = "127.0.0.1",
+                 hz: float = 4.0, window: float = 10.0, token: str | None = None,
+                 client=None):
+        from .client.client import Client  # the dashboard is a client like any other
+
+        if hz <= 0 or window <= 0:
+            raise ValueError(f"hz and window must be positive, got hz={hz}, window={window}")
+        self.hz, self.window = float(hz), float(window)
+        self.token = token or secrets.token_urlsafe(18)
+        self._own_client = client is None
+        self.client = client if client is not None else Client(address)
+        self._kernels: dict[int, deque] = {}  # device -> (start, end, client, name, run, seq,
+        # failed) in this process's clock
+        self._since: dict[int, float] = {}  # host -> its clock at the last timeline read
+        self._busy: dict[int, tuple[float, float]] = {}  # device -> (busy s, host uptime)
+        self._hosts_seen: dict[int, dict] = {}  # host -> its hello: a lost host stays shown
+        self._devices_seen: dict[int, dict] = {}  # device -> its description, likewise
+        self._snapshot = json.dumps(self._gather())  # the page has something at once
+        self._version = 0
+        self._changed = threading.Condition()
+        self._stop = threading.Event()
+        self.server = _Server((bind, port), _Handler)
+        self.server.dashboard = self
+        host, port = self.server.server_address[:2]
+        self.url = f"http://{host}:{port}/?token={self.token}"
+        self._threads = [threading.Thread(target=self.server.serve_forever, name="dashboard",
+                                          daemon=True),
+                         threading.Thread(target=self._gather_loop, name="dashboard-gather",
+                                          daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    # ---- what the page shows -------------------------------------------------------------
+    def snapshot(self) -> dict:
+        """The latest snapshot, as the page gets it."""
+        with self._changed:
+            return json.loads(self._snapshot)
+
+    def _gather_loop(self) -> None:
+        period = 1.0 / self.hz
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                text = json.dumps(self._gather())
+            except Exception as exc:  # a lost coordinator, say: the page says so
+                text = json.dumps({"time": time.time(), "error": repr(exc)})
+            with self._changed:
+                self._snapshot, self._version = text, self._version + 1
+                self._changed.notify_all()
+            self._stop.wait(max(0.0, period - (time.monotonic() - started)))
+
+    def _gather(self) -> dict:
+        c = self.client
+        st = c.cluster_status(timeout=HOST_TIMEOUT * 5)
+        hosts = {}
+        requests = {h: (c.session.request(a, protocol.Status(None)),
+                        c.session.request(a, protocol.Timeline(None, self._since.get(h))))
+                    for h, a in c.cluster.hosts().items()}
+        now = time.monotonic()
+        for h, (status, timeline) in requests.items():
+            try:
+                hosts[h] = (status.result(HOST_TIMEOUT), timeline.result(HOST_TIMEOUT))
+            except Exception:
+                hosts[h] = None
+        self._hosts_seen.update(st["hosts"])
+        self._devices_seen.update((d["id"], d) for d in st["devices"])
+        devices = []
+        for d in sorted(self._devices_seen.values(), key=lambda d: d["id"]):
+            got = hosts.get(d["host"])
+            info = got[0]["devices"].get(d["id"], {}) if got else {}
+            busy, up = info.get("busy_seconds", 0.0), (got[0].get("uptime", 0.0) if got else 0.0)
+            b0, u0 = self._busy.get(d["id"], (busy, up))
+            if got:
+                self._busy[d["id"]] = (busy, up)
+            devices.append({"id": d["id"], "host": d["host"], "island": d["island"],
+                            "kind": d["kind"], "live": got is not None,
+                            "busy": (busy - b0) / (up - u0) if up > u0 else 0.0,
+                            "hbm_used": info.get("hbm_used", 0),
+                            "hbm_capacity": info.get("hbm_capacity", 0)})
+        new: dict[int, list] = {}
+        for h, got in hosts.items():
+            if got is None:
+                continue
+            timeline = got[1]
+            offset = now - timeline["now"]  # host clock -> ours, as traces do
+            self._since[h] = timeline["now"]
+            for dev, records in timeline["devices"].items():
+                rows = [(start + offset, end + offset, labels.get("client"), name,
+                         labels.get("run"), seq, bool(failed))
+                        for seq, name, labels, start, end, failed in records]
+                self._kernels.setdefault(int(dev), deque()).extend(rows)
+                new[int(dev)] = rows
+        for kernels in self._kernels.values():
+            while kernels and kernels[0][1] < now - self.window:
+                kernels.popleft()
+        clients = [{"id": cid, **{k: info.get(k) for k in ("weight", "priority", "running",
+                                                         "queued")}}
+                   for cid, info in st["clients"].items() if cid != c.id]
+        return {
+            "time": time.time(), "now": now, "window": self.window, "hz": self.hz,
+            "policy": st["policy"],
+            "hosts": [{"id": h, "island": hello.get("island"),
+                       "hostname": hello.get("hostname"), "pid": hello.get("pid"),
+                       "live": hosts.get(h) is not None, "member": h in st["hosts"]}
+                      for h, hello in sorted(self._hosts_seen.items())],
+            "devices": devices,
+            "clients": clients,
+            "kernels": {str(d): [list(k) for k in ks] for d, ks in self._kernels.items()},
+        }
+
+    # ---- serving -------------------------------------------------------------------------
+    def allowed(self, query: str) -> bool:
+        token = urllib.parse.parse_qs(query).get("token", [""])[0]
+        return hmac.compare_digest(token.encode(), self.token.encode())
+
+    def wait_for_change(self, version: int, timeout: float) -> tuple[int, str]:
+        with self._changed:
+            if self._version == version:
+                self._changed.wait(timeout)
+            return self._version, self._snapshot
+
+    def close(self) -> None:
+        """Stop serving (open pages see the stream end) and close the client."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        with self._changed:
+            self._changed.notify_all()
+        self.server.shutdown()
+        self.server.server_close()
+        for t in self._threads:
+            t.join(5)
+        if self._own_client:
+            self.client.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True  # an open page's stream never holds up close()
+    dashboard: Dashboard
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass  # a request per page and stream: nothing worth a line each
+
+    def do_GET(self):
+        dash = self.server.dashboard
+        url = urllib.parse.urlsplit(self.path)
+        if not dash.allowed(url.query):
+            self._send(403, "text/plain", b"this dashboard needs the token of its URL\n")
+        elif url.path == "/":
+            page = resources.files("pathways").joinpath("dashboard.html").read_bytes()
+            self._send(200, "text/html; charset=utf-8", page)
+        elif url.path == "/snapshot.json":
+            self._send(200, "application/json", json.dumps(dash.snapshot()).encode())
+        elif url.path == "/events":
+            self._stream(dash)
+        else:
+            self._send(404, "text/plain", b"not found\n")
+
+    def _send(self, code: int, kind: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _stream(self, dash: Dashboard) -> None:
+        """Server-sent events: each new snapshot as one ``data:`` line, as it is made."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        version = -1
+        try:
+            while not dash._stop.is_set():
+                version, text = dash.wait_for_change(version, 1.0)
+                self.wfile.write(f"data: {text}\n\n".encode())
+                self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the page was closed

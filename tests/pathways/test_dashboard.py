@@ -1,0 +1,122 @@
+"""The live dashboard: a page and a stream of snapshots behind a token, the cluster's devices,
+hosts and clients as a normal client sees them, kernels appearing and busy % rising while a
+workload runs, a killed host shown down."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+import pathways as pw
+from pathways import P
+from pathways.dashboard import Dashboard
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=2,
+                          heartbeat_timeout=1.0) as c:
+        yield c
+
+
+def get(url: str, timeout: float = 10.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.headers.get("Content-Type"), r.read()
+
+
+def first_events(url: str, n: int, timeout: float = 20.0) -> list[dict]:
+    """The first ``n`` snapshots the page's event stream carries."""
+    out = []
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        assert r.headers.get("Content-Type") == "text/event-stream"
+        for line in r:
+            if line.startswith(b"data: "):
+                out.append(json.loads(line[6:]))
+                if len(out) == n:
+                    return out
+    return out
+
+
+def wait_for(dash: Dashboard, test, timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        snap = dash.snapshot()
+        if test(snap) or time.monotonic() > deadline:
+            return snap
+        time.sleep(0.1)
+
+
+def test_the_page_and_its_stream_need_the_token(cluster):
+    with Dashboard(cluster.address, hz=10) as dash:
+        base = dash.url.split("?")[0]
+        for path in ("", "events", "snapshot.json"):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                get(f"{base}{path}?token=wrong")
+            assert e.value.code == 403
+        status, kind, page = get(dash.url)
+        assert status == 200 and kind.startswith("text/html")
+        assert b"EventSource" in page and b"http" not in page.split(b"<script>")[1]
+        assert dash.url.startswith("http://127.0.0.1:")
+
+
+def test_the_stream_shows_every_device_host_and_the_other_clients(cluster):
+    with pw.connect(cluster.address) as other, Dashboard(cluster.address, hz=10) as dash:
+        other.devices()
+        events = first_events(dash.url.replace("/?", "/events?"), 3)
+        snap = events[-1]
+        assert len(snap["devices"]) == 4 and {d["host"] for d in snap["devices"]} == {0, 1}
+        assert [h["live"] for h in snap["hosts"]] == [True, True]
+        assert other.id in {c["id"] for c in snap["clients"]}
+        assert dash.client.id not in {c["id"] for c in snap["clients"]}  # not itself
+        assert all(e["time"] <= f["time"] for e, f in zip(events, events[1:]))
+
+
+def test_a_workload_puts_kernels_on_the_timelines_and_busy_rises(cluster):
+    with pw.connect(cluster.address) as client, Dashboard(cluster.address, hz=10) as dash:
+        mesh = client.mesh((4,), ("d",))
+        step = pw.shard_map(lambda x: pw.psum(x, "d") * 0.5, mesh, in_specs=P("d"),
+                            out_specs=P("d"), cost=0.02)
+        x = client.put(np.ones(8), mesh, P("d"))
+        deadline = time.monotonic() + 30
+        snap = dash.snapshot()
+        while time.monotonic() < deadline:
+            for _ in range(10):
+                x = step(x)
+            x.result()
+            snap = dash.snapshot()
+            if all(snap["kernels"].get(str(d["id"])) for d in snap["devices"]) and \
+                    max(d["busy"] for d in snap["devices"]) > 0.2:
+                break
+        assert all(snap["kernels"].get(str(d["id"])) for d in snap["devices"]), snap
+        assert max(d["busy"] for d in snap["devices"]) > 0.2
+        start, end, who, name, run, seq, failed = snap["kernels"][str(mesh.ids[0])][-1]
+        assert who == client.id and end >= start and not failed and isinstance(seq, int)
+
+
+def test_a_killed_host_is_shown_down_and_the_cli_serves_the_page():
+    with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=1,
+                          heartbeat_timeout=1.0) as c:
+        proc = subprocess.Popen([sys.executable, "-m", "pathways", "dashboard", c.address,
+                                 "--hz", "5"], stdout=subprocess.PIPE, text=True)
+        try:
+            line = proc.stdout.readline()
+            url = line.rsplit("open ", 1)[1].strip()
+            assert get(url)[0] == 200
+            with Dashboard(c.address, hz=10) as dash:
+                hosts = dash.snapshot()["hosts"]
+                assert [h["live"] for h in hosts] == [True, True]
+                os.kill(hosts[1]["pid"], signal.SIGKILL)
+                snap = wait_for(dash, lambda s: [h["live"] for h in s["hosts"]] == [True, False])
+                assert [h["live"] for h in snap["hosts"]] == [True, False]
+        finally:
+            proc.terminate()
+            proc.wait(10)
