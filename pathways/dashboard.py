@@ -55,11 +55,16 @@ class Dashboard:
         self._busy: dict[int, tuple[float, float]] = {}  # device -> (busy s, host uptime)
         self._hosts_seen: dict[int, dict] = {}  # host -> its hello: a lost host stays shown
         self._devices_seen: dict[int, dict] = {}  # device -> its description, likewise
-        self._snapshot = json.dumps(self._gather())  # the page has something at once
         self._version = 0
         self._changed = threading.Condition()
         self._stop = threading.Event()
-        self.server = _Server((bind, port), _Handler)
+        try:
+            self._snapshot = json.dumps(self._gather())  # the page has something at once
+            self.server = _Server((bind, port), _Handler)
+        except BaseException:
+            if self._own_client:
+                self.client.close()
+            raise
         self.server.dashboard = self
         host, port = self.server.server_address[:2]
         self.url = f"http://{host}:{port}/?token={self.token}"
