@@ -94,10 +94,16 @@ def _up(args) -> int:
     cluster = LocalCluster(args.islands, args.hosts_per_island, args.devices_per_host,
                            verbose=args.verbose, policy=args.policy, window=args.window,
                            insecure=args.insecure)
+    dashboard = None
     try:
         cluster.wait_ready(args.islands * args.hosts_per_island * args.devices_per_host)
         print(f"pathways cluster up at {cluster.address}  (Ctrl-C to stop)", flush=True)
         _print_keys(cluster)
+        if args.dashboard:
+            from .dashboard import Dashboard
+
+            dashboard = Dashboard(cluster.address, port=args.dashboard_port)
+            print(f"dashboard: open {dashboard.url}", flush=True)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGHUP):  # a closed terminal too: keys go
             signal.signal(sig, lambda *_: stop.set())
@@ -106,6 +112,8 @@ def _up(args) -> int:
         except KeyboardInterrupt:
             pass
     finally:
+        if dashboard is not None:
+            dashboard.close()
         cluster.close()
     return 0
 
@@ -324,6 +332,10 @@ def parser() -> argparse.ArgumentParser:
                     help="no CURVE keys: any local user can reach the cluster (otherwise a"
                          " throw-away key pair in a private temporary directory, named by the"
                          " printed address and removed on exit)")
+    up.add_argument("--dashboard", action="store_true",
+                    help="also serve the live dashboard (pathways dashboard) and print its URL")
+    up.add_argument("--dashboard-port", type=int, default=0,
+                    help="the dashboard's HTTP port on 127.0.0.1 (default: any free one)")
     co = command("coordinator", "run a coordinator (resource manager, schedulers)")
     co.add_argument("--bind", default="tcp://127.0.0.1",
                     help="where to listen: tcp://HOST (a free port is picked) or ipc")

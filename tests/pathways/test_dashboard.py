@@ -15,6 +15,7 @@ import urllib.request
 
 import numpy as np
 import pytest
+from conftest import read_until
 
 import pathways as pw
 from pathways import P
@@ -120,3 +121,20 @@ def test_a_killed_host_is_shown_down_and_the_cli_serves_the_page():
         finally:
             proc.terminate()
             proc.wait(10)
+
+
+def test_pathways_up_dashboard_prints_a_url_serving_every_device(procs):
+    up = subprocess.Popen([sys.executable, "-m", "pathways", "up", "--dashboard",
+                           "--hosts-per-island", "2", "--devices-per-host", "2"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    procs.append(up)
+    url = read_until(up, "dashboard: open")[-1].split("open ", 1)[1].strip()
+    assert url.startswith("http://127.0.0.1:") and "token=" in url
+    status, kind, page = get(url)
+    assert status == 200 and b"EventSource" in page
+    snap = json.loads(get(url.replace("/?", "/snapshot.json?"))[2])
+    assert len(snap["devices"]) == 4 and [h["live"] for h in snap["hosts"]] == [True, True]
+    up.send_signal(signal.SIGINT)
+    assert up.wait(30) == 0
+    with pytest.raises(urllib.error.URLError):  # the dashboard went with the cluster
+        get(url, timeout=2)
