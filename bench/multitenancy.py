@@ -43,6 +43,7 @@ S]]``.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue
@@ -56,6 +57,7 @@ import pathways as pw
 from bench.results import bench_parser, plot_sweep, publish
 from pathways import P
 from pathways.client.trace import device_time_by_client
+from pathways.dashboard import Dashboard
 from pathways.simulated import SimCluster
 
 TITLE = "Multi-tenancy: clients sharing one island (paper Figure 8)"
@@ -268,12 +270,14 @@ def island(simulation: dict | None, **options):
                             **options, **extra)
 
 
-def sweep(counts, programs, reps, simulation=None, fetch=False):
+def sweep(counts, programs, reps, simulation=None, fetch=False, dashboard=False):
     """{N: (N-client cells, 1-client cells of N x K programs)} over ``reps`` rounds, fifo
-    (``fetch``: every client fetches every result)."""
+    (``fetch``: every client fetches every result; ``dashboard``: a live dashboard watches
+    the island throughout, at its default rate)."""
     cells: dict[int, tuple[list, list]] = {n: ([], []) for n in counts}
     with island(simulation, policy="fifo") as cluster, \
-            pw.connect(cluster.address) as observer:
+            pw.connect(cluster.address) as observer, \
+            (Dashboard(cluster.address) if dashboard else contextlib.nullcontext()):
         for rep in range(reps):
             for n in counts:
                 kinds = [(0, n, programs), (1, 1, n * programs)][:1 if n == 1 else 2]
@@ -307,6 +311,9 @@ def main(argv=None) -> int:
     ap.add_argument("--simulate", action="store_true",
                     help="on the simulator, in virtual time (see the module's text)")
     ap.add_argument("--seed", type=int, default=0, help="the simulation's seed (--simulate)")
+    ap.add_argument("--dashboard", action="store_true",
+                    help="a live dashboard (pathways dashboard) watches the sweep's island, to"
+                         " measure what watching costs")
     ap.add_argument("--fetch", action="store_true",
                     help="every client fetches the value of each result (y.result()), not only"
                          " waits for it to be ready")
@@ -315,7 +322,9 @@ def main(argv=None) -> int:
     programs, reps = args.programs, args.reps
     simulation = {"seed": args.seed, "cpu": "measured"} if args.simulate else None
     started = time.perf_counter()
-    cells = sweep(counts, programs, reps, simulation, args.fetch)
+    if args.dashboard and args.simulate:
+        ap.error("--dashboard watches a real cluster; not with --simulate")
+    cells = sweep(counts, programs, reps, simulation, args.fetch, args.dashboard)
     share_k = programs if args.quick else 2 * programs
     weight_of, busy, interval = share_run(share_k, simulation, args.fetch)
     elapsed = time.perf_counter() - started
@@ -362,7 +371,10 @@ def main(argv=None) -> int:
         + ("fetches every result's value (--fetch: y.result() on each of its K outputs, as"
            " [y.result() for y in ys], in the sweep and the shares run; every result fetched)"
            if args.fetch else "waits for all")
-        + "; results checked. Policy"
+        + "; results checked."
+        + (" A live dashboard (pathways dashboard, 4 Hz) watched the sweep's island"
+           " (--dashboard)." if args.dashboard else "")
+        + " Policy"
         f" \"fifo\". One island: coordinator + 1 host of {DEVICES} devices; "
         + (f"simulated, in virtual time (pw.local_cluster(simulate=True, seed={args.seed},"
            " cpu=\"measured\")): coordinator, host and every client each a role of one"
