@@ -56,10 +56,12 @@ class Dashboard:
         self._hosts_seen: dict[int, dict] = {}  # host -> its hello: a lost host stays shown
         self._devices_seen: dict[int, dict] = {}  # device -> its description, likewise
         self._version = 0
+        self._delta_text: str | None = None  # the current version's event for a page that
+        # has the one before (its new kernels only), made once
         self._changed = threading.Condition()
         self._stop = threading.Event()
         try:
-            self._snapshot = json.dumps(self._gather())  # the page has something at once
+            self._state, self._delta = self._gather()  # the page has something at once
             self.server = _Server((bind, port), _Handler)
         except BaseException:
             if self._own_client:
@@ -77,20 +79,27 @@ class Dashboard:
 
     # ---- what the page shows -------------------------------------------------------------
     def snapshot(self) -> dict:
-        """The latest snapshot, as the page gets it."""
+        """The latest snapshot in full, as the page first gets it: the cluster's state and
+        every device's kernels of the last ``window`` seconds (``"full": True``)."""
         with self._changed:
-            return json.loads(self._snapshot)
+            return self._full()
+
+    def _full(self) -> dict:  # with self._changed held
+        return {**self._state, "full": True,
+                "kernels": {str(d): [list(k) for k in ks] for d, ks in self._kernels.items()}}
 
     def _gather_loop(self) -> None:
         period = 1.0 / self.hz
         while not self._stop.is_set():
             started = time.monotonic()
             try:
-                text = json.dumps(self._gather())
+                state, delta = self._gather()
             except Exception as exc:  # a lost coordinator, say: the page says so
-                text = json.dumps({"time": time.time(), "error": repr(exc)})
+                state, delta = {"time": time.time(), "error": repr(exc)}, {}
             with self._changed:
-                self._snapshot, self._version = text, self._version + 1
+                self._state, self._delta = state, delta
+                self._delta_text = None
+                self._version += 1
                 self._changed.notify_all()
             self._stop.wait(max(0.0, period - (time.monotonic() - started)))
 
@@ -122,7 +131,7 @@ class Dashboard:
                             "busy": (busy - b0) / (up - u0) if up > u0 else 0.0,
                             "hbm_used": info.get("hbm_used", 0),
                             "hbm_capacity": info.get("hbm_capacity", 0)})
-        new: dict[int, list] = {}
+        new: dict[str, list] = {}
         for h, got in hosts.items():
             if got is None:
                 continue
@@ -133,11 +142,14 @@ class Dashboard:
                 rows = [(start + offset, end + offset, labels.get("client"), name,
                          labels.get("run"), seq, bool(failed))
                         for seq, name, labels, start, end, failed in records]
+                if rows:
+                    new[str(dev)] = rows
+        with self._changed:  # the window a new page starts from
+            for dev, rows in new.items():
                 self._kernels.setdefault(int(dev), deque()).extend(rows)
-                new[int(dev)] = rows
-        for kernels in self._kernels.values():
-            while kernels and kernels[0][1] < now - self.window:
-                kernels.popleft()
+            for kernels in self._kernels.values():
+                while kernels and kernels[0][1] < now - self.window:
+                    kernels.popleft()
         clients = [{"id": cid, **{k: info.get(k) for k in ("weight", "priority", "running",
                                                          "queued")}}
                    for cid, info in st["clients"].items() if cid != c.id]
@@ -150,19 +162,30 @@ class Dashboard:
                       for h, hello in sorted(self._hosts_seen.items())],
             "devices": devices,
             "clients": clients,
-            "kernels": {str(d): [list(k) for k in ks] for d, ks in self._kernels.items()},
-        }
+        }, new
 
     # ---- serving -------------------------------------------------------------------------
     def allowed(self, query: str) -> bool:
         token = urllib.parse.parse_qs(query).get("token", [""])[0]
         return hmac.compare_digest(token.encode(), self.token.encode())
 
-    def wait_for_change(self, version: int, timeout: float) -> tuple[int, str]:
+    def next_event(self, version: int, timeout: float) -> tuple[int, str | None]:
+        """For a stream that has sent snapshot ``version``: the next version and its event,
+        only the kernels new since ``version`` when it is the one after, else in full (a new
+        or lagging page); None if nothing changed within ``timeout``."""
         with self._changed:
             if self._version == version:
                 self._changed.wait(timeout)
-            return self._version, self._snapshot
+            if self._version == version:
+                return version, None
+            current = self._version
+            if current == version + 1:
+                if self._delta_text is None:
+                    self._delta_text = json.dumps({**self._state, "kernels": self._delta,
+                                                   "full": False})
+                return current, self._delta_text
+            full = self._full()
+        return current, json.dumps(full)
 
     def close(self) -> None:
         """Stop serving (open pages see the stream end) and close the client."""
@@ -225,11 +248,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
-        version = -1
+        version = -2  # not the one before any: the first event is in full
         try:
             while not dash._stop.is_set():
-                version, text = dash.wait_for_change(version, 1.0)
-                self.wfile.write(f"data: {text}\n\n".encode())
+                version, text = dash.next_event(version, 1.0)
+                self.wfile.write(b": idle\n\n" if text is None else f"data: {text}\n\n".encode())
                 self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             pass  # the page was closed

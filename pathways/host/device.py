@@ -264,6 +264,21 @@ class EmulatedDevice:
         with self._lock:
             return list(self._timeline)
 
+    def records_since(self, since: float | None) -> list[KernelRecord]:
+        """The kept kernels that ended after ``since`` (all if None), oldest first; read from
+        the newest back, so a frequent reader (the dashboard) costs what is new, not the
+        whole timeline (kernels end in order: one runs at a time)."""
+        with self._lock:
+            if since is None:
+                return list(self._timeline)
+            out = []
+            for record in reversed(self._timeline):
+                if record.end <= since:
+                    break
+                out.append(record)
+        out.reverse()
+        return out
+
     def utilization(self, since: float | None = None, until: float | None = None) -> float:
         """Fraction of [since, until] the device was occupied, from the kept timeline.
 

@@ -259,8 +259,8 @@ class Host:
         clock (``self.clock``), with ``now``."""
         out, moved = {}, {}
         for d, dev in sorted(self.devices.items()):
-            out[d] = [(r.seq, r.name, r.labels, r.start, r.end, r.error) for r in dev.timeline
-                      if since is None or r.end > since]
+            out[d] = [(r.seq, r.name, r.labels, r.start, r.end, r.error)
+                      for r in dev.records_since(since)]
             moved[d] = []
         for d, name, labels, start, end in list(self.transfers):
             if (since is None or end > since) and d in moved:

@@ -79,6 +79,8 @@ def test_the_stream_shows_every_device_host_and_the_other_clients(cluster):
         assert other.id in {c["id"] for c in snap["clients"]}
         assert dash.client.id not in {c["id"] for c in snap["clients"]}  # not itself
         assert all(e["time"] <= f["time"] for e, f in zip(events, events[1:]))
+        # the first event is in full, the next ones carry only kernels new since the last
+        assert [e["full"] for e in events] == [True, False, False]
 
 
 def test_a_workload_puts_kernels_on_the_timelines_and_busy_rises(cluster):
@@ -101,6 +103,12 @@ def test_a_workload_puts_kernels_on_the_timelines_and_busy_rises(cluster):
         assert max(d["busy"] for d in snap["devices"]) > 0.2
         start, end, who, name, run, seq, failed = snap["kernels"][str(mesh.ids[0])][-1]
         assert who == client.id and end >= start and not failed and isinstance(seq, int)
+        # what a page keeps from the stream's deltas is the full window a new page gets
+        events = first_events(dash.url.replace("/?", "/events?"), 2)
+        assert events[0]["full"] and not events[1]["full"]
+        def ids(event):  # (device, seq) of each kernel
+            return {(d, k[5]) for d, ks in event["kernels"].items() for k in ks}
+        assert not ids(events[0]) & ids(events[1])
 
 
 def test_a_killed_host_is_shown_down_and_the_cli_serves_the_page():
