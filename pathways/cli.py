@@ -104,18 +104,23 @@ def _up(args) -> int:
 
             dashboard = Dashboard(cluster.address, port=args.dashboard_port)
             print(f"dashboard: open {dashboard.url}", flush=True)
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGHUP):  # a closed terminal too: keys go
-            signal.signal(sig, lambda *_: stop.set())
-        try:
-            stop.wait()
-        except KeyboardInterrupt:
-            pass
+        _wait_for_stop()  # a closed terminal too: keys go
     finally:
         if dashboard is not None:
             dashboard.close()
         cluster.close()
     return 0
+
+
+def _wait_for_stop() -> None:
+    """Block until Ctrl-C, SIGTERM or SIGHUP (a closed terminal)."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
 
 
 def _print_keys(cluster) -> None:
@@ -197,13 +202,7 @@ def _dashboard(args) -> int:
         with Dashboard(args.address, args.port, args.bind, args.hz, args.window,
                        client=client) as dash:
             print(f"dashboard of {args.address}: open {dash.url}", flush=True)
-            stop = threading.Event()
-            for sig in (signal.SIGTERM, signal.SIGHUP):
-                signal.signal(sig, lambda *_: stop.set())
-            try:
-                stop.wait()
-            except KeyboardInterrupt:
-                pass
+            _wait_for_stop()
     finally:
         client.close()
     return 0
