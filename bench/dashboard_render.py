@@ -17,7 +17,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 
 import pathways as pw
 from pathways.dashboard import Dashboard
@@ -30,7 +29,7 @@ TARGET_HZ = 1.0
 def snapshot(devices: int, kernels: int) -> dict:
     now = 1000.0
     return {
-        "time": time.time(), "now": now, "window": 10.0, "hz": 4.0, "policy": "fifo",
+        "now": now, "window": 10.0, "hz": 4.0, "policy": "fifo",
         "hosts": [{"id": h, "island": h // 16, "hostname": "vm", "pid": 1, "live": True,
                    "member": True} for h in range(64)],
         "devices": [{"id": d, "host": d * 64 // devices, "island": d * 4 // devices,

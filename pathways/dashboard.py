@@ -91,11 +91,11 @@ class Dashboard:
     def _gather_loop(self) -> None:
         period = 1.0 / self.hz
         while not self._stop.is_set():
-            started = time.monotonic()
+            started = time.monotonic()  # paces a real browser's updates, in real time
             try:
                 state, delta = self._gather()
             except Exception as exc:  # a lost coordinator, say: the page says so
-                state, delta = {"time": time.time(), "error": repr(exc)}, {}
+                state, delta = {"error": repr(exc)}, {}
             with self._changed:
                 self._state, self._delta = state, delta
                 self._delta_text = None
@@ -110,7 +110,7 @@ class Dashboard:
         requests = {h: (c.session.request(a, protocol.Status(None)),
                         c.session.request(a, protocol.Timeline(None, self._since.get(h))))
                     for h, a in c.cluster.hosts().items()}
-        now = time.monotonic()
+        now = c.clock()  # the clock client traces are drawn in
         for h, (status, timeline) in requests.items():
             try:
                 hosts[h] = (status.result(HOST_TIMEOUT), timeline.result(HOST_TIMEOUT))
@@ -154,7 +154,7 @@ class Dashboard:
                                                          "queued")}}
                    for cid, info in st["clients"].items() if cid != c.id]
         return {
-            "time": time.time(), "now": now, "window": self.window, "hz": self.hz,
+            "now": now, "window": self.window, "hz": self.hz,
             "policy": st["policy"],
             "hosts": [{"id": h, "island": hello.get("island"),
                        "hostname": hello.get("hostname"), "pid": hello.get("pid"),

@@ -100,12 +100,8 @@ class Context:
         if keyed:
             if key is not None and len(keyed) == 1:  # the usual keyed emit, without calls
                 edge = keyed[0]
-                pending = edge.pending
-                if pending is not None:  # a combining edge: fold into the key's accumulator
-                    if key in pending:
-                        pending[key] = edge.add(pending[key], value)
-                    else:
-                        pending[key] = value if edge.create is None else edge.create(value)
+                if edge.pending is not None:  # a combining edge (beside plain ones): fold
+                    edge.fold(key, value)
                     return
                 s = stable_hash(key) % edge.shards
                 bucket = edge.buckets[s]

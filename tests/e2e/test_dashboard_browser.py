@@ -1,7 +1,8 @@
 """The dashboard in a real browser: Debian's Chromium, headless, driven by Selenium through
 Debian's chromedriver (nothing is downloaded). The page loads without console errors, shows
 every device, its numbers move while a workload runs, a killed host turns red; a screenshot is
-saved (``$PATHWAYS_ARTIFACTS``, else the test's temporary directory).
+saved (``$PATHWAYS_ARTIFACTS``, else the test's temporary directory). How fast the page is
+is measured by ``bench.dashboard_render``, not asserted here.
 
 CI installs the browser (``.ci/run``) and sets ``PATHWAYS_REQUIRE_BROWSER=1``, so there the test
 fails rather than skips when something is missing."""
@@ -78,10 +79,8 @@ def test_the_dashboard_page_in_chromium(tmp_path):
                               heartbeat_timeout=1.0) as cluster, \
                 pw.connect(cluster.address) as client, \
                 Dashboard(cluster.address, hz=4, window=5) as dash:
-            started = time.monotonic()
             driver.get(dash.url)
             until(lambda: len(cells(driver, "devices")) == 4, what="4 device rows")
-            shown = time.monotonic() - started
             errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
             assert errors == [], errors
             assert [row[-1] for row in cells(driver, "hosts")] == ["live", "live"]
@@ -105,10 +104,9 @@ def test_the_dashboard_page_in_chromium(tmp_path):
             kernels = driver.execute_script(
                 "return Object.values(snap.kernels).reduce((n, ks) => n + ks.length, 0)")
             assert kernels > 0
-            rate = until(lambda: float(driver.execute_script(
-                "return document.getElementById('status').textContent")
-                .rsplit("updating at ", 1)[1].split()[0]) or None, what="an update rate")
-            assert rate >= 2.0, rate
+            pushed = driver.execute_script("return pushed")  # updates the stream sent so far
+            until(lambda: driver.execute_script("return pushed") >= pushed + 3,
+                  what="three more pushed updates")
             shot = os.path.join(os.environ.get("PATHWAYS_ARTIFACTS", str(tmp_path)),
                                 "dashboard.png")
             os.makedirs(os.path.dirname(shot), exist_ok=True)
@@ -124,7 +122,6 @@ def test_the_dashboard_page_in_chromium(tmp_path):
             red = driver.execute_script(
                 "return getComputedStyle(document.querySelector('#hosts .down')).color")
             assert red == "rgb(204, 0, 0)"
-            assert shown < 10.0  # loose here; the page's speed is measured, not tested
     finally:
         stop.set()
         if worker is not None:

@@ -228,3 +228,21 @@ def test_combined_counts_equal_counter_for_any_words_and_shapes(parts, counters)
         g = word_graph(sources=len(parts), counters=counters)
         result = c.install(g).run(parts={"src": parts}).result(30)
     assert totals(result, counters) == collections.Counter(w for p in parts for w in p)
+
+
+class Echo(Operator):
+    def on_batch(self, ctx, t, port, values):
+        ctx.output(sorted(values))
+
+
+def test_a_port_with_a_plain_edge_beside_a_combining_one_feeds_both(cluster):
+    g = Graph("beside")
+    src = g.node("src", Words, shards=2)
+    echo = g.node("echo", Echo, shards=2)
+    count = g.node("count", Pairs, shards=2)
+    g.edge(src, echo, ONE_TO_ONE)  # gets every value as it was emitted
+    g.edge(src, count, KEYED, combine=operator.add)
+    parts = [["a", "b", "a"], ["b"]]
+    result = cluster.install(g).run(parts={"src": parts}).result(30)
+    assert sorted(v for vs in result.values("echo") for v in vs) == [1, 1, 1, 1]
+    assert totals(result, 2) == {"a": 2, "b": 2}
