@@ -2,12 +2,22 @@
 
 ``pathways dashboard ADDRESS`` connects to a cluster as a normal client (the same address and
 keys as any other), gathers what it sees a few times a second and serves one page on
-``127.0.0.1`` that the browser keeps open: per-device timelines of the last seconds (kernels
-coloured by client; click one for its function, run, seq and times), busy % and HBM per
-device, hosts with their liveness, clients with weight, priority, runs running and gangs
-queued. Updates are pushed (server-sent events), never polled by the page. The URL carries a
-random token, as Jupyter's does; requests without it are refused. The page is one file with
-no library and nothing fetched from elsewhere, so it works offline.
+``127.0.0.1`` that the browser keeps open:
+
+- per-device timelines of the last seconds: kernels coloured by client, those that held
+  collectives marked, and the data arriving for each device (transfers) on a thin row under
+  it; click one for its function, run, seq, start and end, input avals, collectives (time
+  waiting for peers, bytes to other hosts) and compile time;
+- busy % and HBM per device; islands and hosts with their liveness (a lost one stays listed,
+  in red);
+- clients with weight, priority, runs running, gangs queued and runs held behind an install;
+- each run in flight with its age and where its Plaque graph is: per node, the shards not
+  done yet (the hosts' ``WorkerCore.frontier``, joined by the run's graph and timestamp);
+- live and suspended slices; the latest failed runs with their remote tracebacks.
+
+Updates are pushed (server-sent events), never polled by the page. The URL carries a random
+token, as Jupyter's does; requests without it are refused. The page is one file with no
+library and nothing fetched from elsewhere, so it works offline.
 
 ``Dashboard`` is the server: ``snapshot()`` is what the page is sent (a JSON-able dict).
 """
@@ -50,7 +60,9 @@ class Dashboard:
         self._own_client = client is None
         self.client = client if client is not None else Client(address)
         self._kernels: dict[int, deque] = {}  # device -> (start, end, client, name, run, seq,
-        # failed) in this process's clock
+        # failed, details) in this process's clock
+        self._transfers: dict[int, deque] = {}  # device -> (start, end, client, name, bytes,
+        # link): data that arrived for it
         self._since: dict[int, float] = {}  # host -> its clock at the last timeline read
         self._busy: dict[int, tuple[float, float]] = {}  # device -> (busy s, host uptime)
         self._hosts_seen: dict[int, dict] = {}  # host -> its hello: a lost host stays shown
@@ -86,7 +98,8 @@ class Dashboard:
 
     def _full(self) -> dict:  # with self._changed held
         return {**self._state, "full": True,
-                "kernels": {str(d): [list(k) for k in ks] for d, ks in self._kernels.items()}}
+                "kernels": {str(d): list(ks) for d, ks in self._kernels.items()},
+                "transfers": {str(d): list(ts) for d, ts in self._transfers.items()}}
 
     def _gather_loop(self) -> None:
         period = 1.0 / self.hz
@@ -103,7 +116,9 @@ class Dashboard:
                 self._changed.notify_all()
             self._stop.wait(max(0.0, period - (time.monotonic() - started)))
 
-    def _gather(self) -> dict:
+    def _gather(self) -> tuple[dict, dict]:
+        """A snapshot of the cluster (without kernels or transfers), and what is new on
+        the devices since the last one: ``{"kernels": {device: rows}, "transfers": ...}``."""
         c = self.client
         st = c.cluster_status(timeout=HOST_TIMEOUT * 5)
         hosts = {}
@@ -118,6 +133,25 @@ class Dashboard:
                 hosts[h] = None
         self._hosts_seen.update(st["hosts"])
         self._devices_seen.update((d["id"], d) for d in st["devices"])
+        new = self._take_records(hosts, now)
+        frontier = _merge_frontiers(got[0].get("frontier", {}) for got in hosts.values() if got)
+        ago = st.get("now", 0.0)  # the coordinator's clock: ages, not times, are shown
+        return {
+            "now": now, "window": self.window, "hz": self.hz,
+            "policy": st["policy"],
+            "hosts": [{"id": h, "island": hello.get("island"),
+                       "hostname": hello.get("hostname"), "pid": hello.get("pid"),
+                       "live": hosts.get(h) is not None, "member": h in st["hosts"]}
+                      for h, hello in sorted(self._hosts_seen.items())],
+            "devices": self._devices(hosts),
+            "clients": [_client_row(cid, info, frontier, ago)
+                        for cid, info in st["clients"].items() if cid != c.id],
+            "slices": _slices(st.get("resources", {})),
+            "errors": [{**e, "age": ago - e["at"]} for e in reversed(st.get("errors", ()))],
+        }, new
+
+    def _devices(self, hosts: dict) -> list[dict]:
+        """Each device seen so far: live or not, busy since the last snapshot, HBM."""
         devices = []
         for d in sorted(self._devices_seen.values(), key=lambda d: d["id"]):
             got = hosts.get(d["host"])
@@ -131,7 +165,12 @@ class Dashboard:
                             "busy": (busy - b0) / (up - u0) if up > u0 else 0.0,
                             "hbm_used": info.get("hbm_used", 0),
                             "hbm_capacity": info.get("hbm_capacity", 0)})
-        new: dict[str, list] = {}
+        return devices
+
+    def _take_records(self, hosts: dict, now: float) -> dict:
+        """The kernels and transfers the hosts' timelines gave since the last read, as rows
+        in our clock, added to the window a new page starts from (which drops the old)."""
+        new: dict[str, dict[str, list]] = {"kernels": {}, "transfers": {}}
         for h, got in hosts.items():
             if got is None:
                 continue
@@ -140,29 +179,24 @@ class Dashboard:
             self._since[h] = timeline["now"]
             for dev, records in timeline["devices"].items():
                 rows = [(start + offset, end + offset, labels.get("client"), name,
-                         labels.get("run"), seq, bool(failed))
+                         labels.get("run"), seq, bool(failed), _details(labels))
                         for seq, name, labels, start, end, failed in records]
                 if rows:
-                    new[str(dev)] = rows
-        with self._changed:  # the window a new page starts from
-            for dev, rows in new.items():
-                self._kernels.setdefault(int(dev), deque()).extend(rows)
-            for kernels in self._kernels.values():
-                while kernels and kernels[0][1] < now - self.window:
-                    kernels.popleft()
-        clients = [{"id": cid, **{k: info.get(k) for k in ("weight", "priority", "running",
-                                                         "queued")}}
-                   for cid, info in st["clients"].items() if cid != c.id]
-        return {
-            "now": now, "window": self.window, "hz": self.hz,
-            "policy": st["policy"],
-            "hosts": [{"id": h, "island": hello.get("island"),
-                       "hostname": hello.get("hostname"), "pid": hello.get("pid"),
-                       "live": hosts.get(h) is not None, "member": h in st["hosts"]}
-                      for h, hello in sorted(self._hosts_seen.items())],
-            "devices": devices,
-            "clients": clients,
-        }, new
+                    new["kernels"][str(dev)] = rows
+            for dev, moved in timeline.get("transfers", {}).items():
+                rows = [(start + offset, end + offset, labels.get("client"), name,
+                         labels.get("bytes"), labels.get("link"))
+                        for name, labels, start, end in moved]
+                if rows:
+                    new["transfers"][str(dev)] = rows
+        with self._changed:
+            for kind, kept in (("kernels", self._kernels), ("transfers", self._transfers)):
+                for dev, rows in new[kind].items():
+                    kept.setdefault(int(dev), deque()).extend(rows)
+                for rows in kept.values():
+                    while rows and rows[0][1] < now - self.window:
+                        rows.popleft()
+        return new
 
     # ---- serving -------------------------------------------------------------------------
     def allowed(self, query: str) -> bool:
@@ -181,7 +215,7 @@ class Dashboard:
             current = self._version
             if current == version + 1:
                 if self._delta_text is None:
-                    self._delta_text = json.dumps({**self._state, "kernels": self._delta,
+                    self._delta_text = json.dumps({**self._state, **self._delta,
                                                    "full": False})
                 return current, self._delta_text
             full = self._full()
@@ -206,6 +240,53 @@ class Dashboard:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _details(labels: dict) -> dict:
+    """What a page shows of a kernel when it is clicked, beyond its row: its equation,
+    input avals, collectives (and time waiting in them), compile time, batch."""
+    return {k: v for k, v in labels.items() if k not in ("client", "run")}
+
+
+def _merge_frontiers(frontiers) -> dict:
+    """The hosts' ``WorkerCore.frontier``s as one: ``{graph: {"nodes", "runs": {t: {node:
+    shards not done}}}}`` (shards summed over the hosts)."""
+    out: dict = {}
+    for frontier in frontiers:
+        for gid, got in frontier.items():
+            mine = out.setdefault(gid, {"nodes": got["nodes"], "runs": {}})
+            for t, pending in got["runs"].items():
+                run = mine["runs"].setdefault(t, {})
+                for node, n in pending.items():
+                    run[node] = run.get(node, 0) + n
+    return out
+
+
+def _client_row(cid, info: dict, frontier: dict, now: float) -> dict:
+    """A client as the page shows it: weight, priority, counts, and its runs in flight,
+    each with its age and, once started, its nodes with the shards not done yet."""
+    runs = []
+    for r in info.get("runs", ()):
+        graph = frontier.get(r.get("graph"), {})
+        pending = graph.get("runs", {}).get(r.get("t")) if r.get("started") else None
+        runs.append({"program": r["program"], "run": r["run"], "started": r["started"],
+                     "age": now - r["since"],
+                     "nodes": None if pending is None else [
+                         [node, pending.get(node, 0), shards]
+                         for node, shards in graph["nodes"].items()]})
+    return {"id": cid, "runs": runs, **{k: info.get(k) for k in ("weight", "priority",
+                                                                "running", "queued", "held")}}
+
+
+def _slices(resources: dict) -> list[dict]:
+    """Live and suspended slices: whose, shape, island, devices."""
+    out = [{"id": sid, "client": s["client"], "shape": list(s["shape"]), "island": s["island"],
+            "devices": s["devices"], "state": "broken" if s.get("broken") else "live"}
+           for sid, s in resources.get("slices", {}).items()]
+    out += [{"id": sid, "client": s["client"], "shape": list(s["shape"]),
+             "island": s["island"], "devices": [], "state": "suspended"}
+            for sid, s in resources.get("suspended", {}).items()]
+    return sorted(out, key=lambda s: s["id"])
 
 
 class _Server(http.server.ThreadingHTTPServer):

@@ -85,6 +85,12 @@ class InstalledGraph:
             staged.abort()
             raise
 
+    def progress(self, timeout: float = 10.0) -> dict:
+        """This graph's runs in flight: ``{t: {node: shards not done}}`` (a node missing is
+        done for that run; ``Cluster.progress``)."""
+        got = self.cluster.progress(timeout).get(self.gid)
+        return {} if got is None else got["runs"]
+
     def uninstall(self) -> None:
         self.cluster._call(lambda: self.cluster._core.uninstall(self.gid))
 
@@ -319,6 +325,18 @@ class Cluster:
 
         self._loop.call_soon_threadsafe(job)
         return fut
+
+    def progress(self, timeout: float = 10.0) -> dict:
+        """Where each installed graph's runs in flight are: ``{gid: {"name", "nodes":
+        {node: shards}, "runs": {t: {node: shards not done}}}}``, from the coordinator's
+        pointstamp counts; a node missing from a run's dict is done for that run. Workers
+        tell the coordinator once per run, so a shard counts as not done until its worker
+        has finished the run.
+
+        >>> for t, pending in cluster.progress()[graph.gid]["runs"].items():
+        ...     print(t, pending)   # e.g. 3 {'sum': 2}: the sources are done
+        """
+        return self._call(self._core.progress, timeout)
 
     def counters(self, timeout: float = 10.0) -> dict:
         """Traffic counters of every live worker and of the coordinator (key -1)."""

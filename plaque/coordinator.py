@@ -172,6 +172,23 @@ class CoordinatorCore:
     def live_workers(self) -> list[int]:
         return sorted(w for w, info in self.workers.items() if info.alive)
 
+    def progress(self, gid: int | None = None) -> dict:
+        """Where the runs in flight are, per installed graph (``gid``: that one only): ``{gid:
+        {"name", "nodes": {node: shards}, "runs": {t: {node: shards not done}}}}``; a node
+        missing from a run's dict is done for that run (``ProgressTracker.frontier``). A
+        worker tells the coordinator its changes at t once it is done with t, so a shard
+        counts as not done here until its worker has finished the whole run
+        (``WorkerCore.frontier`` knows its own shards exactly)."""
+        out = {}
+        for g_id, g in self.graphs.items():
+            if gid is not None and g_id != gid:
+                continue
+            names, shards = g.node_names, g.tracker.topology.shards
+            out[g_id] = {"name": g.name, "nodes": dict(zip(names, shards)),
+                         "runs": {t: {names[n]: k for n, k in g.tracker.frontier(t).items()}
+                                  for t in g.runs}}
+        return out
+
     # ---- driver calls ---------------------------------------------------------------------
     def install(self, graph: Graph) -> int:
         """Send ``graph`` to the workers that host it; an ``installed`` event follows."""

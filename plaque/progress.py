@@ -162,6 +162,13 @@ class ProgressTracker:
         """True when nothing at all remains at timestamp t (the run has drained)."""
         return t not in self._nonzero
 
+    def frontier(self, t) -> dict[int, int]:
+        """Where run t still is: ``{node: number of its shards holding a pointstamp at t}``
+        (a capability not yet dropped, or input not yet consumed). A node not in it is done
+        for t: it has handled "complete for t" on every shard and nothing waits for it."""
+        return {node: len(shards) for node, shards in self._positive.get(t, {}).items()
+                if node != SINK}
+
     def pending_timestamps(self) -> list:
         return sorted(self._nonzero, key=lambda t: (str(type(t)), t))
 

@@ -282,6 +282,25 @@ class WorkerCore:
         if self.on_user is not None:
             self.on_user(sender, payload)
 
+    def frontier(self) -> dict:
+        """Where this worker's shards are in the runs in flight here: ``{gid: {"nodes":
+        {node name: shards}, "runs": {t: {node name: shards here whose capability at t is
+        not dropped}}}}``, graphs with runs in flight only; a node missing from a run's dict
+        has no shard here left in it (exact for this worker's own shards)."""
+        out = {}
+        for gid, g in self.graphs.items():
+            if not g.live:
+                continue
+            nodes = g.graph.nodes
+            runs = {}
+            for t, live in g.live.items():
+                counts: dict[str, int] = {}
+                for node, _ in live:
+                    counts[nodes[node].name] = counts.get(nodes[node].name, 0) + 1
+                runs[t] = counts
+            out[gid] = {"nodes": {n.name: n.shards for n in nodes}, "runs": runs}
+        return out
+
     def send_user(self, peer: int, payload, channel: int = DATA) -> None:
         """Send ``payload`` to worker ``peer`` (or -1, the coordinator); call on the loop."""
         self._send(peer, channel, Kind.USER, payload)

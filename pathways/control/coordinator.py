@@ -147,13 +147,13 @@ class Coordinator:
             small = () if result is None else tuple(
                 value for shards in result.outputs.values() for values in shards.values()
                 for value in values)
-            self.plane.run_ended(c.key, error, small)
+            self.plane.run_ended(c.key, error, small, self._now())
             self._carry_out()
 
         try:
-            self.cluster.start_async(c.gid, c.arg, done)
+            self.plane.run_began(c.key, self.cluster.start_async(c.gid, c.arg, done))
         except Exception as exc:
-            self.plane.run_ended(c.key, exc)
+            self.plane.run_ended(c.key, exc, now=self._now())
 
     def devices(self) -> list[dict]:
         return self.plane.devices()

@@ -103,6 +103,25 @@ class _Run:
     programs: dict  # island -> the gangs submitted to that island's scheduler
     seqs: dict = field(default_factory=dict)  # eqn index -> {device: seq}
     started: bool = False
+    since: float = 0.0  # when it was numbered (the plane's time)
+    t: object = None  # its Plaque timestamp once started (``run_began``)
+
+
+ERRORS_KEPT = 20  # failed runs ``status`` lists, the latest
+RUNS_LISTED = 16  # runs in flight ``status`` lists per client, the oldest (all are counted)
+
+
+def _error_record(run: _Run, error: BaseException, at: float) -> dict:
+    """What ``status`` says of a failed run: whose, when, why and, for a kernel's own
+    exception, where it failed and its remote traceback."""
+    text = str(error)
+    origin = error.origin if isinstance(error, RemoteError) else None
+    return {"client": run.prog.client, "program": run.pid[1], "run": run.run_id, "at": at,
+            "type": type(error).__name__ if origin is None else origin["type"][1],
+            "message": (text.split("\n--- remote traceback", 1)[0] if origin else text)[:2000],
+            "function": origin and origin.get("function"),
+            "device": origin and origin.get("device"), "host": origin and origin.get("host"),
+            "traceback": (origin or {}).get("traceback") or ""}
 
 
 def _short(value) -> str:
@@ -143,6 +162,7 @@ class ControlPlane:
         self._out: list = []
         self._now = 0.0  # the time of the request being handled
         self.preemptions = Preemptions(self.rm, preempt_timeout)
+        self.errors: deque = deque(maxlen=ERRORS_KEPT)  # the latest failed runs (status)
 
     def take(self) -> list:
         """The commands decided since the last call, in order."""
@@ -319,19 +339,35 @@ class ControlPlane:
         self._reply(ident, m.Answer(msg.req, self.status()))
 
     def status(self) -> dict:
+        """The cluster as the plane sees it: hosts, devices, the policy, the resource
+        manager's snapshot (slices, suspended slices), each client's weight, priority, runs
+        running (started on the hosts), gangs queued, runs ``held`` behind a program being
+        installed and its oldest runs in flight (``runs``: program, run, started, ``since``
+        it was numbered, and the Plaque graph and timestamp ``t`` once started), the latest
+        failed runs (``errors``, with remote tracebacks) and ``now``, the time ``since`` and
+        ``at`` are in."""
         clients = {}
         for cid in sorted(self.clients):
             info = self.client_info.get(cid, {})
             clients[cid] = {"weight": info.get("weight", 1.0),
-                            "priority": info.get("priority", 0), "queued": 0,
-                            "running": sum(1 for r in self.runs.values()
-                                           if r.prog.client == cid and r.started)}
+                            "priority": info.get("priority", 0), "queued": 0, "running": 0,
+                            "held": len(self._held.get(cid, ())), "runs": []}
         for sched in self.schedulers.values():
             for cid, n in sched.policy.waiting().items():
                 if cid in clients:
                     clients[cid]["queued"] += n
+        for run in sorted(self.runs.values(), key=lambda r: r.since):
+            mine = clients.get(run.prog.client)
+            if mine is None:
+                continue
+            mine["running"] += run.started
+            if len(mine["runs"]) < RUNS_LISTED:
+                mine["runs"].append({"program": run.pid[1], "run": run.run_id,
+                                     "started": run.started, "since": run.since,
+                                     "graph": run.prog.gid, "t": run.t})
         return {"hosts": self.hosts, "devices": self.devices(), "clients": clients,
-                "policy": self.policy, "resources": self.rm.snapshot()}
+                "policy": self.policy, "resources": self.rm.snapshot(), "now": self._now,
+                "errors": list(self.errors)}
 
     def _bye(self, ident, msg):
         self._forget_client(msg.client, f"client {msg.client} closed")
@@ -399,7 +435,8 @@ class ControlPlane:
         per_island: dict[int, list] = {}
         for e, (devs, island) in enumerate(zip(prog.gangs, prog.islands)):
             per_island.setdefault(island, []).append(Gang((pid, run_id, e), prog.client, devs))
-        run = _Run(ident, pid, run_id, arg, prog, {i: tuple(g) for i, g in per_island.items()})
+        run = _Run(ident, pid, run_id, arg, prog, {i: tuple(g) for i, g in per_island.items()},
+                   since=self._now)
         self.runs[(pid, run_id)] = run
         spans = len(run.programs) > 1
         for island, gangs in run.programs.items():
@@ -443,9 +480,17 @@ class ControlPlane:
             arg = dataclasses.replace(run.arg, seqs=run.seqs)
             self._out.append(StartRun((run.pid, run.run_id), run.prog.gid, arg))
 
-    def run_ended(self, key, error, results=()) -> None:
+    def run_began(self, key, t) -> None:
+        """Run ``key`` started as Plaque run ``t`` of its program's graph (``status`` says
+        where it is by it)."""
+        run = self.runs.get(key)
+        if run is not None:
+            run.t = t
+
+    def run_ended(self, key, error, results=(), now: float | None = None) -> None:
         """Run ``key`` (program id, run id) finished, or failed with ``error``; ``results``:
-        the small results its kernels handed on (``RunDone``)."""
+        the small results its kernels handed on (``RunDone``); ``now``: the time it ended
+        (default: that of the last request or tick)."""
         run = self.runs.get(key)
         if run is None:
             return
@@ -454,6 +499,7 @@ class ControlPlane:
         if error is None:
             self._reply(run.ident, m.RunDone(run.run_id, results))
             return
+        self.errors.append(_error_record(run, error, self._now if now is None else now))
         self._reply(run.ident, m.RunFailed(run.run_id, error))
         # Kernels of this run still queued or waiting in collectives on surviving hosts
         # must not hold their devices until a timeout: fail their gangs now.

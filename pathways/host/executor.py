@@ -344,6 +344,8 @@ class Executor:
         labels = dict(kernel.labels or {})
         if shard.hosted:  # the device idled from its start while its host compiled
             labels["compile"] = shard.hosted
+        if shard.waited:  # of its time on the device, this went on waiting for peers
+            labels["waited"] = shard.waited
         device.finished(shard, KernelRecord(
             shard.seq, kernel_name(kernel), labels, shard.began, shard.end,
             error is not None, shard.arrived, self.now()))

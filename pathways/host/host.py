@@ -246,6 +246,8 @@ class Host:
                         for d, dev in sorted(self.devices.items())},
             "store": self.store.stats(),
             "wire": self.wire_counters(),
+            # where its Plaque shards are in the runs in flight here: {graph: {t: {node: n}}}
+            "frontier": self.core.frontier() if self.core is not None else {},
         }
 
     def record_transfer(self, device, name, labels, start, end) -> None:

@@ -124,7 +124,8 @@ class KernelGang:
 
     def __init__(self, spec: KernelSpec, arg):
         self.spec, self.arg = spec, arg
-        self.labels = {"client": arg.client, "run": arg.run_id, "eqn": spec.index}
+        self.labels = {"client": arg.client, "run": arg.run_id, "eqn": spec.index,
+                       "inputs": [str(a) for a in spec.expect.ins]}  # global avals, for traces
         self.owner = (arg.client, arg.run_id)
         self.key = (arg.client, arg.run_id, spec.index)
         # per input: its array id, or None for one that arrives by transfer (keyed per device)
@@ -241,6 +242,9 @@ class Kernel(DeviceWork):
         outs, seconds = fn.run_shard(env, shards, device.spec, self.spec.expect, self.device_id)
         self._outputs = outs
         remote = env.bytes_sent_remote
+        if env.collectives:  # its record says so (traces, the dashboard)
+            self.labels = {**self.gang.labels, "collectives": env.collectives,
+                           "remote_bytes": remote}
         return seconds + env.link_seconds + (
             cost_model.transfer_time(remote, cost_model.ICI) if remote else 0.0)
 

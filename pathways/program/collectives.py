@@ -139,6 +139,11 @@ class KernelEnv:
         runs its own. None here."""
         return None
 
+    @property
+    def collectives(self) -> int:
+        """How many exchanges this kernel has begun."""
+        return self._seq
+
     def next_collective(self) -> int:
         """The sequence number of this kernel's next exchange (0, 1, 2...)."""
         seq, self._seq = self._seq, self._seq + 1

@@ -70,6 +70,19 @@ def cells(driver, table: str) -> list[list[str]]:
         ".map(r => [...r.cells].map(c => c.textContent))")
 
 
+def click_a_kernel(driver) -> str:
+    """Click the middle of the newest kernel drawn on the timeline; the detail it shows."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    canvas = driver.find_element("id", "timeline")
+    dx, dy = driver.execute_script("""
+        const k = boxes.filter(b => b.kernel).pop(), c = document.getElementById("timeline");
+        const r = c.getBoundingClientRect();
+        return [(k.x0 + k.x1) / 2 - r.width / 2, k.y + k.h / 2 - r.height / 2];""")
+    ActionChains(driver).move_to_element_with_offset(canvas, int(dx), int(dy)).click().perform()
+    return driver.find_element("id", "detail").text
+
+
 def test_the_dashboard_page_in_chromium(tmp_path):
     driver, profile = browser()
     stop = threading.Event()
@@ -104,6 +117,10 @@ def test_the_dashboard_page_in_chromium(tmp_path):
             kernels = driver.execute_script(
                 "return Object.values(snap.kernels).reduce((n, ks) => n + ks.length, 0)")
             assert kernels > 0
+            # a click on a kernel says what it is: function, times, inputs, its collective
+            detail = click_a_kernel(driver)
+            assert "<lambda>" in detail and "inputs: float64[8]" in detail, detail
+            assert "collectives: 1" in detail and "start " in detail, detail
             pushed = driver.execute_script("return pushed")  # updates the stream sent so far
             until(lambda: driver.execute_script("return pushed") >= pushed + 3,
                   what="three more pushed updates")
@@ -115,6 +132,28 @@ def test_the_dashboard_page_in_chromium(tmp_path):
 
             stop.set()
             worker.join(30)
+            # a run in flight shows where its graph is; a failed run its remote traceback
+            slow = pw.shard_map(lambda x: x + 1, mesh, in_specs=P("d"), out_specs=P("d"),
+                                cost=2.0)
+
+            def bad(v):
+                if np.any(v != 0):  # zeros (the client's abstract evaluation) pass
+                    raise ValueError("no good value")
+                return v
+            broken = pw.shard_map(bad, mesh, in_specs=P("d"), out_specs=P("d"))
+            x = client.put(np.ones(8), mesh, P("d"))
+            y = slow(x)
+            until(lambda: any("/4" in row[-1] for row in cells(driver, "runs")),
+                  what="a run in flight with shards not done")
+            y.result()
+            with pytest.raises(ValueError):
+                broken(x).result()
+            until(lambda: "no good value" in driver.find_element("id", "errors").text,
+                  what="the failed run")
+            trace = driver.execute_script(
+                "return document.querySelector('#errors details pre').textContent")
+            assert 'raise ValueError("no good value")' in trace
+
             pid = dash.snapshot()["hosts"][1]["pid"]
             os.kill(pid, signal.SIGKILL)
             until(lambda: [row[-1] for row in cells(driver, "hosts")] == ["live", "down"],

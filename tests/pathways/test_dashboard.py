@@ -101,8 +101,11 @@ def test_a_workload_puts_kernels_on_the_timelines_and_busy_rises(cluster):
                 break
         assert all(snap["kernels"].get(str(d["id"])) for d in snap["devices"]), snap
         assert max(d["busy"] for d in snap["devices"]) > 0.2
-        start, end, who, name, run, seq, failed = snap["kernels"][str(mesh.ids[0])][-1]
+        start, end, who, name, run, seq, failed, details = \
+            snap["kernels"][str(mesh.ids[0])][-1]
         assert who == client.id and end >= start and not failed and isinstance(seq, int)
+        # what a click shows: its input avals, and that it held a collective (the psum)
+        assert details["inputs"] == ["float64[8]"] and details["collectives"] == 1
         # what a page keeps from the stream's deltas is the full window a new page gets
         events = first_events(dash.url.replace("/?", "/events?"), 2)
         assert events[0]["full"] and not events[1]["full"]
@@ -145,3 +148,58 @@ def test_pathways_up_dashboard_prints_a_url_serving_every_device(procs):
     assert up.wait(30) == 0
     with pytest.raises(urllib.error.URLError):  # the dashboard went with the cluster
         get(url, timeout=2)
+
+
+def test_runs_in_flight_their_frontier_failed_runs_and_suspended_slices(cluster, tmp_path):
+    """A run shows while it is in flight, started, with where its Plaque graph is (its kernel
+    node not done on some shards); a failed run shows with the remote traceback; a
+    suspended slice shows as suspended; data moved between meshes shows as transfers."""
+    with pw.connect(cluster.address, suspend_dir=str(tmp_path)) as client, \
+            Dashboard(cluster.address, hz=10) as dash:
+        mesh = client.mesh((2,), ("d",))
+        slow = pw.shard_map(lambda x: x + 1, mesh, in_specs=P("d"), out_specs=P("d"),
+                            cost=1.5)  # 1.5 s modelled: in flight for a while
+        x = client.put(np.ones(4), mesh, P("d"))
+        y = slow(x)
+
+        def in_flight(s):
+            mine = [c for c in s["clients"] if c["id"] == client.id]
+            return mine and any(r["started"] and r["nodes"] and
+                                any(n > 0 for _, n, _ in r["nodes"]) for r in mine[0]["runs"])
+        snap = wait_for(dash, in_flight)
+        assert in_flight(snap), snap["clients"]
+        (run,) = [c for c in snap["clients"] if c["id"] == client.id][0]["runs"]
+        assert run["age"] >= 0 and any(name.endswith(":<lambda>") and 0 < n <= shards == 2
+                                       for name, n, shards in run["nodes"]), run
+        y.result()
+        snap = wait_for(dash, lambda s: not in_flight(s))
+        assert not in_flight(snap)
+
+        def bad(v):
+            if np.any(v != 0):  # abstract evaluation on the client gives zeros: it passes
+                raise ValueError("no good value")
+            return v
+        broken = pw.shard_map(bad, mesh, in_specs=P("d"), out_specs=P("d"), cost=0.0)
+        with pytest.raises(ValueError, match="no good value"):
+            broken(x).result()
+        snap = wait_for(dash, lambda s: any(e["client"] == client.id for e in s["errors"]))
+        (err,) = [e for e in snap["errors"] if e["client"] == client.id]
+        assert err["type"] == "ValueError" and err["function"] == "bad"
+        assert "no good value" in err["message"] and "raise ValueError" in err["traceback"]
+
+        other = client.mesh((2,), ("e",))
+        inc = pw.shard_map(lambda v: v * 2.0, other, P("e"), P("e"), cost=0.001)
+
+        @pw.program
+        def across(v):
+            return inc(dec(v))  # from one slice to the other: a transfer
+        dec = pw.shard_map(lambda v: v - 1, mesh, P("d"), P("d"), cost=0.001)
+        across(x).result()
+        snap = wait_for(dash, lambda s: any(s["transfers"].get(str(d)) for d in other.ids))
+        rows = [r for d in other.ids for r in snap["transfers"].get(str(d), [])]
+        assert rows and all(r[2] == client.id and r[4] > 0 and r[1] >= r[0] for r in rows)
+
+        client.suspend(mesh)
+        snap = wait_for(dash, lambda s: any(sl["state"] == "suspended" for sl in s["slices"]))
+        mine = {sl["id"]: sl for sl in snap["slices"] if sl["client"] == client.id}
+        assert sorted(sl["state"] for sl in mine.values()) == ["live", "suspended"], mine

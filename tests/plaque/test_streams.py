@@ -185,3 +185,22 @@ def test_a_stream_of_a_closed_cluster_fails_its_epochs_and_leaves_no_staging(tmp
     with pytest.raises(plaque.ClusterClosed):
         stream.advance().result(5)
     assert sorted(os.listdir(tmp_path)) == [f"epoch-{first.result().timestamp}"]
+
+
+def test_progress_shows_where_an_open_epoch_waits(installed):
+    """An open epoch holds its input's capability, so no worker is done with it: the
+    coordinator (told once per worker per run) counts every node not done; a worker knows
+    its own shards exactly (the probe, with no inputs, is done there). Once the stream closes,
+    the run is gone from both."""
+    import time
+
+    stream = installed.stream()
+    stream.send(["q"])
+    want = {"lines": 2, "split": 2, "count": 2, "probe": 2}
+    deadline = time.monotonic() + 30
+    while list((runs := installed.progress()).values()) != [want]:  # one run: the epoch
+        assert time.monotonic() < deadline, f"progress stuck at {runs}"
+        time.sleep(0.05)
+    assert installed.cluster.progress()[installed.gid]["nodes"] == want  # shards per node
+    assert merged(stream.close().result(30)) == {"q": 1}
+    assert installed.progress() == {}

@@ -341,3 +341,42 @@ def test_a_preempted_slice_resumes_at_once_onto_other_free_devices(plane):
     plane.request(b"c", m.Resume(6, 0, victim.slice_id), now=0.5)
     (back,) = _replies(plane, b"c")
     assert not set(back.value.devices) & set(room.devices)
+
+
+def test_status_lists_runs_in_flight_and_the_latest_failed_runs_with_their_tracebacks(plane):
+    """What a dashboard shows: each client's runs in flight (waiting for an install, then
+    started as a Plaque run) and the failed runs, a kernel's own error with where it failed
+    and its remote traceback."""
+    from pathways.errors import RemoteError
+
+    plane.request(b"c", m.AllocateMesh(2, 0, (4,), None), now=0.1)
+    gangs = [tuple(plane.take()[0].msg.value.devices)]
+    pid = (0, 0)
+    plane.request(b"c", m.InstallProgram(pid, [], [], b"", gangs, [0]), now=0.2)
+    for run_id in (0, 1):
+        plane.request(b"c", m.RunProgram(pid, run_id, RunArg(0, run_id, "parallel", {}, {}, {})),
+                      now=0.3 + run_id)
+    mine = plane.status()["clients"][0]
+    assert (mine["held"], mine["runs"]) == (2, [])  # waiting for the install
+    plane.installed(pid, 7, None)
+    runs = plane.status()["clients"][0]["runs"]
+    assert [(r["run"], r["started"], r["since"], r["t"]) for r in runs] == \
+        [(0, True, 1.3, None), (1, True, 1.3, None)]  # numbered: each gang has its seqs
+    plane.run_began((pid, 0), 40)
+    plane.run_began((pid, 1), 41)
+    st = plane.status()
+    assert st["clients"][0]["running"] == 2
+    assert [(r["graph"], r["t"]) for r in st["clients"][0]["runs"]] == [(7, 40), (7, 41)]
+    plane.run_ended((pid, 0), None, now=2.0)
+    origin = {"type": ("builtins", "ValueError"), "message": "bad shape", "function": "step",
+              "device": 3, "host": "h pid 7", "traceback": "Traceback ...\nValueError: bad"}
+    plane.run_ended((pid, 1), plaque.OperatorError("step", 0, 10, 41, "ValueError('bad')", "",
+                                                   origin), now=2.5)
+    st = plane.status()
+    assert st["clients"][0]["runs"] == [] and st["clients"][0]["running"] == 0
+    (err,) = st["errors"]
+    assert (err["client"], err["program"], err["run"], err["at"]) == (0, 0, 1, 2.5)
+    assert (err["type"], err["function"], err["device"]) == ("ValueError", "step", 3)
+    assert err["message"] == "step failed on device 3 (h pid 7): ValueError: bad shape"
+    assert err["traceback"] == "Traceback ...\nValueError: bad"
+    assert isinstance(of(plane.take(), Reply)[-1].msg.error, RemoteError)
