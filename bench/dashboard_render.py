@@ -27,20 +27,42 @@ TARGET_HZ = 1.0
 
 
 def snapshot(devices: int, kernels: int) -> dict:
+    """A made-up full snapshot of the shape ``Dashboard`` sends: every device with
+    ``kernels`` kernels in the window (details as a click shows them, every other one with a
+    collective) and one transfer each, 4 clients with 4 runs in flight each, one slice per
+    client and 5 errors with tracebacks."""
     now = 1000.0
+    span = 10.0 / kernels
     return {
-        "now": now, "window": 10.0, "hz": 4.0, "policy": "fifo",
+        "now": now, "window": 10.0, "hz": 4.0, "policy": "fifo", "gather_seconds": 0.1,
         "hosts": [{"id": h, "island": h // 16, "hostname": "vm", "pid": 1, "live": True,
                    "member": True} for h in range(64)],
         "devices": [{"id": d, "host": d * 64 // devices, "island": d * 4 // devices,
                      "kind": "tpu-emu", "live": True, "busy": (d % 100) / 100,
                      "hbm_used": 2**20 * (d % 7), "hbm_capacity": 2**34}
                     for d in range(devices)],
-        "clients": [{"id": i, "weight": 1, "priority": 0, "running": 1, "queued": 0}
+        "clients": [{"id": i, "weight": 1, "priority": 0, "running": 4, "queued": 0,
+                     "held": 0, "runs": [{"program": 0, "run": r, "started": True,
+                                          "age": 0.1 * r,
+                                          "nodes": [["0:step", r, 4], ["1:out", 4, 4]]}
+                                         for r in range(4)]}
                     for i in range(4)],
-        "kernels": {str(d): [[now - 10 + i * 10 / kernels, now - 10 + (i + 0.8) * 10 / kernels,
-                              i % 4, "step", i, i, False] for i in range(kernels)]
+        "slices": [{"id": i, "client": i, "shape": [devices // 4], "island": i,
+                    "devices": list(range(i * devices // 4, (i + 1) * devices // 4)),
+                    "state": "live"} for i in range(4)],
+        "errors": [{"client": 0, "program": 0, "run": i, "at": now - i, "age": float(i),
+                    "type": "ValueError", "message": "step failed on device 3: bad",
+                    "function": "step", "device": 3, "host": "vm pid 1",
+                    "traceback": "Traceback (most recent call last):\n  ...\nValueError: bad"}
+                   for i in range(5)],
+        "kernels": {str(d): [[now - 10 + i * span, now - 10 + (i + 0.8) * span, i % 4, "step",
+                              i, i, False, {"eqn": 0, "inputs": ["float32[2048,1024]"],
+                                            **({"collectives": 1, "waited": 1e-4,
+                                                "remote_bytes": 4096} if i % 2 else {})}]
+                             for i in range(kernels)]
                     for d in range(devices)},
+        "transfers": {str(d): [[now - 1.0, now - 0.9, 0, "v3 in", 8192, "ici"]]
+                      for d in range(devices)},
         "full": True,
     }
 

@@ -107,6 +107,7 @@ class Dashboard:
             started = time.monotonic()  # paces a real browser's updates, in real time
             try:
                 state, delta = self._gather()
+                state["gather_seconds"] = time.monotonic() - started  # what it costs here
             except Exception as exc:  # a lost coordinator, say: the page says so
                 state, delta = {"error": repr(exc)}, {}
             with self._changed:

@@ -177,10 +177,13 @@ class Client:
     def cluster_status(self, timeout: float = 10.0) -> dict:
         """The coordinator's view: ``hosts`` (each host's hello: island, devices, addresses,
         pid, hostname), ``devices``, ``clients`` (weight, priority, runs running, gangs
-        queued), the scheduling ``policy`` and the resource manager's ``resources``.
+        queued, runs held behind an install, its oldest runs in flight), the scheduling
+        ``policy``, the resource manager's ``resources`` (slices, suspended slices), the
+        latest failed runs (``errors``, with remote tracebacks) and the coordinator's clock
+        ``now`` (``ControlPlane.status``).
 
         >>> sorted(client.cluster_status())
-        ['clients', 'devices', 'hosts', 'policy', 'resources']
+        ['clients', 'devices', 'errors', 'hosts', 'now', 'policy', 'resources']
         """
         return self.session.request(self.address, protocol.Status(None)).result(timeout)
 
