@@ -96,14 +96,14 @@ def _up(args) -> int:
                            insecure=args.insecure)
     dashboard = None
     try:
-        cluster.wait_ready(args.islands * args.hosts_per_island * args.devices_per_host)
-        print(f"pathways cluster up at {cluster.address}  (Ctrl-C to stop)", flush=True)
-        _print_keys(cluster)
-        if args.dashboard:
+        if args.dashboard:  # at once, while the hosts start: the page shows them joining
             from .dashboard import Dashboard
 
             dashboard = Dashboard(cluster.address, port=args.dashboard_port)
             print(f"dashboard: open {dashboard.url}", flush=True)
+        cluster.wait_ready(args.islands * args.hosts_per_island * args.devices_per_host)
+        print(f"pathways cluster up at {cluster.address}  (Ctrl-C to stop)", flush=True)
+        _print_keys(cluster)
         _wait_for_stop()  # a closed terminal too: keys go
     finally:
         if dashboard is not None:

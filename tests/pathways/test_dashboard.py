@@ -138,11 +138,18 @@ def test_pathways_up_dashboard_prints_a_url_serving_every_device(procs):
                            "--hosts-per-island", "2", "--devices-per-host", "2"],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     procs.append(up)
+    # the dashboard comes first, while the hosts start; then the cluster is up
     url = read_until(up, "dashboard: open")[-1].split("open ", 1)[1].strip()
     assert url.startswith("http://127.0.0.1:") and "token=" in url
     status, kind, page = get(url)
     assert status == 200 and b"EventSource" in page
-    snap = json.loads(get(url.replace("/?", "/snapshot.json?"))[2])
+    read_until(up, "pathways cluster up at")
+    deadline = time.monotonic() + 30
+    while True:  # the next snapshots have every device
+        snap = json.loads(get(url.replace("/?", "/snapshot.json?"))[2])
+        if len(snap["devices"]) == 4 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert len(snap["devices"]) == 4 and [h["live"] for h in snap["hosts"]] == [True, True]
     up.send_signal(signal.SIGINT)
     assert up.wait(30) == 0
