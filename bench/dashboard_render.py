@@ -28,8 +28,8 @@ TARGET_HZ = 1.0
 
 def snapshot(devices: int, kernels: int) -> dict:
     """A made-up full snapshot of the shape ``Dashboard`` sends: every device with
-    ``kernels`` kernels in the window (details as a click shows them, every other one with a
-    collective) and one transfer each, 4 clients with 4 runs in flight each, one slice per
+    ``kernels`` kernels in the window (every other one with a collective) and one transfer
+    each, 4 clients with 4 runs in flight each, one slice per
     client and 5 errors with tracebacks."""
     now = 1000.0
     span = 10.0 / kernels
@@ -56,10 +56,7 @@ def snapshot(devices: int, kernels: int) -> dict:
                     "traceback": "Traceback (most recent call last):\n  ...\nValueError: bad"}
                    for i in range(5)],
         "kernels": {str(d): [[now - 10 + i * span, now - 10 + (i + 0.8) * span, i % 4, "step",
-                              i, i, False, {"eqn": 0, "inputs": ["float32[2048,1024]"],
-                                            **({"collectives": 1, "waited": 1e-4,
-                                                "remote_bytes": 4096} if i % 2 else {})}]
-                             for i in range(kernels)]
+                              i, i, False, i % 2] for i in range(kernels)]
                     for d in range(devices)},
         "transfers": {str(d): [[now - 1.0, now - 0.9, 0, "v3 in", 8192, "ici"]]
                       for d in range(devices)},

@@ -24,6 +24,7 @@ library and nothing fetched from elsewhere, so it works offline.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import hmac
 import http.server
 import json
@@ -38,7 +39,7 @@ from . import protocol
 
 __all__ = ["Dashboard"]
 
-HOST_TIMEOUT = 1.0  # a host that does not answer a status request this fast is shown down
+HOST_TIMEOUT = 2.0  # a host that does not answer a status request this fast is shown down
 
 
 class Dashboard:
@@ -60,11 +61,16 @@ class Dashboard:
         self._own_client = client is None
         self.client = client if client is not None else Client(address)
         self._kernels: dict[int, deque] = {}  # device -> (start, end, client, name, run, seq,
-        # failed, details) in this process's clock
+        # failed, collectives) in this process's clock
+        self._details: dict[int, dict[int, dict]] = {}  # device -> seq -> what a click shows
         self._transfers: dict[int, deque] = {}  # device -> (start, end, client, name, bytes,
         # link): data that arrived for it
         self._since: dict[int, float] = {}  # host -> its clock at the last timeline read
         self._busy: dict[int, tuple[float, float]] = {}  # device -> (busy s, host uptime)
+        self._busy_share: dict[int, float] = {}  # device -> busy between the last two reads
+        self._asks: dict[int, _Ask] = {}  # host -> its requests not answered yet
+        self._status: dict[int, dict] = {}  # host -> its latest status
+        self._live: dict[int, bool] = {}  # host -> whether it answered within HOST_TIMEOUT
         self._hosts_seen: dict[int, dict] = {}  # host -> its hello: a lost host stays shown
         self._devices_seen: dict[int, dict] = {}  # device -> its description, likewise
         self._version = 0
@@ -119,71 +125,94 @@ class Dashboard:
 
     def _gather(self) -> tuple[dict, dict]:
         """A snapshot of the cluster (without kernels or transfers), and what is new on
-        the devices since the last one: ``{"kernels": {device: rows}, "transfers": ...}``."""
+        the devices since the last one: ``{"kernels": {device: rows}, "transfers": ...}``.
+
+        Each host is asked for its status and its timeline since the last read; a host's
+        answers are waited for up to most of an update's period, then the snapshot goes out
+        with what came. A host that has not answered yet keeps its last state and is asked
+        again only once it has (a slow host never slows the page down, nor is it asked
+        twice at once); one silent for ``HOST_TIMEOUT`` is shown down."""
         c = self.client
         st = c.cluster_status(timeout=HOST_TIMEOUT * 5)
-        hosts = {}
-        requests = {h: (c.session.request(a, protocol.Status(None)),
-                        c.session.request(a, protocol.Timeline(None, self._since.get(h))))
-                    for h, a in c.cluster.hosts().items()}
-        now = c.clock()  # the clock client traces are drawn in
-        for h, (status, timeline) in requests.items():
-            try:
-                hosts[h] = (status.result(HOST_TIMEOUT), timeline.result(HOST_TIMEOUT))
-            except Exception:
-                hosts[h] = None
+        addresses = c.cluster.hosts()
+        for h, a in addresses.items():
+            if h not in self._asks:
+                self._asks[h] = _Ask(c, a, self._since.get(h))
+        futures = [f for ask in self._asks.values() for f in ask.futures]
+        cf.wait(futures, timeout=min(HOST_TIMEOUT, 0.8 / self.hz))
+        fresh: dict[int, tuple | None] = {}  # host -> (status, timeline, arrived) or None
+        for h, ask in list(self._asks.items()):
+            if ask.done() or time.monotonic() - ask.sent > HOST_TIMEOUT or h not in addresses:
+                del self._asks[h]
+                fresh[h] = ask.answer()
+        for h in self._live:
+            if h not in addresses:
+                self._live[h] = False  # gone from the cluster
+        for h, got in fresh.items():
+            self._live[h] = got is not None
+            if got is not None:
+                self._status[h] = got[0]
         self._hosts_seen.update(st["hosts"])
         self._devices_seen.update((d["id"], d) for d in st["devices"])
-        new = self._take_records(hosts, now)
-        frontier = _merge_frontiers(got[0].get("frontier", {}) for got in hosts.values() if got)
+        now = c.clock()  # the clock client traces are drawn in
+        new = self._take_records(fresh, now)
+        frontier = _merge_frontiers(self._status[h].get("frontier", {})
+                                    for h, live in self._live.items() if live)
         ago = st.get("now", 0.0)  # the coordinator's clock: ages, not times, are shown
         return {
             "now": now, "window": self.window, "hz": self.hz,
             "policy": st["policy"],
             "hosts": [{"id": h, "island": hello.get("island"),
                        "hostname": hello.get("hostname"), "pid": hello.get("pid"),
-                       "live": hosts.get(h) is not None, "member": h in st["hosts"]}
+                       "live": self._live.get(h, False), "member": h in st["hosts"]}
                       for h, hello in sorted(self._hosts_seen.items())],
-            "devices": self._devices(hosts),
+            "devices": self._devices(fresh),
             "clients": [_client_row(cid, info, frontier, ago)
                         for cid, info in st["clients"].items() if cid != c.id],
             "slices": _slices(st.get("resources", {})),
             "errors": [{**e, "age": ago - e["at"]} for e in reversed(st.get("errors", ()))],
         }, new
 
-    def _devices(self, hosts: dict) -> list[dict]:
-        """Each device seen so far: live or not, busy since the last snapshot, HBM."""
+    def _devices(self, fresh: dict) -> list[dict]:
+        """Each device seen so far: live or not, busy between its host's last two answers,
+        HBM as of the last."""
         devices = []
         for d in sorted(self._devices_seen.values(), key=lambda d: d["id"]):
-            got = hosts.get(d["host"])
-            info = got[0]["devices"].get(d["id"], {}) if got else {}
-            busy, up = info.get("busy_seconds", 0.0), (got[0].get("uptime", 0.0) if got else 0.0)
-            b0, u0 = self._busy.get(d["id"], (busy, up))
-            if got:
+            got, status = fresh.get(d["host"]), self._status.get(d["host"])
+            info = status["devices"].get(d["id"], {}) if status else {}
+            if got is not None:
+                busy, up = info.get("busy_seconds", 0.0), status.get("uptime", 0.0)
+                b0, u0 = self._busy.get(d["id"], (busy, up))
                 self._busy[d["id"]] = (busy, up)
+                self._busy_share[d["id"]] = (busy - b0) / (up - u0) if up > u0 else 0.0
+            live = self._live.get(d["host"], False)
             devices.append({"id": d["id"], "host": d["host"], "island": d["island"],
-                            "kind": d["kind"], "live": got is not None,
-                            "busy": (busy - b0) / (up - u0) if up > u0 else 0.0,
+                            "kind": d["kind"], "live": live,
+                            "busy": self._busy_share.get(d["id"], 0.0) if live else 0.0,
                             "hbm_used": info.get("hbm_used", 0),
                             "hbm_capacity": info.get("hbm_capacity", 0)})
         return devices
 
-    def _take_records(self, hosts: dict, now: float) -> dict:
+    def _take_records(self, fresh: dict, now: float) -> dict:
         """The kernels and transfers the hosts' timelines gave since the last read, as rows
         in our clock, added to the window a new page starts from (which drops the old)."""
         new: dict[str, dict[str, list]] = {"kernels": {}, "transfers": {}}
-        for h, got in hosts.items():
+        for h, got in fresh.items():
             if got is None:
                 continue
-            timeline = got[1]
-            offset = now - timeline["now"]  # host clock -> ours, as traces do
+            _, timeline, arrived = got
+            offset = arrived - timeline["now"]  # host clock -> ours: good to the reply's way
             self._since[h] = timeline["now"]
             for dev, records in timeline["devices"].items():
-                rows = [(start + offset, end + offset, labels.get("client"), name,
-                         labels.get("run"), seq, bool(failed), _details(labels))
-                        for seq, name, labels, start, end, failed in records]
-                if rows:
-                    new["kernels"][str(dev)] = rows
+                if not records:
+                    continue
+                new["kernels"][str(dev)] = [
+                    (start + offset, end + offset, labels.get("client"), name,
+                     labels.get("run"), seq, bool(failed), labels.get("collectives", 0))
+                    for seq, name, labels, start, end, failed in records]
+                details = {seq: _details(labels) for seq, _, labels, *_ in records}
+                with self._changed:
+                    self._details.setdefault(dev, {}).update(details)
             for dev, moved in timeline.get("transfers", {}).items():
                 rows = [(start + offset, end + offset, labels.get("client"), name,
                          labels.get("bytes"), labels.get("link"))
@@ -194,10 +223,18 @@ class Dashboard:
             for kind, kept in (("kernels", self._kernels), ("transfers", self._transfers)):
                 for dev, rows in new[kind].items():
                     kept.setdefault(int(dev), deque()).extend(rows)
-                for rows in kept.values():
+                for dev, rows in kept.items():
                     while rows and rows[0][1] < now - self.window:
-                        rows.popleft()
+                        old = rows.popleft()
+                        if kind == "kernels":
+                            self._details.get(dev, {}).pop(old[5], None)
         return new
+
+    def kernel(self, device: int, seq: int) -> dict | None:
+        """What a click on a kernel still in the window shows beyond its row (equation, input
+        avals, collectives and the wait in them, compile time, batch); None if it left."""
+        with self._changed:
+            return self._details.get(device, {}).get(seq)
 
     # ---- serving -------------------------------------------------------------------------
     def allowed(self, query: str) -> bool:
@@ -241,6 +278,34 @@ class Dashboard:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _Ask:
+    """A host's status and timeline requested together; when the timeline's answer came, in
+    the client's clock (what maps the host's clock onto ours)."""
+
+    def __init__(self, client, address: str, since: float | None):
+        self.sent = time.monotonic()
+        self.arrived: float | None = None
+        self._clock = client.clock
+        self.status = client.session.request(address, protocol.Status(None))
+        self.timeline = client.session.request(address, protocol.Timeline(None, since))
+        self.futures = (self.status, self.timeline)
+
+        def stamp(_):
+            self.arrived = client.clock()
+        self.timeline.add_done_callback(stamp)
+
+    def done(self) -> bool:
+        return self.status.done() and self.timeline.done()
+
+    def answer(self) -> tuple | None:
+        """(status, timeline, arrived), or None if either failed or is not answered."""
+        if not self.done() or self.status.exception() or self.timeline.exception():
+            return None
+        arrived = self.arrived  # None if its callback has not run yet: it is about now
+        return self.status.result(), self.timeline.result(), \
+            self._clock() if arrived is None else arrived
 
 
 def _details(labels: dict) -> dict:
@@ -311,10 +376,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(200, "text/html; charset=utf-8", page)
         elif url.path == "/snapshot.json":
             self._send(200, "application/json", json.dumps(dash.snapshot()).encode())
+        elif url.path == "/kernel.json":
+            self._kernel(dash, urllib.parse.parse_qs(url.query))
         elif url.path == "/events":
             self._stream(dash)
         else:
             self._send(404, "text/plain", b"not found\n")
+
+    def _kernel(self, dash: Dashboard, query: dict) -> None:
+        try:
+            device, seq = int(query["device"][0]), int(query["seq"][0])
+        except (KeyError, ValueError):
+            self._send(400, "text/plain", b"kernel.json needs device=N&seq=N\n")
+            return
+        details = dash.kernel(device, seq)
+        if details is None:
+            self._send(404, "text/plain", b"no such kernel in the window\n")
+        else:
+            self._send(200, "application/json", json.dumps(details).encode())
 
     def _send(self, code: int, kind: str, body: bytes) -> None:
         self.send_response(code)

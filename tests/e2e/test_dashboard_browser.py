@@ -71,16 +71,20 @@ def cells(driver, table: str) -> list[list[str]]:
 
 
 def click_a_kernel(driver) -> str:
-    """Click the middle of the newest kernel drawn on the timeline; the detail it shows."""
+    """Click the middle of device 0's newest kernel on the timeline; the detail it shows,
+    once the rest of it (asked for by the click) has come."""
     from selenium.webdriver.common.action_chains import ActionChains
 
     canvas = driver.find_element("id", "timeline")
     dx, dy = driver.execute_script("""
-        const k = boxes.filter(b => b.kernel).pop(), c = document.getElementById("timeline");
-        const r = c.getBoundingClientRect();
-        return [(k.x0 + k.x1) / 2 - r.width / 2, k.y + k.h / 2 - r.height / 2];""")
+        const c = document.getElementById("timeline"), r = c.getBoundingClientRect();
+        const d = snap.devices[0], k = snap.kernels[String(d.id)].at(-1);
+        const [row, band] = rows(snap.devices.length), width = c.width - LABEL;
+        const x = t => LABEL + (t - (snap.now - snap.window)) / snap.window * width;
+        return [(x(k[0]) + x(k[1])) / 2 - r.width / 2, 2 + band / 2 - r.height / 2];""")
     ActionChains(driver).move_to_element_with_offset(canvas, int(dx), int(dy)).click().perform()
-    return driver.find_element("id", "detail").text
+    return until(lambda: (lambda text: "..." not in text and text)(
+        driver.find_element("id", "detail").text), 10, "the kernel's details")
 
 
 def test_the_dashboard_page_in_chromium(tmp_path):

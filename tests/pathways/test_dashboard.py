@@ -101,11 +101,20 @@ def test_a_workload_puts_kernels_on_the_timelines_and_busy_rises(cluster):
                 break
         assert all(snap["kernels"].get(str(d["id"])) for d in snap["devices"]), snap
         assert max(d["busy"] for d in snap["devices"]) > 0.2
-        start, end, who, name, run, seq, failed, details = \
+        start, end, who, name, run, seq, failed, collectives = \
             snap["kernels"][str(mesh.ids[0])][-1]
         assert who == client.id and end >= start and not failed and isinstance(seq, int)
-        # what a click shows: its input avals, and that it held a collective (the psum)
+        assert collectives == 1  # the psum: the page marks it
+        # what a click asks for: its input avals, its collective and the wait in it
+        status, kind, body = get(dash.url.replace("/?", f"/kernel.json?device={mesh.ids[0]}"
+                                                        f"&seq={seq}&"))
+        details = json.loads(body)
         assert details["inputs"] == ["float64[8]"] and details["collectives"] == 1
+        assert details["waited"] >= 0 and details["eqn"] == 0
+        for query, code in ((f"device={mesh.ids[0]}&seq=-5", 404), ("device=x", 400)):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                get(dash.url.replace("/?", f"/kernel.json?{query}&"))
+            assert e.value.code == code
         # what a page keeps from the stream's deltas is the full window a new page gets
         events = first_events(dash.url.replace("/?", "/events?"), 2)
         assert events[0]["full"] and not events[1]["full"]
