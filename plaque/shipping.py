@@ -4,13 +4,20 @@ Operators and kernel bodies often live in a script or a test module that exists 
 the driver runs. ``ship`` finds those modules (through ``functools.partial``, closures, and the
 globals and modules a function uses) and has cloudpickle serialise them by value; the standard
 library, installed packages and Plaque/Pathways themselves always go by reference.
+
+Code objects travel with their file name (cloudpickle 3.1.3 replaced it with
+``<dynamic-code>``), so a remote traceback still says which file and line of the user's
+code failed, and shows the line wherever that file can be read.
 """
 
 from __future__ import annotations
 
 import functools
+import io
+import marshal
 import sys
 import types
+from collections import ChainMap
 
 import cloudpickle
 
@@ -24,7 +31,20 @@ def ship(obj, functions) -> bytes:
     """
     for module in _user_modules(functions):
         cloudpickle.register_pickle_by_value(module)
-    return cloudpickle.dumps(obj)
+    out = io.BytesIO()
+    _Pickler(out, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
+    return out.getvalue()
+
+
+def _code_reduce(code: types.CodeType):
+    """A code object as marshal writes it: whole, its file name and line table included
+    (nested code in its constants too). The hosts run the driver's Python version, as
+    cloudpickle's own code reducer already needs."""
+    return marshal.loads, (marshal.dumps(code),)
+
+
+class _Pickler(cloudpickle.Pickler):
+    dispatch_table = ChainMap({types.CodeType: _code_reduce}, cloudpickle.Pickler.dispatch_table)
 
 
 def _user_modules(functions, depth: int = 4) -> set:
