@@ -119,8 +119,8 @@ def measure(driver, hosts: int, per_host: int, seconds: float) -> dict:
                 raise RuntimeError("the page showed no snapshot within 60 s")
             time.sleep(0.005)
         visible = time.monotonic()
-        while driver.execute_script(
-                "return document.querySelectorAll('#devices tr').length - 1") < devices:
+        while driver.execute_script(  # the page's devices (its table lists 256 at most)
+                "return snap.devices.filter(d => d.live).length") < devices:
             if time.monotonic() - printed > 600:
                 raise RuntimeError("the page did not show every device within 600 s")
             time.sleep(0.01)

@@ -93,14 +93,15 @@ def _up(args) -> int:
 
     cluster = LocalCluster(args.islands, args.hosts_per_island, args.devices_per_host,
                            verbose=args.verbose, policy=args.policy, window=args.window,
-                           insecure=args.insecure)
+                           insecure=args.insecure, hosts=not args.dashboard)
     dashboard = None
     try:
-        if args.dashboard:  # at once, while the hosts start: the page shows them joining
-            from .dashboard import Dashboard
+        if args.dashboard:  # before the hosts start, whose start-up would slow it down: the
+            from .dashboard import Dashboard  # page is there at once and shows them join
 
             dashboard = Dashboard(cluster.address, port=args.dashboard_port)
             print(f"dashboard: open {dashboard.url}", flush=True)
+            cluster.start_hosts()
         cluster.wait_ready(args.islands * args.hosts_per_island * args.devices_per_host)
         print(f"pathways cluster up at {cluster.address}  (Ctrl-C to stop)", flush=True)
         _print_keys(cluster)

@@ -41,12 +41,14 @@ class LocalCluster:
     multi-node jobs; ``port``: the coordinator's client port (0: a free one). Subclasses
     start hosts elsewhere (``_start_hosts``) or keep keys elsewhere (``_new_keys``).
     ``processes=False``: the in-process twin (``pathways.twin``) instead of processes.
+    ``hosts=False``: start the coordinator only; ``start_hosts()`` starts the hosts (what
+    ``pathways up --dashboard`` does once its page is served, so the page shows them join).
     """
 
     def __init__(self, islands=1, hosts_per_island=2, devices_per_host=4,
                  heartbeat_timeout=3.0, verbose=0, policy="fifo", window=8,
                  client_timeout=5.0, hbm_gib=16.0, keys=None, insecure=False,
-                 kernel_limit=30.0, bind=None, port=0, processes=True):
+                 kernel_limit=30.0, bind=None, port=0, processes=True, hosts=True):
         if keys is not None and insecure:
             raise ValueError("keys=DIR and insecure=True contradict each other: choose one")
         if keys is not None and not processes:
@@ -79,10 +81,15 @@ class LocalCluster:
             else:
                 self.twin = Twin(heartbeat_timeout, policy, window, client_timeout)
                 self.address = self.twin.address
-            self._start_hosts()
+            if hosts:
+                self._start_hosts()
         except BaseException:
             self.close()
             raise
+
+    def start_hosts(self) -> None:
+        """Start the hosts of a cluster made with ``hosts=False``."""
+        self._start_hosts()
 
     def _new_keys(self) -> str:
         """A throw-away key directory for this cluster (``close`` removes it)."""

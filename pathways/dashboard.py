@@ -25,6 +25,7 @@ library and nothing fetched from elsewhere, so it works offline.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import hmac
 import http.server
 import json
@@ -355,6 +356,14 @@ def _slices(resources: dict) -> list[dict]:
     return sorted(out, key=lambda s: s["id"])
 
 
+FIRST_SNAPSHOT = b"/*first snapshot*/null"  # in the page's script: what serving it fills in
+
+
+@functools.cache
+def _page() -> bytes:
+    return resources.files("pathways").joinpath("dashboard.html").read_bytes()
+
+
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True  # an open page's stream never holds up close()
     dashboard: Dashboard
@@ -371,9 +380,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         url = urllib.parse.urlsplit(self.path)
         if not dash.allowed(url.query):
             self._send(403, "text/plain", b"this dashboard needs the token of its URL\n")
-        elif url.path == "/":
-            page = resources.files("pathways").joinpath("dashboard.html").read_bytes()
-            self._send(200, "text/html; charset=utf-8", page)
+        elif url.path == "/":  # with the latest snapshot in it: drawn without a request more
+            first = json.dumps(dash.snapshot()).replace("<", "\\u003c")  # no tag in script
+            self._send(200, "text/html; charset=utf-8",
+                       _page().replace(FIRST_SNAPSHOT, first.encode()))
         elif url.path == "/snapshot.json":
             self._send(200, "application/json", json.dumps(dash.snapshot()).encode())
         elif url.path == "/kernel.json":

@@ -142,7 +142,7 @@ def test_the_dashboard_page_in_chromium(tmp_path):
 
             def bad(v):
                 if np.any(v != 0):  # zeros (the client's abstract evaluation) pass
-                    raise ValueError("no good value")
+                    raise ValueError("no good value </script><b>bold</b>")
                 return v
             broken = pw.shard_map(bad, mesh, in_specs=P("d"), out_specs=P("d"))
             x = client.put(np.ones(8), mesh, P("d"))
@@ -156,7 +156,15 @@ def test_the_dashboard_page_in_chromium(tmp_path):
                   what="the failed run")
             trace = driver.execute_script(
                 "return document.querySelector('#errors details pre').textContent")
-            assert 'raise ValueError("no good value")' in trace
+            assert 'raise ValueError("no good value </script>' in trace
+            # served again, the page carries the latest snapshot in its script: the cluster's
+            # text in it is text, never markup, and cannot end the script
+            driver.refresh()
+            until(lambda: "no good value </script><b>bold</b>" in
+                  driver.find_element("id", "errors").text, what="the error, once reloaded")
+            assert driver.execute_script("return document.querySelectorAll('b').length") == 0
+            errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+            assert errors == [], errors
 
             pid = dash.snapshot()["hosts"][1]["pid"]
             os.kill(pid, signal.SIGKILL)

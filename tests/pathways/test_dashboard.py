@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -66,6 +67,10 @@ def test_the_page_and_its_stream_need_the_token(cluster):
         status, kind, page = get(dash.url)
         assert status == 200 and kind.startswith("text/html")
         assert b"EventSource" in page and b"http" not in page.split(b"<script>")[1]
+        # the latest snapshot comes in the page itself, drawn without another request
+        first = re.search(rb"const first = (.*?);  //", page).group(1)
+        assert b"<" not in first
+        assert json.loads(first)["devices"] == dash.snapshot()["devices"]
         assert dash.url.startswith("http://127.0.0.1:")
 
 
