@@ -175,8 +175,8 @@ class Dashboard:
         }, new
 
     def _devices(self, fresh: dict) -> list[dict]:
-        """Each device seen so far: live or not, busy between its host's last two answers,
-        HBM as of the last."""
+        """Each device seen so far: live or not, busy between its host's last two answers
+        (at most 1), HBM as of the last."""
         devices = []
         for d in sorted(self._devices_seen.values(), key=lambda d: d["id"]):
             got, status = fresh.get(d["host"]), self._status.get(d["host"])
@@ -185,7 +185,10 @@ class Dashboard:
                 busy, up = info.get("busy_seconds", 0.0), status.get("uptime", 0.0)
                 b0, u0 = self._busy.get(d["id"], (busy, up))
                 self._busy[d["id"]] = (busy, up)
-                self._busy_share[d["id"]] = (busy - b0) / (up - u0) if up > u0 else 0.0
+                # a kernel counts, whole, when it ends: one begun before the last answer can
+                # take a share past 1 by up to its length over the interval
+                self._busy_share[d["id"]] = min(1.0, (busy - b0) / (up - u0)) if up > u0 \
+                    else 0.0
             live = self._live.get(d["host"], False)
             devices.append({"id": d["id"], "host": d["host"], "island": d["island"],
                             "kind": d["kind"], "live": live,

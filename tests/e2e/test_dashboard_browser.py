@@ -173,6 +173,19 @@ def test_the_dashboard_page_in_chromium(tmp_path):
             red = driver.execute_script(
                 "return getComputedStyle(document.querySelector('#hosts .down')).color")
             assert red == "rgb(204, 0, 0)"
+            # 1,000s of calls in flight list the oldest 64 (drawn and read in one script: the
+            # next pushed update redraws the table)
+            first, count, legend = driver.execute_script("""
+                const s = JSON.parse(JSON.stringify(snap));
+                s.full = true;
+                s.clients = [{id: 9, weight: 1, priority: 0, running: 0, queued: 100, held: 0,
+                              runs: Array.from({length: 100}, (_, i) => ({program: 0, run: i,
+                                  started: false, age: i / 10, nodes: null}))}];
+                show(s, false);
+                const rows = document.querySelectorAll("#runs tr");
+                return [rows[1].cells[2].textContent, rows.length - 1,
+                        document.getElementById("runs-unlisted").textContent];""")
+            assert (first, count, legend) == ("99", 64, "(the oldest 64 of 100)")
     finally:
         stop.set()
         if worker is not None:

@@ -106,6 +106,7 @@ def test_a_workload_puts_kernels_on_the_timelines_and_busy_rises(cluster):
                 break
         assert all(snap["kernels"].get(str(d["id"])) for d in snap["devices"]), snap
         assert max(d["busy"] for d in snap["devices"]) > 0.2
+        assert all(0.0 <= d["busy"] <= 1.0 for d in snap["devices"]), snap["devices"]
         start, end, who, name, run, seq, failed, collectives = \
             snap["kernels"][str(mesh.ids[0])][-1]
         assert who == client.id and end >= start and not failed and isinstance(seq, int)
