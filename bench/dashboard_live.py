@@ -29,12 +29,10 @@ Run: ``python -m bench.dashboard_live [--quick] [--sizes 2x4,32x64] [--seconds 1
 
 from __future__ import annotations
 
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -43,24 +41,10 @@ import numpy as np
 import pathways as pw
 from pathways import P
 
+from .browser import chromium
 from .results import bench_parser, publish
 
 VISIBLE_S, UPDATES_HZ, BIG_HZ = 1.0, 2.0, 1.0  # the targets
-
-
-def chromium():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    profile = tempfile.mkdtemp(prefix="bench-chromium-")
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--window-size=1200,900", f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
-    return driver, profile
 
 
 def read_line(proc, prefix: str, timeout: float) -> str:
@@ -173,16 +157,12 @@ def main(argv=None) -> int:
     ap.sized("--sizes", str, "2x4", "2x4,32x64", "HxD sizes: hosts x devices per host")
     ap.sized("--seconds", float, 5.0, 10.0, "seconds of workload over which updates count")
     args = ap.parse_args(argv)
-    driver, profile = chromium()
     rows = []
-    try:
+    with chromium() as driver:
         for size in args.sizes.split(","):
             hosts, per_host = (int(v) for v in size.split("x"))
             rows.append(measure(driver, hosts, per_host, args.seconds))
             print(rows[-1], flush=True)
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
     notes = ("`pathways up --dashboard` launched per size, with a headless Chromium (Debian's,"
              " Selenium) already open on a blank page, which opens the URL as soon as it is"
              " printed. Times from the launch: URL printed (coordinator up, dashboard"

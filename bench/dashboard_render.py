@@ -13,14 +13,13 @@ Run: ``python -m bench.dashboard_render [--devices 2048] [--kernels 10,50] [--no
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 import sys
-import tempfile
 
 import pathways as pw
 from pathways.dashboard import Dashboard
 
+from .browser import chromium
 from .results import bench_parser, publish
 
 TARGET_HZ = 1.0
@@ -70,44 +69,30 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", default="10,50", help="kernels per device in the window")
     ap.add_argument("--updates", type=int, default=5, help="updates timed per size")
     args = ap.parse_args(argv)
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    profile = tempfile.mkdtemp(prefix="bench-chromium-")
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--window-size=1200,900", f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
     rows = []
-    try:
-        with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=2) as cluster, \
-                Dashboard(cluster.address, hz=1) as dash:
-            driver.get(dash.url)
-            driver.execute_script("events.close()")  # only the made-up snapshots from here
-            for k in [int(x) for x in args.kernels.split(",")]:
-                text = json.dumps(snapshot(args.devices, k))
-                ms = driver.execute_script(
-                    "const times = [];"
-                    "for (let i = 0; i < arguments[1]; i++) {"
-                    "  const t0 = performance.now(); show(JSON.parse(arguments[0]), true);"
-                    "  times.push(performance.now() - t0); }"
-                    "return times;", text, args.updates)
-                med = statistics.median(ms)
-                rows.append({"Devices": args.devices, "Kernels per device": k,
-                             "Snapshot MB": f"{len(text) / 1e6:.1f}",
-                             "Page ms per update (median)": f"{med:.0f}",
-                             "All": ", ".join(f"{x:.0f}" for x in ms),
-                             "Updates/s the page keeps up with": f"{1e3 / med:.1f}",
-                             "Target >= 1 Hz": "met" if 1e3 / med >= TARGET_HZ else "MISSED"})
-                print(rows[-1], flush=True)
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
+    with chromium() as driver, \
+            pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=2) as cluster, \
+            Dashboard(cluster.address, hz=1) as dash:
+        driver.get(dash.url)
+        driver.execute_script("events.close()")  # only the made-up snapshots from here
+        for k in [int(x) for x in args.kernels.split(",")]:
+            text = json.dumps(snapshot(args.devices, k))
+            ms = driver.execute_script(
+                "const times = [];"
+                "for (let i = 0; i < arguments[1]; i++) {"
+                "  const t0 = performance.now(); show(JSON.parse(arguments[0]), true);"
+                "  times.push(performance.now() - t0); }"
+                "return times;", text, args.updates)
+            med = statistics.median(ms)
+            rows.append({"Devices": args.devices, "Kernels per device": k,
+                         "Snapshot MB": f"{len(text) / 1e6:.1f}",
+                         "Page ms per update (median)": f"{med:.0f}",
+                         "All": ", ".join(f"{x:.0f}" for x in ms),
+                         "Updates/s the page keeps up with": f"{1e3 / med:.1f}",
+                         "Target >= 1 Hz": "met" if 1e3 / med >= TARGET_HZ else "MISSED"})
+            print(rows[-1], flush=True)
     notes = ("Headless Chromium (Debian's) under Selenium; per update the page parses the"
-             " snapshot and redraws the tables and the timeline canvas (one row per device)."
+             " snapshot and redraws the tables and the timeline canvas (the device rows in view)."
              " The page's side only: gathering from a real 2,048-device cluster is not timed.")
     publish("Dashboard page: render time of a big cluster", rows, notes,
             append=not (args.quick or args.no_append))
