@@ -128,6 +128,8 @@ class Cluster:
         self._inproc_workers: list[Endpoint] = []
         self.processes: list[subprocess.Popen] = []
         self._closed = False
+        self._posting = threading.Lock()  # a job is posted only while the cluster is open:
+        # close() sets _closed under it, so every job posted is queued before its shutdown
         self.listeners: list = []  # called on the loop thread with every ``plaque.events``
         self._endpoint = Endpoint(self._core, self._transport, self._loop,
                                   after_turn=self._dispatch_events, clock=self.clock)
@@ -222,8 +224,6 @@ class Cluster:
 
     def _call(self, fn, timeout=30.0):
         """Run ``fn`` on the loop thread, then a turn; return its result here."""
-        if self._closed:
-            raise ClusterClosed("the cluster is closed")
         out = self._new_future()
 
         def job():
@@ -233,7 +233,8 @@ class Cluster:
                 out.set_exception(exc)
             self._endpoint.turn()
 
-        self._loop.call_soon_threadsafe(job)
+        if not self._post(job):
+            raise ClusterClosed("the cluster is closed")
         return out.result(timeout)
 
     # ---- for runtimes embedding the coordinator (loop thread only unless said) -------------
@@ -304,11 +305,6 @@ class Cluster:
 
     def _run(self, gid, arg, parts=None, staged: StagedRun | None = None) -> cf.Future:
         fut = self._new_future()
-        if self._closed:
-            if staged is not None:
-                staged.abort()
-            fut.set_exception(ClusterClosed("the cluster is closed"))
-            return fut
 
         def job():
             try:
@@ -323,7 +319,8 @@ class Cluster:
                 self._staged[(gid, t)] = staged
             self._endpoint.turn()
 
-        self._loop.call_soon_threadsafe(job)
+        if not self._post(job, fut) and staged is not None:
+            staged.abort()
         return fut
 
     def progress(self, timeout: float = 10.0) -> dict:
@@ -399,7 +396,8 @@ class Cluster:
             self._call(self._core.stop_workers, timeout=timeout)
         except Exception:
             pass
-        self._closed = True
+        with self._posting:  # from here no job is posted: those posted run before shutdown
+            self._closed = True
         deadline = time.monotonic() + timeout
         for p in self.processes:
             try:
@@ -487,13 +485,15 @@ class Cluster:
         self._post(job, fut)
 
     def _post(self, job, fut: cf.Future | None = None) -> bool:
-        """Any thread: run ``job`` on the loop; False (and ``fut`` failed) once closed."""
-        if self._closed:
-            if fut is not None and not fut.done():
-                fut.set_exception(ClusterClosed("the cluster is closed"))
-            return False
-        self._loop.call_soon_threadsafe(job)
-        return True
+        """Any thread: run ``job`` on the loop; False (and ``fut`` failed) once closed. A
+        job posted runs before the loop's shutdown, which settles what it started."""
+        with self._posting:
+            if not self._closed:
+                self._loop.call_soon_threadsafe(job)
+                return True
+        if fut is not None and not fut.done():
+            fut.set_exception(ClusterClosed("the cluster is closed"))
+        return False
 
     def _committer(self, gid: int, fut: cf.Future, staged: StagedRun):
         """Loop thread: a callback(value, error) that publishes a successful run's sinks
