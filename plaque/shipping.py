@@ -6,15 +6,18 @@ globals and modules a function uses) and has cloudpickle serialise them by value
 library, installed packages and Plaque/Pathways themselves always go by reference.
 
 Code objects travel with their file name (cloudpickle 3.1.3 replaced it with
-``<dynamic-code>``), so a remote traceback still says which file and line of the user's
-code failed, and shows the line wherever that file can be read.
+``<dynamic-code>``) and the source lines they span, so a remote traceback says which file
+and line of the user's code failed and shows that line, even on a machine that has no copy
+of the file (its lines are put in ``linecache`` there, where traceback reads them).
 """
 
 from __future__ import annotations
 
 import functools
 import io
+import linecache
 import marshal
+import os
 import sys
 import types
 from collections import ChainMap
@@ -38,9 +41,44 @@ def ship(obj, functions) -> bytes:
 
 def _code_reduce(code: types.CodeType):
     """A code object as marshal writes it: whole, its file name and line table included
-    (nested code in its constants too). The hosts run the driver's Python version, as
-    cloudpickle's own code reducer already needs."""
-    return marshal.loads, (marshal.dumps(code),)
+    (nested code in its constants too), with the source lines it spans. The hosts run the
+    driver's Python version, as cloudpickle's own code reducer already needs."""
+    return _load_code, (marshal.dumps(code), _source_span(code))
+
+
+def _source_span(code: types.CodeType) -> tuple[int, tuple[str, ...]] | None:
+    """(first line, the lines) of ``code`` and the code nested in it, as this process reads
+    its file (``linecache``: a Jupyter cell's too); None if it has none."""
+    lines = linecache.getlines(code.co_filename)
+    if not lines:
+        return None
+    first = last = code.co_firstlineno
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        last = max([last, *(n for _, _, n in c.co_lines() if n is not None)])
+        todo += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    return first, tuple(lines[first - 1:last])
+
+
+def _load_code(blob: bytes, span) -> types.CodeType:
+    code = marshal.loads(blob)
+    if span is not None:
+        _remember_source(code.co_filename, *span)
+    return code
+
+
+def _remember_source(filename: str, first: int, lines: tuple[str, ...]) -> None:
+    """Make ``lines`` (from line ``first`` on) of ``filename`` what tracebacks show here, if
+    this machine has no such file; what other code of it put there is kept."""
+    if not lines or os.path.exists(filename):
+        return
+    entry = linecache.cache.get(filename)
+    known = list(entry[2]) if entry is not None and len(entry) == 4 and entry[1] is None \
+        else []  # an entry without an mtime is never checked against a file (checkcache)
+    known += ["\n"] * (first - 1 + len(lines) - len(known))
+    known[first - 1:first - 1 + len(lines)] = lines
+    linecache.cache[filename] = (sum(map(len, known)), None, known, filename)
 
 
 class _Pickler(cloudpickle.Pickler):

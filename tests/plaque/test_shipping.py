@@ -39,3 +39,53 @@ def test_a_shipped_function_runs_in_a_process_that_cannot_import_its_module(tmp_
                          timeout=60, cwd=tmp_path)
     assert "ValueError: no good value 5" in out.stderr, out.stderr
     assert f'File "{__file__}"' in out.stderr and "raise ValueError(" in out.stderr
+
+
+MODULE = '''\
+def first(v):
+    return helper(v) + 1
+
+
+def helper(v):
+    if v > 2:
+        raise ValueError(f"too big: {v}")  # line 7
+    return v
+
+
+def second(v):
+    def inner(w):
+        raise KeyError(w)  # line 13
+    return inner(v)
+'''
+
+
+def test_a_machine_without_the_file_still_shows_the_failing_lines(tmp_path):
+    """The file exists where the code was shipped from, not where it runs: its lines come
+    with the code (both functions' lines, one file), and tracebacks there show them."""
+    import importlib.util
+
+    path = tmp_path / "only_on_the_driver.py"
+    path.write_text(MODULE)
+    spec = importlib.util.spec_from_file_location("only_on_the_driver", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        blob = tmp_path / "fns.pkl"
+        blob.write_bytes(ship((module.first, module.second), [module.first, module.second]))
+    finally:
+        del sys.modules[spec.name]
+    path.unlink()  # as on a host with no copy of it
+    script = ("import pickle, traceback\n"
+              f"first, second = pickle.loads(open({str(blob)!r}, 'rb').read())\n"
+              "print(first(1))\n"
+              "for fn, v in ((first, 5), (second, 'k')):\n"
+              "    try:\n        fn(v)\n    except Exception:\n        traceback.print_exc()\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path)
+    assert out.stdout == "2\n", out.stderr
+    assert f'File "{path}", line 7, in helper' in out.stderr, out.stderr
+    assert 'raise ValueError(f"too big: {v}")  # line 7' in out.stderr
+    assert "return helper(v) + 1" in out.stderr  # the caller's line, same file
+    assert f'File "{path}", line 13, in inner' in out.stderr
+    assert "raise KeyError(w)  # line 13" in out.stderr
