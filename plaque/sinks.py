@@ -94,16 +94,27 @@ class JsonlSink(Sink):
 
 
 class ParquetSink(Sink):
-    """Records are dicts of column -> value; each batch becomes a row group."""
+    """Records are dicts of column -> value; each batch becomes a row group.
+
+    ``schema`` (a ``pyarrow.Schema``): every shard's file has it, an empty one too, and
+    values are cast to it; give it when shards must agree (one may see only ints where
+    another sees floats). Without it a shard's file takes its first batch's columns (from
+    every record of it) and their inferred types. A record with a column the file does not
+    have, or a value its column cannot hold, fails the run naming them: nothing is dropped.
+    """
 
     suffix = ".parquet"
 
-    def __init__(self, path, overwrite: bool = False):
+    def __init__(self, path, overwrite: bool = False, schema=None):
         super().__init__(path, overwrite)
-        _pyarrow()  # refuse at graph-building time, not on the workers
+        pa, _ = _pyarrow()  # refuse at graph-building time, not on the workers
+        if schema is not None and not isinstance(schema, pa.Schema):
+            raise GraphError(f"ParquetSink schema must be a pyarrow.Schema, got"
+                             f" {type(schema).__name__}")
+        self.schema = schema
 
     def open(self, path: str):
-        return _ParquetFile(path)
+        return _ParquetFile(path, self.schema)
 
     def write(self, fh, values) -> None:
         fh.write(values)
@@ -113,26 +124,55 @@ class ParquetSink(Sink):
 
 
 class _ParquetFile:
-    """A Parquet file written a batch (row group) at a time; its schema is the first batch's."""
+    """A Parquet file written a batch (row group) at a time, in one schema: the sink's, or
+    its first batch's."""
 
-    def __init__(self, path):
-        self.path, self.writer = path, None
+    def __init__(self, path, schema=None):
+        self.path, self.schema, self.writer = path, schema, None
 
     def write(self, records) -> None:
         pa, pq = _pyarrow()
-        table = pa.Table.from_pylist(list(records))
+        records = list(records)
+        columns = _columns(records)
+        try:
+            if self.schema is None:  # every record's columns, types from every value
+                table = pa.table({c: [r.get(c) for r in records] for c in columns})
+            else:
+                extra = [c for c in columns if c not in self.schema.names]
+                if extra:
+                    raise SinkError(f"records have columns {extra} that {self.path!r} has"
+                                    f" not (its columns: {self.schema.names}); give"
+                                    " ParquetSink a schema= with every column")
+                table = pa.Table.from_pylist(records, schema=self.schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise SinkError(f"records do not fit {self.path!r}"
+                            f"{'' if self.schema is None else f' ({self.schema})'}: {exc}"
+                            ) from exc
         if self.writer is None:
+            self.schema = table.schema
             self.writer = pq.ParquetWriter(self.path, table.schema)
         self.writer.write_table(table)
 
     def close(self) -> None:
-        if self.writer is None:  # no records: a file with no columns still says "empty"
+        if self.writer is None:  # no records: an empty file, in the schema if it has one
             pa, pq = _pyarrow()
-            pq.write_table(pa.table({}), self.path)
+            pq.write_table(pa.table({}) if self.schema is None else self.schema.empty_table(),
+                           self.path)
         else:
             self.writer.close()
         with open(self.path, "rb") as fh:
             os.fsync(fh.fileno())
+
+
+def _columns(records) -> list:
+    """Every column of ``records`` (dicts), in the order first seen."""
+    columns: dict = {}
+    for r in records:
+        if not isinstance(r, dict):
+            raise SinkError(f"ParquetSink records are dicts of column -> value, got"
+                            f" {type(r).__name__}: {r!r:.80}")
+        columns.update(dict.fromkeys(r))
+    return list(columns)
 
 
 def _pyarrow():
