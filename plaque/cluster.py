@@ -32,7 +32,7 @@ from .errors import ClusterClosed, PlaqueError
 from .events import CountersReceived, Installed, Membership, RunDone, RunFailed, RunSettled
 from .graph import Graph
 from .sinks import StagedRun, sink_nodes
-from .streams import Stream
+from .streams import MAX_IN_FLIGHT, Stream
 from .transport import InprocTransport
 from .worker import WorkerCore
 from .zmq_transport import ZmqTransport
@@ -68,10 +68,11 @@ class InstalledGraph:
             return fut
         return self.cluster._run(self.gid, arg, parts, staged)
 
-    def stream(self, arg=None) -> Stream:
+    def stream(self, arg=None, max_in_flight: int = MAX_IN_FLIGHT) -> Stream:
         """Open a stream of this graph (it needs an input node, ``g.input``): its epochs are
-        runs with ``arg``, fed by the driver (``plaque.streams``)."""
-        return Stream(self, arg)
+        runs with ``arg``, fed by the driver (``plaque.streams``); ``advance`` waits while
+        ``max_in_flight`` closed epochs are unfinished."""
+        return Stream(self, arg, max_in_flight)
 
     def _staged(self, parts):
         """A run's parts and its sinks' staging (None without sinks)."""

@@ -12,6 +12,10 @@ over); what belongs to one epoch stays in ``ctx.state``.
 An input shard holds its capability for an epoch from its start until the driver advances
 it (``Kind.ADVANCE``); the driver's values reach it as ``Kind.FEED`` on the coordinator's
 control channel, after the epoch's START and before its ADVANCE, so none is lost or late.
+
+Back-pressure: at most ``max_in_flight`` closed epochs are unfinished at a time; ``advance``
+waits for the oldest to finish before it opens one more, so a driver faster than its graph
+waits instead of piling epochs (and what was sent into them) up in the workers' queues.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import itertools
 import threading
+from collections import deque
 
 from .errors import GraphError, PlaqueError
 from .operator import Operator
@@ -45,15 +50,24 @@ class StreamClosed(PlaqueError):
     """A value was sent to, or an epoch advanced on, a stream already closed."""
 
 
+MAX_IN_FLIGHT = 16  # closed epochs not finished yet before advance() waits for the oldest
+
+
 class Stream:
     """The driver's handle on a stream of a graph installed on a cluster (see the module).
 
     Thread-safe; calls take effect in the order they are made. ``epoch`` is the number of
-    the open epoch, counted from 0 (not its run's timestamp, which ``RunResult`` gives)."""
+    the open epoch, counted from 0 (not its run's timestamp, which ``RunResult`` gives).
+    ``max_in_flight``: closed epochs that may be unfinished before ``advance`` waits."""
 
     _ids = itertools.count()
 
-    def __init__(self, installed, arg=None):
+    def __init__(self, installed, arg=None, max_in_flight: int = MAX_IN_FLIGHT):
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) \
+                or max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
+        self.max_in_flight = max_in_flight
+        self._in_flight: deque = deque()  # closed epochs' futures, oldest first
         self.installed, self.arg = installed, arg
         self.inputs = input_nodes(installed.graph)
         if not self.inputs:
@@ -87,13 +101,26 @@ class Stream:
             self._check_open()
             self.installed.cluster.feed(self, target, shard, values, keys)
 
-    def advance(self) -> cf.Future:
+    def advance(self, timeout: float | None = None) -> cf.Future:
         """Close the open epoch and open the next; the future gives the closed epoch's
-        ``RunResult`` once every operator is done with it."""
+        ``RunResult`` once every operator is done with it. With ``max_in_flight`` closed
+        epochs unfinished, first waits (at most ``timeout`` seconds: ``TimeoutError``, the
+        epoch still open) for the oldest to finish, failed or not."""
         with self._lock:
             self._check_open()
+            while self._in_flight and self._in_flight[0].done():
+                self._in_flight.popleft()
+            if len(self._in_flight) >= self.max_in_flight:
+                try:  # exception(): waits (a simulated cluster's future runs it meanwhile)
+                    self._in_flight[0].exception(timeout)
+                except cf.TimeoutError:
+                    raise TimeoutError(f"stream {self.id}: {len(self._in_flight)} epochs"
+                                       f" still running after {timeout} s; epoch"
+                                       f" {self.epoch} stays open") from None
+                self._in_flight.popleft()
             closing = self._current
             self._current = self.installed.cluster.open_epoch(self, closing)
+            self._in_flight.append(closing)
             self.epoch += 1
         return closing
 

@@ -116,7 +116,8 @@ def test_a_workload_puts_kernels_on_the_timelines_and_busy_rises(cluster):
                                                         f"&seq={seq}&"))
         details = json.loads(body)
         assert details["inputs"] == ["float64[8]"] and details["collectives"] == 1
-        assert details["waited"] >= 0 and details["eqn"] == 0
+        # the wait in the psum is recorded only when there was one (peers may all be there)
+        assert details.get("waited", 0.0) >= 0 and details["eqn"] == 0
         for query, code in ((f"device={mesh.ids[0]}&seq=-5", 404), ("device=x", 400)):
             with pytest.raises(urllib.error.HTTPError) as e:
                 get(dash.url.replace("/?", f"/kernel.json?{query}&"))

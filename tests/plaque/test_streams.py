@@ -8,6 +8,8 @@ import collections
 import json
 import operator
 import os
+import threading
+import time
 
 import pytest
 
@@ -204,3 +206,60 @@ def test_progress_shows_where_an_open_epoch_waits(installed):
     assert installed.cluster.progress()[installed.gid]["nodes"] == want  # shards per node
     assert merged(stream.close().result(30)) == {"q": 1}
     assert installed.progress() == {}
+
+
+class Gate(Operator):
+    """Keeps each epoch unfinished until the test lets it go: says ``held-<t>`` in the
+    directory the run's argument names and releases its capability once ``open-<t>`` is
+    there (a minute at most: nothing is left hanging)."""
+
+    def on_start(self, ctx, t):
+        cap, where = ctx.hold(), ctx.arg
+        open(os.path.join(where, f"held-{t}"), "w").close()
+
+        def wait():
+            deadline = time.monotonic() + 60
+            while not os.path.exists(os.path.join(where, f"open-{t}")) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.01)
+            cap.post(lambda c: c.release())  # on the worker's loop, as it must be
+        threading.Thread(target=wait, daemon=True).start()
+
+
+def release_oldest(where) -> None:
+    """Let the oldest epoch held by a Gate finish, once one is held."""
+    deadline = time.monotonic() + 30
+    while True:
+        held = {int(n[5:]) for n in os.listdir(where) if n.startswith("held-")} - \
+            {int(n[5:]) for n in os.listdir(where) if n.startswith("open-")}
+        if held or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    open(os.path.join(where, f"open-{min(held)}"), "w").close()
+
+
+def test_advance_waits_while_max_in_flight_epochs_are_unfinished(tmp_path):
+    """A driver faster than its graph waits in advance() instead of piling epochs up: with
+    two closed epochs held unfinished a third advance cannot close its epoch (here it gives
+    up after its timeout, the epoch still open); once the oldest finishes it goes on."""
+    g = Graph("gated")
+    g.edge(g.input("in", shards=1), g.node("gate", Gate, shards=1), ONE_TO_ONE)
+    with plaque.local_cluster(workers=1, transport="inproc") as c:
+        stream = c.install(g).stream(str(tmp_path), max_in_flight=2)
+        first = stream.advance()
+        second = stream.advance()
+        assert stream.epoch == 2 and not first.done() and not second.done()
+        with pytest.raises(TimeoutError, match=r"2 epochs still running after 0.2 s; epoch 2"
+                                               r" stays open"):
+            stream.advance(timeout=0.2)
+        assert stream.epoch == 2
+        release_oldest(tmp_path)
+        third = stream.advance(timeout=30)  # the oldest finished: one more may be closed
+        assert first.done() and stream.epoch == 3 and not second.done()
+        epochs = [first, second, third, stream.close()]
+        for _ in epochs[1:]:
+            release_oldest(tmp_path)
+        stamps = [f.result(30).timestamp for f in epochs]
+        assert stamps == sorted(stamps)
+        with pytest.raises(ValueError, match="max_in_flight must be an int >= 1, got 0"):
+            c.install(g).stream(max_in_flight=0)
