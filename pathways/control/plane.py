@@ -145,7 +145,8 @@ class ControlPlane:
         self.policy, self.window = policy, window
         self.rm = ResourceManager()
         self.schedulers: dict[int, IslandScheduler] = {}
-        self.runs: dict[tuple, _Run] = {}  # (pid, run_id) -> a run waiting or running
+        self.runs: dict[tuple, _Run] = {}  # (pid, run_id) -> a run waiting or running, in
+        # the order they were numbered (status lists the oldest by it)
         # client -> its runs held, in order, behind one whose program is being installed
         self._held: dict[int, deque] = {}
         self.client_info: dict[int, dict] = {}  # weight, priority
@@ -356,7 +357,7 @@ class ControlPlane:
             for cid, n in sched.policy.waiting().items():
                 if cid in clients:
                     clients[cid]["queued"] += n
-        for run in sorted(self.runs.values(), key=lambda r: r.since):
+        for run in self.runs.values():  # oldest first: a run is added when it is numbered
             mine = clients.get(run.prog.client)
             if mine is None:
                 continue
