@@ -171,6 +171,8 @@ class Session:
         self._outbox: deque = deque()  # (address, payload) for the loop thread to send
         self._flush_posted = False
         self.closed = False
+        self._posting = threading.Lock()  # held to post to the loop and to close: what was
+        # posted runs before the close's stop, which fails what is still in flight
         self.lost: CoordinatorLost | None = None  # set when the coordinator went silent
         self.contact = Contact(keys, monitored=not security.in_process(address))
         self._monitor: zmq.Socket | None = None  # on the coordinator's socket until it answers
@@ -213,8 +215,9 @@ class Session:
     # ---- any thread -----------------------------------------------------------------------
     def call(self, fn, *args) -> None:
         """Run ``fn(*args)`` on the loop thread; fails at once once closed or lost."""
-        self.check_open()
-        self.loop.call_soon_threadsafe(fn, *args)
+        with self._posting:
+            self.check_open()
+            self.loop.call_soon_threadsafe(fn, *args)
 
     def check_open(self) -> None:
         """``ClientClosed`` once closed, the ``CoordinatorLost`` error once lost."""
@@ -262,13 +265,13 @@ class Session:
 
     def close(self, err: Exception) -> None:
         """Stop: everything still in flight fails with ``err``; queued sends still leave."""
-        self.closed = True
-
         def stop():
             self._fail_all(err)
             self.loop.stop()
 
-        self.loop.call_soon_threadsafe(stop)
+        with self._posting:
+            self.closed = True
+            self.loop.call_soon_threadsafe(stop)
         self._thread.join(10)
         if self._own_ctx:
             self.ctx.term()
