@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import signal
@@ -202,6 +203,11 @@ def _dashboard(args) -> int:
     try:
         with Dashboard(args.address, args.port, args.bind, args.hz, args.window,
                        client=client) as dash:
+            if not ipaddress.ip_address(dash.server.server_address[0]).is_loopback:
+                print(f"dashboard: warning: serving plain HTTP on {args.bind}: its URL's token"
+                      " and the page (the cluster's names, errors and tracebacks) cross the"
+                      " network unencrypted; prefer the default and ssh -L", file=sys.stderr,
+                      flush=True)
             print(f"dashboard of {args.address}: open {dash.url}", flush=True)
             _wait_for_stop()
     finally:

@@ -226,3 +226,15 @@ def test_runs_in_flight_their_frontier_failed_runs_and_suspended_slices(cluster,
         snap = wait_for(dash, lambda s: any(sl["state"] == "suspended" for sl in s["slices"]))
         mine = {sl["id"]: sl for sl in snap["slices"] if sl["client"] == client.id}
         assert sorted(sl["state"] for sl in mine.values()) == ["live", "suspended"], mine
+
+
+def test_the_cli_warns_when_the_page_is_served_beyond_this_machine(cluster):
+    proc = subprocess.Popen([sys.executable, "-m", "pathways", "dashboard", cluster.address,
+                             "--bind", "0.0.0.0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = read_until(proc, "open ")
+        assert any("warning: serving plain HTTP on 0.0.0.0" in line for line in lines), lines
+    finally:
+        proc.terminate()
+        proc.wait(10)
