@@ -49,10 +49,10 @@ def _code_reduce(code: types.CodeType):
 def _source_span(code: types.CodeType) -> tuple[int, tuple[str, ...]] | None:
     """(first line, the lines) of ``code`` and the code nested in it, as this process reads
     its file (``linecache``: a Jupyter cell's too); None if it has none."""
-    lines = linecache.getlines(code.co_filename)
+    first = last = code.co_firstlineno
+    lines = linecache.getlines(code.co_filename) if first >= 1 else None
     if not lines:
         return None
-    first = last = code.co_firstlineno
     todo = [code]
     while todo:
         c = todo.pop()

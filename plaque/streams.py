@@ -117,6 +117,8 @@ class Stream:
                     raise TimeoutError(f"stream {self.id}: {len(self._in_flight)} epochs"
                                        f" still running after {timeout} s; epoch"
                                        f" {self.epoch} stays open") from None
+                except cf.CancelledError:
+                    pass  # the caller cancelled its future: nothing to wait for
                 self._in_flight.popleft()
             closing = self._current
             self._current = self.installed.cluster.open_epoch(self, closing)
