@@ -84,13 +84,24 @@ class TextSink(Sink):
 
 
 class JsonlSink(Sink):
-    """One JSON document per line (JSON Lines)."""
+    """One JSON document per line (JSON Lines). numpy scalars and arrays (what a numpy
+    computation's records hold) are written as JSON numbers, booleans and lists; anything
+    else JSON has no form for fails the run naming its type."""
 
     suffix = ".jsonl"
 
     def write(self, fh, values) -> None:
         dumps = json.dumps
-        fh.write("".join(dumps(v) + "\n" for v in values))
+        fh.write("".join(dumps(v, default=_json_numpy) + "\n" for v in values))
+
+
+def _json_numpy(value):
+    """``json.dumps``'s fallback: numpy scalars as Python numbers, arrays as lists."""
+    kind = type(value).__module__
+    if kind == "numpy" and hasattr(value, "tolist"):  # np.int64, np.float32, ndarray, ...
+        return value.tolist()
+    raise TypeError(f"JsonlSink cannot write a {type(value).__name__} ({value!r:.60}): give"
+                    " records of JSON types (dict, list, str, number, bool, None) or numpy")
 
 
 class ParquetSink(Sink):

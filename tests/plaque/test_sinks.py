@@ -210,3 +210,27 @@ def test_bad_sink_paths_and_parts_for_a_sink_are_refused(cluster, tmp_path):
     with pytest.raises(GraphError, match=r"parts for 'out': it is a sink"):
         installed.run(parts={"src": PARTS, "out": ["x", "y"]}).result(30)
     assert leftovers(tmp_path) == []
+
+
+class NumpyRecords(Operator):
+    """Emits records holding numpy values, as a numpy computation's would (or, asked to,
+    one JSON has no form for)."""
+
+    def on_start(self, ctx, t):
+        import numpy as np
+
+        ctx.emit({"n": np.int64(3), "x": np.float32(0.5), "ok": np.bool_(True),
+                  "v": np.arange(3), "bad": {1, 2} if ctx.arg == "set" else None})
+
+
+def test_jsonl_writes_numpy_values_as_json_and_names_what_it_cannot(cluster, tmp_path):
+    g = Graph("numpy-jsonl")
+    src = g.node("src", NumpyRecords, shards=1)
+    g.edge(src, g.node("out", JsonlSink(tmp_path / "out-{t}"), shards=1), plaque.ONE_TO_ONE)
+    installed = cluster.install(g)
+    result = installed.run().result(30)
+    with open(tmp_path / f"out-{result.timestamp}" / "part-00000.jsonl") as fh:
+        assert [json.loads(line) for line in fh] == \
+            [{"n": 3, "x": 0.5, "ok": True, "v": [0, 1, 2], "bad": None}]
+    with pytest.raises(plaque.OperatorError, match=r"JsonlSink cannot write a set \(\{1, 2\}"):
+        installed.run("set").result(30)
