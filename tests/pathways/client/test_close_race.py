@@ -34,15 +34,8 @@ class CloseBeforePosting:
         return getattr(self.loop, name)
 
 
-@pytest.fixture(scope="module")
-def twin():
-    with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=2,
-                          processes=False) as cluster:
-        yield cluster
-
-
-def test_a_request_made_while_the_client_closes_fails_with_client_closed(twin):
-    client = pw.connect(twin.address)
+def test_a_request_made_while_the_client_closes_fails_with_client_closed(pw_cluster):
+    client = pw.connect(pw_cluster.address)
     session = client.session
     session.loop = late = CloseBeforePosting(client)
     try:
