@@ -34,7 +34,7 @@ class CloseBeforePosting:
         return getattr(self.loop, name)
 
 
-def test_a_request_made_while_the_client_closes_fails_with_client_closed(pw_cluster):
+def test_a_request_made_while_the_client_closes_settles(pw_cluster):
     client = pw.connect(pw_cluster.address)
     session = client.session
     session.loop = late = CloseBeforePosting(client)
@@ -47,6 +47,6 @@ def test_a_request_made_while_the_client_closes_fails_with_client_closed(pw_clus
         error = fut.exception(timeout=10)
     except cf.TimeoutError:
         raise AssertionError("the request never settled") from None
-    assert isinstance(error, ClientClosed), error
+    assert error is None or isinstance(error, ClientClosed), error  # answered, or refused
     with pytest.raises(ClientClosed):  # and after the close, at once
         session.request(session.address, protocol.Status(None))
