@@ -148,3 +148,36 @@ from pathways.testing import (  # noqa: E402,F401
     wait_for_store_bytes,
     wait_until,
 )
+
+
+class CloseBeforePosting:
+    """An event loop as it is, except that the first job the asking thread (the one that
+    made this) posts is held back while ``close()`` runs on another thread, until the close
+    is over or ``hold`` seconds have passed (a close that waits for this post to be queued
+    never ends by itself; one that does not wait ends well within them): the
+    interleaving where a request found its cluster or client open and the close came
+    before the request's job was posted. Put it where the closed object keeps
+    its loop; ``joined()`` waits for the close."""
+
+    def __init__(self, loop, close, hold: float = 2.0):
+        # private names: anything else is the loop's (its own close() included)
+        self._loop, self._closing, self._hold = loop, close, hold
+        self.asker = threading.current_thread()
+        self.closer: threading.Thread | None = None
+
+    def call_soon_threadsafe(self, callback, *args):
+        if self.closer is None and threading.current_thread() is self.asker:
+            self.closer = threading.Thread(target=self._closing)
+            self.closer.start()
+            self.closer.join(self._hold)
+        return self._loop.call_soon_threadsafe(callback, *args)
+
+    def joined(self) -> bool:
+        """Whether the close was run and has finished (waits up to 30 s for it)."""
+        if self.closer is None:
+            return False
+        self.closer.join(30)
+        return not self.closer.is_alive()
+
+    def __getattr__(self, name):
+        return getattr(self._loop, name)

@@ -5,31 +5,11 @@ timeout."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import threading
+
+from conftest import CloseBeforePosting
 
 import plaque
 from plaque.testing.operators import sparse_graph
-
-
-class CloseBeforePosting:
-    """The cluster's own loop, except that the first job the asking thread posts is held
-    back while ``close()`` runs on another thread (for at most a second): the interleaving
-    where a request found the cluster open and the close came before its job was posted."""
-
-    def __init__(self, cluster):
-        self.loop, self.cluster = cluster._loop, cluster
-        self.asker = threading.current_thread()
-        self.closer: threading.Thread | None = None
-
-    def call_soon_threadsafe(self, callback, *args):
-        if self.closer is None and threading.current_thread() is self.asker:
-            self.closer = threading.Thread(target=self.cluster.close)
-            self.closer.start()
-            self.closer.join(1.0)  # done, unless close waits for this post to be queued
-        return self.loop.call_soon_threadsafe(callback, *args)
-
-    def __getattr__(self, name):
-        return getattr(self.loop, name)
 
 
 def closing_while_asked(ask):
@@ -37,12 +17,11 @@ def closing_while_asked(ask):
     posted; the close is waited for."""
     with plaque.local_cluster(workers=1, transport="inproc") as c:
         installed = c.install(sparse_graph())
-        late = c._loop = CloseBeforePosting(c)
+        late = c._loop = CloseBeforePosting(c._loop, c.close)
         try:
             return ask(c, installed)
         finally:
-            late.closer.join(30)
-            assert not late.closer.is_alive()
+            assert late.joined()
 
 
 def test_a_run_asked_for_while_the_cluster_closes_settles():
