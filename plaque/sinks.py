@@ -144,6 +144,8 @@ class _ParquetFile:
     def write(self, records) -> None:
         pa, pq = _pyarrow()
         records = list(records)
+        if not records:  # no row group, and no columns learnt from nothing
+            return
         columns = _columns(records)
         try:
             if self.schema is None:  # every record's columns, types from every value
