@@ -18,6 +18,7 @@ from .errors import (
     PlaqueError,
     ProtocolError,
     SinkError,
+    SourceError,
     WorkerLost,
 )
 from .graph import BROADCAST, KEYED, ONE_TO_ONE, Combiner, Graph, Routing
@@ -30,6 +31,6 @@ __all__ = [
     "BROADCAST", "KEYED", "ONE_TO_ONE", "Cluster", "ClusterClosed", "Combiner", "Context",
     "CoordinatorLost", "Graph", "GraphError", "InstalledGraph", "Operator", "OperatorError",
     "JsonlSink", "ParquetSink", "PlaqueError", "ProtocolError", "Routing", "RunResult", "Sink",
-    "SinkError", "TextSink", "WorkerLost", "local_cluster", "parquet_parts", "read_lines",
+    "SinkError", "SourceError", "TextSink", "WorkerLost", "local_cluster", "parquet_parts", "read_lines",
     "read_parquet", "stable_hash", "stable_shard", "stable_shards", "text_parts", "total",
 ]

@@ -15,6 +15,20 @@ class SinkError(PlaqueError):
     """A sink could not write or publish a run's output (see ``plaque.sinks``)."""
 
 
+class SourceError(PlaqueError):
+    """An input file could not be read as planned: it changed since its parts were made, or
+    it cannot be opened or decoded (see ``plaque.readers``). ``path`` names the file and
+    ``where`` the place in it (``"byte N"``, ``"row group N"``), when known."""
+
+    def __init__(self, path: str, detail: str, where: str | None = None):
+        self.path, self.detail, self.where = path, detail, where
+        at = f" at {where}" if where else ""
+        super().__init__(f"{path}{at}: {detail}")
+
+    def __reduce__(self):  # pickle as its fields, not as the formatted message
+        return (SourceError, (self.path, self.detail, self.where))
+
+
 class OperatorError(PlaqueError):
     """An operator raised on a worker; carries where it happened and the remote traceback."""
 

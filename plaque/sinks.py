@@ -27,7 +27,7 @@ import uuid
 
 from .errors import GraphError, SinkError
 from .operator import Operator
-from .readers import parquet_module
+from .readers import pyarrow_modules
 
 __all__ = ["JsonlSink", "ParquetSink", "Sink", "TextSink"]
 
@@ -118,7 +118,7 @@ class ParquetSink(Sink):
 
     def __init__(self, path, overwrite: bool = False, schema=None):
         super().__init__(path, overwrite)
-        pa, _ = _pyarrow()  # refuse at graph-building time, not on the workers
+        pa, _ = pyarrow_modules()  # refuse at graph-building time, not on the workers
         if schema is not None and not isinstance(schema, pa.Schema):
             raise GraphError(f"ParquetSink schema must be a pyarrow.Schema, got"
                              f" {type(schema).__name__}")
@@ -142,7 +142,7 @@ class _ParquetFile:
         self.path, self.schema, self.writer = path, schema, None
 
     def write(self, records) -> None:
-        pa, pq = _pyarrow()
+        pa, pq = pyarrow_modules()
         records = list(records)
         if not records:  # no row group, and no columns learnt from nothing
             return
@@ -168,7 +168,7 @@ class _ParquetFile:
 
     def close(self) -> None:
         if self.writer is None:  # no records: an empty file, in the schema if it has one
-            pa, pq = _pyarrow()
+            pa, pq = pyarrow_modules()
             pq.write_table(pa.table({}) if self.schema is None else self.schema.empty_table(),
                            self.path)
         else:
@@ -186,11 +186,6 @@ def _columns(records) -> list:
                             f" {type(r).__name__}: {r!r:.80}")
         columns.update(dict.fromkeys(r))
     return list(columns)
-
-
-def _pyarrow():
-    import pyarrow as pa  # parquet_module() has refused already if pyarrow is missing
-    return pa, parquet_module()
 
 
 class SinkWriter(Operator):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import operator
 import os
+import pickle
 
 import pytest
 from hypothesis import given, settings
@@ -171,3 +172,51 @@ def test_a_given_schema_casts_every_shard_and_refuses_what_does_not_fit(tmp_path
     with pytest.raises(plaque.GraphError, match="schema must be a pyarrow.Schema, got dict"):
         ParquetSink(tmp_path / "x", schema={"user": "string"})
     assert not (tmp_path / "bad").exists() and not (tmp_path / "rows").exists()
+
+
+def test_a_parquet_file_replaced_after_planning_is_refused_naming_it(tmp_path):
+    """Issue 45 item 5: it used to fail with a raw row-group index error, or read another
+    file's rows."""
+    path = write(tmp_path / "a.parquet", list(range(100)), [1] * 100, 20)
+    parts = plaque.parquet_parts(path, 2)
+    st = os.stat(path)
+    write(tmp_path / "b.parquet", [1, 2], [1, 2], 1)
+    os.replace(tmp_path / "b.parquet", path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # whatever the clock
+    group = parts[1][0][1]
+    with pytest.raises(plaque.SourceError, match=rf"a.parquet at row group {group}: changed"
+                                                 r" since its parts were made \(size \d+ ->"):
+        list(plaque.read_parquet(parts[1]))
+    assert pickle.loads(pickle.dumps(parts[0][0])).mtime_ns == st.st_mtime_ns  # it travels
+
+
+def test_bad_parquet_is_a_short_source_error_naming_the_file(tmp_path):
+    """Issue 45 item 6: these raised pyarrow's own errors, naming no file."""
+    good = write(tmp_path / "good.parquet", list(range(50_000)), list(range(50_000)), 10_000)
+    data = open(good, "rb").read()
+    (tmp_path / "half.parquet").write_bytes(data[:len(data) // 2])
+    (tmp_path / "noise.parquet").write_bytes(os.urandom(5000))
+    for name in ("half.parquet", "noise.parquet"):
+        with pytest.raises(plaque.SourceError, match=rf"{name} at its footer: not a Parquet"
+                                                     r" file it can read: ArrowInvalid") as e:
+            plaque.parquet_parts([good, tmp_path / name], 2)
+        assert len(str(e.value)) < 400 and isinstance(e.value.__cause__, pa.ArrowInvalid)
+    column = pq.ParquetFile(good).metadata.row_group(1).column(0)
+    broken = bytearray(data)
+    for i in range(column.data_page_offset, column.data_page_offset + 400):
+        broken[i] ^= 0x5A  # row group 1's first page, its footer intact
+    (tmp_path / "broken.parquet").write_bytes(broken)
+    (part,) = plaque.parquet_parts(tmp_path / "broken.parquet", 1)
+    tables = plaque.read_parquet(part)
+    assert next(tables).num_rows == 10_000
+    with pytest.raises(plaque.SourceError, match=r"broken.parquet at row group 1: cannot read"
+                                                 r" it: ") as e:
+        next(tables)
+    assert len(str(e.value)) < 400 and e.value.__cause__ is not None
+
+
+def test_an_empty_parquet_listing_is_refused_unless_allowed():
+    """Issue 45 item 7."""
+    with pytest.raises(ValueError, match=r"no input files: the listing is empty"):
+        plaque.parquet_parts([], 3)
+    assert plaque.parquet_parts([], 3, allow_empty=True) == [(), (), ()]
