@@ -16,8 +16,11 @@ keys as any other), gathers what it sees a few times a second and serves one pag
 - live and suspended slices; the latest failed runs with their remote tracebacks.
 
 Updates are pushed (server-sent events), never polled by the page. The URL carries a random
-token, as Jupyter's does; requests without it are refused. The page is one file with no
-library and nothing fetched from elsewhere, so it works offline.
+token, as Jupyter's does; requests without it are refused. Anyone who can reach the port can
+still open connections before a token is seen, so each is served on a thread for at most
+``max_connections`` at once (more are closed unread) and closed after ``idle_timeout``
+seconds without a byte. The page is one file with no library and nothing fetched from
+elsewhere, so it works offline.
 
 ``Dashboard`` is the server: ``snapshot()`` is what the page is sent (a JSON-able dict).
 """
@@ -47,16 +50,21 @@ class Dashboard:
     """Serve the page of the cluster at ``address`` on ``bind``:``port`` (0: any free one).
 
     ``hz``: snapshots per second; ``window``: seconds of kernels kept per device. ``url``
-    is what to open (with the token). ``close()`` stops it; it is also a context manager.
+    is what to open (with the token). At most ``max_connections`` are served at once, each
+    closed once idle for ``idle_timeout`` seconds (waiting that long for its request, or for
+    the browser to take what it is sent). ``close()`` stops it; it is also a context manager.
     """
 
     def __init__(self, address: str, port: int = 0, bind: str = "127.0.0.1",
                  hz: float = 4.0, window: float = 10.0, token: str | None = None,
-                 client=None):
+                 client=None, idle_timeout: float = 5.0, max_connections: int = 32):
         from .client.client import Client  # the dashboard is a client like any other
 
         if hz <= 0 or window <= 0:
             raise ValueError(f"hz and window must be positive, got hz={hz}, window={window}")
+        if idle_timeout <= 0 or max_connections < 1:
+            raise ValueError(f"idle_timeout and max_connections must be positive, got"
+                             f" {idle_timeout} and {max_connections}")
         self.hz, self.window = float(hz), float(window)
         self.token = token or secrets.token_urlsafe(18)
         self._own_client = client is None
@@ -81,7 +89,7 @@ class Dashboard:
         self._stop = threading.Event()
         try:
             self._state, self._delta = self._gather()  # the page has something at once
-            self.server = _Server((bind, port), _Handler)
+            self.server = _Server((bind, port), idle_timeout, max_connections)
         except BaseException:
             if self._own_client:
                 self.client.close()
@@ -368,12 +376,42 @@ def _page() -> bytes:
 
 
 class _Server(http.server.ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` of them: one more is closed at
+    once, unread. Connections need no token to be opened, so without the cap (and the
+    handler's idle timeout) idle ones would pile up threads without bound."""
+
     daemon_threads = True  # an open page's stream never holds up close()
+    block_on_close = False  # nor does a connection not idle long enough to be closed yet
     dashboard: Dashboard
+
+    def __init__(self, address, idle_timeout: float, max_connections: int):
+        self.idle_timeout = idle_timeout
+        self._slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, _Handler)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread started: its slot is free again
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: _Server
+
+    def setup(self):
+        self.timeout = self.server.idle_timeout  # each read and write; the base class's
+        super().setup()  # handle_one_request closes the connection when one times out
 
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         pass  # a request per page and stream: nothing worth a line each
@@ -428,5 +466,5 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 version, text = dash.next_event(version, 1.0)
                 self.wfile.write(b": idle\n\n" if text is None else f"data: {text}\n\n".encode())
                 self.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the page was closed
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            pass  # the page was closed, or stopped reading for idle_timeout
