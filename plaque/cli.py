@@ -1,4 +1,5 @@
-"""``plaque`` command line: ``plaque worker --join ADDRESS`` starts a worker."""
+"""``plaque`` command line: ``plaque worker --join ADDRESS`` starts a worker; ``plaque clean
+[TARGET ...]`` removes what killed drivers left (``plaque.leftovers``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 
 import uvloop
 
-from . import security
+from . import leftovers, security
 from .endpoint import serve_worker_core
 from .worker import WorkerCore
 from .zmq_transport import ZmqTransport
@@ -72,6 +73,13 @@ def bind_near(coordinator: str, bind: str | None) -> str:
 
 
 def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "clean":
+        return clean(args)
+    return worker(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
     parser = argparse.ArgumentParser(prog="plaque", description=__doc__, formatter_class=fmt)
     parser.add_argument("-v", "--verbose", action="count", default=0)
@@ -81,7 +89,31 @@ def main(argv=None) -> int:
                    help="the cluster's address (printed by the driver), ?keys=DIR after it"
                         " to name its CURVE key directory (else $PLAQUE_KEYS)")
     add_worker_options(w)
-    args = parser.parse_args(argv)
+    c = sub.add_parser("clean", formatter_class=fmt,
+                       help="remove what drivers killed mid-run left: sinks' staging"
+                            " directories next to TARGETs, local clusters' socket directories")
+    c.add_argument("targets", nargs="*", metavar="TARGET",
+                   help="a sink's path, as given to it: the directory it is in is searched")
+    c.add_argument("--temp-dir", default=None,
+                   help="where local clusters keep their sockets (default: the temporary"
+                        " directory, $TMPDIR)")
+    c.add_argument("-n", "--dry-run", action="store_true", help="only say what it would do")
+    return parser
+
+
+def clean(args) -> int:
+    """``plaque clean``: clear the leftovers of processes gone from this host (never a live
+    one's), a line per directory."""
+    done = leftovers.clean(args.targets, act=not args.dry_run, temp=args.temp_dir)
+    for what, path in done:
+        print(f"{'would be ' if args.dry_run else ''}{what}: {path}")
+    if not done:
+        print("nothing left by a process that is gone")
+    return 0
+
+
+def worker(args) -> int:
+    """``plaque worker``: serve as a worker of the cluster at ``--join`` until it ends."""
     level = [logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)]
     logging.basicConfig(level=level, format=f"%(asctime)s plaque-worker[{os.getpid()}] "
                         "%(levelname)s %(name)s: %(message)s")

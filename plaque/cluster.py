@@ -25,13 +25,13 @@ import time
 
 import uvloop
 
-from . import security
+from . import leftovers, security
 from .coordinator import CoordinatorCore, RunResult
 from .endpoint import Endpoint
 from .errors import ClusterClosed, PlaqueError
 from .events import CountersReceived, Installed, Membership, RunDone, RunFailed, RunSettled
 from .graph import Graph
-from .sinks import StagedRun, sink_nodes
+from .staging import StagedRun, sink_nodes
 from .streams import MAX_IN_FLIGHT, Stream
 from .transport import InprocTransport
 from .worker import WorkerCore
@@ -47,6 +47,7 @@ class InstalledGraph:
 
     def __init__(self, cluster: Cluster, gid: int, graph: Graph):
         self.cluster, self.gid, self.graph = cluster, gid, graph
+        self._swept = False  # whether a run cleared what dead drivers left by its targets
 
     def run(self, arg=None, parts=None) -> cf.Future:
         """Start a run; the future gives a ``RunResult`` or raises the run's error.
@@ -59,7 +60,9 @@ class InstalledGraph:
 
         A graph with sinks (``plaque.sinks``) gets a staging directory per sink for the run,
         renamed to the sink's target before the future succeeds; if that fails (the target
-        exists, a shard's file is missing) the future fails with ``SinkError``."""
+        exists, a shard's file is missing) the future fails with ``SinkError`` and no sink
+        is published. The first run also clears, next to the sinks' targets, what a killed
+        driver left there (``plaque.leftovers``)."""
         try:
             parts, staged = self._staged(parts)
         except Exception as exc:
@@ -79,7 +82,8 @@ class InstalledGraph:
         sinks = sink_nodes(self.graph)
         if not sinks:
             return parts, None
-        staged = StagedRun(sinks)
+        staged = StagedRun(sinks, sweep=not self._swept)
+        self._swept = True
         try:
             return staged.parts(parts), staged
         except Exception:
@@ -556,13 +560,14 @@ def local_cluster(workers: int = 2, transport: str | None = None,
     temporary directory (``cluster.keys``) and removed on exit. ``"inproc"`` runs them on the
     coordinator's event loop, for fast tests. ``$PLAQUE_KEYS`` naming keys makes the default
     ``"tcp"`` with those keys; ``insecure=True`` makes it ``"tcp"`` with plain sockets, which
-    any local user can reach (and so run code in the cluster).
+    any local user can reach (and so run code in the cluster). Both temporary directories
+    are named for this process, so ``plaque clean`` can remove them if it is killed.
     """
     if transport not in (None, "tcp", "ipc", "inproc"):
         raise ValueError(f"transport must be 'tcp', 'ipc' or 'inproc', got {transport!r}")
     private = None
     if transport is None and not insecure and security.keys_dir() is None:
-        private = security.private_socket_dir("plaque-")
+        private = security.private_socket_dir(leftovers.socket_prefix("plaque-"))
     if private is not None:
         bind = f"ipc://{private}/"
     else:
@@ -571,7 +576,7 @@ def local_cluster(workers: int = 2, transport: str | None = None,
     own = None
     if private is None and transport != "inproc" and not insecure and \
             security.keys_dir() is None:
-        own = security.ephemeral("plaque-keys-")
+        own = security.ephemeral(leftovers.socket_prefix("plaque-keys-"))
     try:
         with _cluster(bind, heartbeat_timeout, own, workers, timeout) as cluster:
             cluster.socket_dir = private

@@ -5,8 +5,11 @@ shards=4)``. Each shard writes what reaches it to ``part-<shard>.<suffix>`` and 
 report, ``{"shard", "file", "records", "bytes"}``. The files go to a hidden staging directory
 next to the target, made by the driver when the run starts; when the run succeeds the driver
 checks every shard's file and renames the directory to the target (``{t}`` in its last
-component becomes the run's timestamp), so a reader sees all of a run's output or none of it.
-A failed run's staging directory is removed once no worker can write to it any more.
+component becomes the run's timestamp), so a reader sees all of a run's output or none of it,
+and a run with several sinks publishes all of them or none (``plaque.staging``). A failed
+run's staging directory is removed once no worker can write to it any more; one a killed
+driver left is removed by the next run to its target or by ``plaque clean``
+(``plaque.leftovers``).
 
 The target must not exist unless ``overwrite=True`` (then the old directory is replaced in one
 rename and removed last). The driver and the workers must share the filesystem of the target,
@@ -22,8 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import uuid
 
 from .errors import GraphError, SinkError
 from .operator import Operator
@@ -221,121 +222,3 @@ class SinkWriter(Operator):
         path = os.path.join(ctx.part, state["name"])
         ctx.output({"shard": ctx.shard, "file": state["name"], "records": state["records"],
                     "bytes": os.path.getsize(path)})
-
-
-def sink_nodes(graph) -> list:
-    """The nodes of ``graph`` that are sinks."""
-    return [n for n in graph.nodes if isinstance(n.factory, Sink)]
-
-
-class StagedRun:
-    """The driver's side of one run's sinks: staging directories made before the run, each
-    renamed to its target when the run succeeds (``commit``) or removed (``abort``)."""
-
-    def __init__(self, nodes):
-        self.staged: list[tuple] = []  # (node, spec, staging directory)
-        try:
-            for node in nodes:
-                spec = node.factory
-                parent, leaf = os.path.split(spec.path)
-                os.makedirs(parent, exist_ok=True)
-                hidden = leaf.replace("{t}", "t")
-                staging = os.path.join(parent, f".{hidden}.staging-{uuid.uuid4().hex[:12]}")
-                os.mkdir(staging, 0o755)
-                self.staged.append((node, spec, staging))
-        except OSError as exc:
-            self.abort()
-            raise SinkError(f"cannot make the staging directory of sink {node.name!r}: {exc}")\
-                from exc
-
-    def parts(self, parts):
-        """The run's parts with each sink's staging directory as its shards' part."""
-        parts = dict(parts or {})
-        for node, _, staging in self.staged:
-            if node.name in parts:
-                raise GraphError(f"parts for {node.name!r}: it is a sink; its shards' parts"
-                                 " are its staging directory")
-            parts[node.name] = [staging] * node.shards
-        return parts
-
-    def commit(self, result) -> None:
-        """Check every shard's file, then rename each staging directory to its target; the
-        reports in ``result`` then name the files at their targets."""
-        t = result.timestamp
-        try:
-            checked = [(node, spec, staging, self._check(node, staging, result))
-                       for node, spec, staging in self.staged]
-        except Exception:
-            self.abort()  # incomplete output: nothing of it is published
-            raise
-        while checked:
-            node, spec, staging, reports = checked[0]
-            target = spec.target(t)
-            try:
-                _publish(node.name, staging, target, spec.overwrite)
-            except SinkError as exc:  # complete output that has nowhere to go: keep it
-                kept = ", ".join(staging for _, _, staging, _ in checked)
-                self.staged = []
-                raise SinkError(f"{exc}; the run's output is kept in {kept}") from None
-            checked.pop(0)
-            self.staged.pop(0)
-            for report in reports:
-                report["file"] = os.path.join(target, report["file"])
-
-    @staticmethod
-    def _check(node, staging, result) -> list:
-        shards = result.outputs.get(node.name, {})
-        reports = [r for s in sorted(shards) for r in shards[s]]
-        if sorted(r.get("shard") for r in reports) != list(range(node.shards)):
-            raise SinkError(f"sink {node.name!r}: {len(reports)} of its {node.shards} shards"
-                            " reported their files")
-        for r in reports:
-            path = os.path.join(staging, r["file"])
-            try:
-                size = os.path.getsize(path)
-            except OSError:
-                raise SinkError(f"sink {node.name!r}: {path} is not visible here; sinks need a"
-                                " filesystem the driver and the workers share") from None
-            if size != r["bytes"]:
-                raise SinkError(f"sink {node.name!r}: {path} has {size} bytes, its shard wrote"
-                                f" {r['bytes']}")
-        _fsync_dir(staging)
-        return reports
-
-    def abort(self) -> None:
-        """Remove what is still staged (call once no worker can write to it)."""
-        for _, _, staging in self.staged:
-            shutil.rmtree(staging, ignore_errors=True)
-        self.staged = []
-
-
-def _publish(name: str, staging: str, target: str, overwrite: bool) -> None:
-    """Rename ``staging`` to ``target``; an existing target is refused, or with ``overwrite``
-    moved aside first, restored if the rename fails and removed only once it succeeded."""
-    aside = None
-    if os.path.lexists(target):
-        if not overwrite:
-            raise SinkError(f"sink {name!r}: {target} already exists; give overwrite=True or"
-                            " a path with {t} in it")
-        aside = f"{staging}.old"
-        os.rename(target, aside)
-    try:
-        os.rename(staging, target)  # refuses a non-empty directory made meanwhile
-    except OSError as exc:
-        if aside is not None:
-            os.rename(aside, target)
-        raise SinkError(f"sink {name!r}: cannot rename its output to {target}: {exc}") from exc
-    _fsync_dir(os.path.dirname(target))
-    if aside is not None:
-        if os.path.isdir(aside) and not os.path.islink(aside):
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            os.unlink(aside)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

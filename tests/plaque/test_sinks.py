@@ -15,7 +15,7 @@ import pytest
 import plaque
 from plaque import KEYED, Graph, JsonlSink, Operator, TextSink
 from plaque.errors import GraphError, SinkError
-from plaque.sinks import StagedRun
+from plaque.staging import StagedRun
 
 
 class Words(Operator):
@@ -234,3 +234,67 @@ def test_jsonl_writes_numpy_values_as_json_and_names_what_it_cannot(cluster, tmp
             [{"n": 3, "x": 0.5, "ok": True, "v": [0, 1, 2], "bad": None}]
     with pytest.raises(plaque.OperatorError, match=r"JsonlSink cannot write a set \(\{1, 2\}"):
         installed.run("set").result(30)
+
+
+def two_sinks_graph(first, second) -> Graph:
+    g = Graph("two-sinks")
+    src = g.node("src", Words, shards=3)
+    g.edge(src, g.node("first", first, shards=2), KEYED, combine=operator.add)
+    g.edge(src, g.node("second", second, shards=1), KEYED, combine=operator.add)
+    return g
+
+
+def test_a_run_publishes_all_its_sinks_or_none(cluster, tmp_path):
+    """Issue 45 item 4: the first sink was published before the second found its target."""
+    (tmp_path / "second").mkdir()
+    (tmp_path / "second" / "precious").write_text("keep me")
+    installed = cluster.install(two_sinks_graph(JsonlSink(tmp_path / "first"),
+                                                JsonlSink(tmp_path / "second")))
+    with pytest.raises(SinkError, match=r"second already exists; .*the run's output is kept"
+                                        r" in (\S+), (\S+)$") as e:
+        installed.run(parts={"src": PARTS}).result(30)
+    assert not (tmp_path / "first").exists()
+    assert os.listdir(tmp_path / "second") == ["precious"]
+    kept = str(e.value).split(" kept in ", 1)[1].split(", ")
+    assert [read_jsonl(k) for k in kept] == [WANT, WANT]
+    assert all(os.path.basename(k).startswith((".first.kept-", ".second.kept-")) for k in kept)
+
+
+def test_a_failed_rename_undoes_the_sinks_published_before_it(tmp_path, monkeypatch):
+    g = two_sinks_graph(JsonlSink(tmp_path / "first", overwrite=True),
+                        JsonlSink(tmp_path / "second", overwrite=True))
+    first, second = g.nodes[1], g.nodes[2]
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "precious").write_text(f"old {name}")
+    staged = StagedRun([first, second])
+    outputs: dict = {}  # what the run's shards would report: a 9-byte file each
+    for node, _, staging in staged.staged:
+        for s in range(node.shards):
+            with open(os.path.join(staging, f"part-{s:05d}.jsonl"), "w") as fh:
+                fh.write('["x", 1]\n')
+            outputs.setdefault(node.name, {})[s] = [{"shard": s, "file": fh.name.rsplit("/")[-1],
+                                                     "records": 1, "bytes": 9}]
+    real_rename = os.rename
+
+    def rename(src, dst):  # the second sink's output cannot reach its target
+        if str(dst) == str(tmp_path / "second") and ".staging-" in str(src):
+            raise OSError(5, "Input/output error")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    with pytest.raises(SinkError, match=r"sink 'second': cannot rename its output to .*"
+                                        r"Input/output error.*kept in"):
+        staged.commit(plaque.RunResult(0, outputs))
+    monkeypatch.undo()
+    for name in ("first", "second"):  # what the sinks were to replace is back, whole
+        assert os.listdir(tmp_path / name) == ["precious"]
+        assert (tmp_path / name / "precious").read_text() == f"old {name}"
+    assert [n.split("-")[0] for n in leftovers(tmp_path)] == [".first.kept", ".second.kept"]
+
+
+def test_two_sinks_with_one_target_are_refused_before_the_run(tmp_path):
+    g = two_sinks_graph(JsonlSink(tmp_path / "out"), JsonlSink(tmp_path / "out"))
+    with pytest.raises(SinkError, match=r"sinks 'first' and 'second' both publish to"):
+        StagedRun([g.nodes[1], g.nodes[2]])
+    assert leftovers(tmp_path) == []
