@@ -20,6 +20,7 @@ travels with it to the hosts.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -275,6 +276,7 @@ class JaxBody:
         out_specs = tuple(JaxP(*s) if s is not None else JaxP() for s in self.out_specs)
         body = self.body
 
+        @_naming_missing_axes(self.name, self.axis_names)
         def flat(*args):
             outs = body(*args)
             return (outs,) if single_output else tuple(outs)
@@ -328,7 +330,8 @@ def out_shapes(fn, axis_names, mesh_shape, shard_avals, name):
     jax = require()
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in shard_avals]
     with _traced(name, shard_avals):
-        return jax.make_jaxpr(fn, axis_env=list(zip(axis_names, mesh_shape)),
+        return jax.make_jaxpr(_naming_missing_axes(name, axis_names)(fn),
+                              axis_env=list(zip(axis_names, mesh_shape)),
                               return_shape=True)(*structs)[1]
 
 
@@ -342,8 +345,59 @@ def _traced(name, avals):
             yield
     except (ProgramError, ShardingError):
         raise
-    except Exception as exc:
+    except Exception as exc:  # some of JAX's say nothing (an AssertionError): name the type
         raise ProgramError(f"{name}: JAX could not trace the body on arguments"
-                           f" {[str(a) for a in avals]}: {exc}") from exc
+                           f" {[str(a) for a in avals]}: {str(exc) or type(exc).__name__}") from exc
     finally:
         collectives.jax_tracing.reset(token)
+
+
+def _naming_missing_axes(name, axis_names):
+    """Wrap a body to be traced so that its failure in a JAX collective over an axis the
+    mesh does not have says so: JAX's own error for it may be empty (jax.lax.psum's is a
+    bare AssertionError). The axis is in JAX's frames of the traceback, which JAX's
+    outermost API call strips: so this looks inside the trace, before that call does."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(*args):
+            try:
+                return fn(*args)
+            except (ProgramError, ShardingError):
+                raise
+            except Exception as exc:
+                found = _missing_axis(exc.__traceback__, axis_names)
+                if found is None:
+                    raise
+                raise ProgramError(f"{name}: {found[0]} over axis {found[1]!r}, which the"
+                                   f" mesh {tuple(axis_names)} does not have") from exc
+        return call
+    return wrap
+
+
+def _missing_axis(tb, axis_names) -> tuple[str, object] | None:
+    """(function, axis) if the innermost call from outside JAX into JAX on traceback ``tb``
+    takes an ``axis_name`` (jax.lax's collectives all do) holding an axis neither the mesh
+    nor an enclosing JAX call (a vmap's ``axis_name``) binds; else None."""
+    calls = []  # (called from outside JAX, function, its axes) of JAX frames with axes
+    caller_in_jax = False
+    while tb is not None:
+        frame = tb.tb_frame
+        in_jax = f"{os.sep}jax{os.sep}" in frame.f_code.co_filename
+        if in_jax and "axis_name" in frame.f_locals:
+            calls.append((not caller_in_jax, frame.f_code.co_name,
+                          _flat_axes(frame.f_locals["axis_name"])))
+        caller_in_jax, tb = in_jax, tb.tb_next
+    entries = [i for i, (entry, _, _) in enumerate(calls) if entry]
+    if not entries:
+        return None
+    _, function, axes = calls[entries[-1]]
+    bound = set(axis_names).union(*(a for _, _, a in calls[:entries[-1]]))
+    missing = [a for a in axes if a not in bound]
+    return (function, missing[0]) if missing else None
+
+
+def _flat_axes(axis_name) -> tuple:
+    """The axis names in an ``axis_name`` argument: one name, or nested tuples of them."""
+    if isinstance(axis_name, (tuple, list)):
+        return tuple(a for each in axis_name for a in _flat_axes(each))
+    return (axis_name,)

@@ -290,6 +290,42 @@ def test_unreplicated_out_spec_is_refused_by_jax_check():
     assert unchecked.abstract_eval([Aval((8,), np.dtype(np.float32))])[0].shape == (2,)
 
 
+def _traced_flat(fn):
+    return fn.abstract_eval([Aval((8, 4), np.dtype(np.float32))])
+
+
+def _traced_for_a_pytree(fn):  # its result's structure first, from a trace of its own
+    return fn.twin(({"a": np.zeros((8, 4), np.float32)},))
+
+
+@pytest.mark.parametrize("op, body, trace", [
+    ("psum", lambda x: jax.lax.psum(x, "nope"), _traced_flat),  # JAX's error: empty
+    ("all_gather", lambda x: jax.lax.all_gather(x, ("i", "nope")), _traced_flat),
+    ("psum", lambda t: jax.lax.psum(t["a"], "nope"), _traced_for_a_pytree),
+])
+def test_a_collective_over_an_axis_the_mesh_lacks_names_the_axis_and_the_mesh(op, body, trace):
+    """Issue 45: the error names the collective, the axis and the mesh's axes, as a spec's
+    does, not JAX's error for it (for psum, an AssertionError with no message)."""
+    fn = pw.shard_map(body, pw.Mesh.abstract((2, 4), ("i", "j")), P("i"), P("i"))
+    with pytest.raises(pw.ProgramError) as e:
+        trace(fn)
+    assert str(e.value) == f"<lambda>: {op} over axis 'nope', which the mesh ('i', 'j')" \
+        " does not have"
+
+
+def test_a_trace_error_with_no_message_is_named_by_its_type():
+    def body(x):
+        y = jnp.sin(x)
+        if y.ndim:
+            raise AssertionError  # no message, as some of JAX's own errors have none
+        return y
+
+    fn = pw.shard_map(body, pw.Mesh.abstract((2,), ("i",)), P("i"), P("i"))
+    with pytest.raises(pw.ProgramError, match=r"body on arguments \['float32\[8\]'\]:"
+                                              r" AssertionError$"):
+        fn.abstract_eval([Aval((8,), np.dtype(np.float32))])
+
+
 def test_collectives_inside_scan_while_and_cond(client):
     """Loops and conditionals whose bodies hold collectives run their iterations on the
     host, the body's plan per iteration (fori_loop over a ppermute ring, as in the
