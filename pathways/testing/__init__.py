@@ -7,6 +7,9 @@
 - ``store_bytes(client)`` and ``wait_for_store_bytes(client, want)``: what the hosts' object
   stores hold, asked of the hosts themselves (frees travel asynchronously), to check that a
   program leaves nothing behind;
+- ``rand(*shape, seed=)``: reproducible float32 arguments;
+- ``fails_once_then_recovers(call, owner, name, broken, message)``: a program works, fails
+  at once with ``owner.name`` replaced by a broken one, and works again once it is back;
 - ``fixtures``: the same as pytest fixtures (``from pathways.testing.fixtures import
   pw_cluster, client`` in a ``conftest.py``).
 
@@ -25,11 +28,15 @@ from __future__ import annotations
 import contextlib
 import time
 
+import numpy as np
+
 from .. import protocol
 from ..client.client import connect
 from ..cluster import local_cluster
+from ..errors import PathwaysError
 
-__all__ = ["host_stats", "store_bytes", "twin", "wait_for_store_bytes", "wait_until"]
+__all__ = ["fails_once_then_recovers", "host_stats", "rand", "store_bytes", "twin",
+           "wait_for_store_bytes", "wait_until"]
 
 
 @contextlib.contextmanager
@@ -73,3 +80,25 @@ def wait_for_store_bytes(client, want: int, timeout: float = 5.0) -> int:
         time.sleep(0.05)
         got = store_bytes(client)
     return got
+
+
+def rand(*shape: int, seed: int = 0) -> np.ndarray:
+    """Standard normal float32 values of ``shape``: the same ones for the same ``seed``."""
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def fails_once_then_recovers(call, owner, name: str, broken, message: str,
+                             timeout: float = 30.0):
+    """``call()`` (a program's call: a future) works; with ``owner.name`` replaced by
+    ``broken`` it fails with a ``PathwaysError`` matching ``message`` within ``timeout``
+    (a fault must fail its gang at once, not after a waiting peer's collective timeout);
+    with it restored, the call gives the first result again, which is returned."""
+    import pytest  # a test's helper: the kit itself imports without pytest
+
+    want = call().result(timeout)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(owner, name, broken)
+        with pytest.raises(PathwaysError, match=message):
+            call().result(timeout)
+    np.testing.assert_array_equal(call().result(timeout), want)
+    return want

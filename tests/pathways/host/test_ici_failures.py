@@ -2,31 +2,25 @@
 caller and on the peers: not a peer's timeout a minute later (issue 30). The rest goes on."""
 
 import numpy as np
-import pytest
 
 import pathways as pw
 from pathways import P
-from pathways.errors import PathwaysError
 from pathways.host import ici
+from pathways.testing import fails_once_then_recovers, twin
 
 
-def fails_once_then_recovers(monkeypatch, owner, name, broken_version, message, broken):
+def psum_across_hosts_fails_once_then_recovers(owner, name, broken, message):
     """A psum across 2 hosts works; with ``owner.name`` broken it fails at once naming
     ``message`` (within 30 s: not the peers' 60 s collective timeout); then works again."""
-    with pw.local_cluster(hosts_per_island=2, devices_per_host=2, processes=False) as cluster, \
-            pw.connect(cluster.address) as client:
+    with twin(hosts_per_island=2, devices_per_host=2) as (_, client):
         mesh = client.mesh((4,), ("d",))
         total = pw.shard_map(lambda v: pw.psum(v, "d"), mesh, P("d"), P())
         x = client.put(np.arange(4.0), mesh, P("d"))
-        np.testing.assert_array_equal(total(x).result(timeout=30), [6.0])
-        monkeypatch.setattr(owner, name, broken_version)
-        with pytest.raises(PathwaysError, match=message):
-            total(x).result(timeout=30)
-        assert broken
-        np.testing.assert_array_equal(total(x).result(timeout=30), [6.0])
+        want = fails_once_then_recovers(lambda: total(x), owner, name, broken, message)
+        np.testing.assert_array_equal(want, [6.0])
 
 
-def test_a_value_the_link_cannot_send_fails_the_gang_at_once_naming_why(monkeypatch):
+def test_a_value_the_link_cannot_send_fails_the_gang_at_once_naming_why():
     real, broken = ici.encode, []
 
     def encode(items):
@@ -35,11 +29,11 @@ def test_a_value_the_link_cannot_send_fails_the_gang_at_once_naming_why(monkeypa
             raise ValueError("cannot include dtype 'E' in a buffer")
         return real(items)
 
-    fails_once_then_recovers(monkeypatch, ici, "encode", encode,
-                             "cannot include dtype 'E' in a buffer", broken)
+    psum_across_hosts_fails_once_then_recovers(ici, "encode", encode,
+                                               "cannot include dtype 'E' in a buffer")
 
 
-def test_an_executor_that_fails_fails_its_waiting_gangs_at_once_and_keeps_serving(monkeypatch):
+def test_an_executor_that_fails_fails_its_waiting_gangs_at_once_and_keeps_serving():
     from pathways.host.exchange import Exchanges
 
     real, broken = Exchanges.receive, []
@@ -50,5 +44,5 @@ def test_an_executor_that_fails_fails_its_waiting_gangs_at_once_and_keeps_servin
             raise RuntimeError("an executor bug")
         return real(self, *item)
 
-    fails_once_then_recovers(monkeypatch, Exchanges, "receive", receive,
-                             "RuntimeError: an executor bug", broken)
+    psum_across_hosts_fails_once_then_recovers(Exchanges, "receive", receive,
+                                               "RuntimeError: an executor bug")

@@ -10,16 +10,13 @@ import pathways as pw
 from pathways import P
 from pathways.program import fusion
 from pathways.program.ir import Aval
+from pathways.testing import rand
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 lax = jax.lax
 
 K = 4
-
-
-def rand(*shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
 def sgd_step(w, x, y):

@@ -10,16 +10,13 @@ from hypothesis import strategies as st
 
 import pathways as pw
 from pathways import P
+from pathways.testing import fails_once_then_recovers, rand
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 lax = jax.lax
 
 RING = [(j, (j + 1) % 4) for j in range(4)]
-
-
-def rand(*shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
 def run_traced(client, tmp_path, fn, mesh, args, specs):
@@ -153,34 +150,27 @@ def test_random_elementwise_bodies_equal_the_reference_bitwise(one_host, names, 
     np.testing.assert_array_equal(got, np.asarray(pw.reference(fn)(x, y)))
 
 
-def _fails_once_then_recovers(client, monkeypatch, owner, name, broken_version, message):
-    """A batched psum works; with ``owner.name`` broken once, the call fails naming
-    ``message`` well within the 60 s a waiting member would otherwise give its peers; then
-    it works again."""
+def batched_psum_fails_once_then_recovers(client, owner, name, broken, message):
+    """A batched psum works; with ``owner.name`` broken, the call fails naming ``message``
+    well within the 60 s a waiting member would otherwise give its peers; then it works
+    again."""
     mesh = client.mesh((2, 4), ("d", "m"))
     total = pw.shard_map(lambda v: lax.psum(jnp.cos(v), ("d", "m")), mesh, P("d", "m"), P())
     x = client.put(rand(2, 4, seed=7), mesh, P("d", "m"))
-    want = total(x).result(timeout=30)
-    monkeypatch.setattr(owner, name, broken_version)
-    with pytest.raises(pw.PathwaysError, match=message):
-        total(x).result(timeout=30)
-    monkeypatch.undo()
-    np.testing.assert_array_equal(total(x).result(timeout=30), want)
+    fails_once_then_recovers(lambda: total(x), owner, name, broken, message)
 
 
-def test_a_failing_batched_computation_fails_every_member_with_its_error(one_host,
-                                                                         monkeypatch):
+def test_a_failing_batched_computation_fails_every_member_with_its_error(one_host):
     from pathways.program import jax_batch
 
     def broken(segment, coords, each):
         raise FloatingPointError("XLA failed here")
 
-    _fails_once_then_recovers(one_host, monkeypatch, jax_batch, "_call", broken,
-                              "FloatingPointError: XLA failed here")
+    batched_psum_fails_once_then_recovers(one_host, jax_batch, "_call", broken,
+                                          "FloatingPointError: XLA failed here")
 
 
-def test_a_member_that_fails_before_the_batch_fails_the_others_at_once(one_host,
-                                                                      monkeypatch):
+def test_a_member_that_fails_before_the_batch_fails_the_others_at_once(one_host):
     """One device's body fails before it reaches the batched segment: the others, parked
     there, fail at once with its error (not the collective timeout)."""
     from pathways.host.exchange import Exchanges
@@ -192,5 +182,5 @@ def test_a_member_that_fails_before_the_batch_fails_the_others_at_once(one_host,
             raise MemoryError("device ran out before the batch")
         return real(self, shard, key, box, me, args, run)
 
-    _fails_once_then_recovers(one_host, monkeypatch, Exchanges, "batch", batch,
-                              "device ran out before the batch")
+    batched_psum_fails_once_then_recovers(one_host, Exchanges, "batch", batch,
+                                          "device ran out before the batch")

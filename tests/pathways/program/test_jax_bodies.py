@@ -17,6 +17,7 @@ import pathways as pw
 from pathways import P
 from pathways.program.compiled import Aval
 from pathways.program.jax_body import uses_jax
+from pathways.testing import rand
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
@@ -62,10 +63,6 @@ def on_cluster(client, body, shape, names, in_specs, out_specs, *args):
     got = jax.tree.map(lambda a: a.result(), got, is_leaf=lambda a: isinstance(a, pw.Array))
     assert_same(got, plain_jax(body, shape, names, in_specs, out_specs)(*args))
     return fn, got
-
-
-def rand(*shape, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
 # ---- the jax.shard_map tutorial's examples ------------------------------------------------
