@@ -95,7 +95,7 @@ def _start(client, path, structure, named, overwrite, held) -> tuple[str, list]:
     writers = [(client.cluster.data_address(d), a, name, d, chunk)
                for name, a in named for d, chunk in _writers(a)]
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    partial = f"{path}.partial-{uuid.uuid4().hex[:12]}"
+    partial = f"{path}.partial-{client.session.token()}"  # in the hosts' messages
     try:
         fmt.create(partial, structure, [_metadata(name, a) for name, a in named])
     except BaseException:

@@ -11,6 +11,7 @@ and the call sees the array deleted.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 
@@ -27,17 +28,20 @@ class ArrayLedger:
         self._free = free
         self._lock = threading.Lock()  # the hold counts: runs starting vs deletes
         self._holds: dict[int, int] = {}  # id(array) -> holders (held arrays stay alive)
-        self._live: weakref.WeakSet = weakref.WeakSet()  # every Array not yet collected
+        # every Array not yet collected, in creation order: a set's order would follow
+        # addresses in memory, and a simulation must replay what it sends for them
+        self._live = weakref.WeakValueDictionary()
+        self._made = itertools.count()
 
     def track(self, array) -> None:
         """A new array of this client."""
-        self._live.add(array)
+        self._live[next(self._made)] = array
 
     def live(self) -> list:
-        """The client's arrays alive now."""
+        """The client's arrays alive now, oldest first."""
         while True:  # the set may change while it is read (a collection): read again
             try:
-                return list(self._live)
+                return list(self._live.values())
             except RuntimeError:
                 continue
 

@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 
@@ -201,6 +202,11 @@ class Session:
     def clock(self) -> float:
         """The client's time in seconds (monotonic; a simulated session's is virtual)."""
         return time.perf_counter()
+
+    def token(self) -> str:
+        """A fresh name of 12 hex digits for what the client makes (a checkpoint's temporary
+        directory); a simulated session draws it from its seed."""
+        return uuid.uuid4().hex[:12]
 
     def spawn(self, fn, name: str) -> None:
         """Run ``fn()`` (blocking work the loop thread must not wait for, e.g. a suspension

@@ -196,8 +196,7 @@ def _save(client, slice_id, state: Suspended, running, timeout) -> dict:
         # arrays still being made (a generate) are waited for; failed ones have nothing to
         # keep
         arrays = [a for a in candidates if not a.is_deleted() and a.exception(timeout) is None]
-        state.directory = tempfile.mkdtemp(prefix=f"pathways-suspended-{slice_id}-",
-                                           dir=client.suspend_dir)
+        state.directory = _new_directory(client, f"pathways-suspended-{slice_id}-")
         names = {str(i): a for i, a in enumerate(arrays)}
         state.saving = checkpoint.save(client, os.path.join(state.directory, "arrays"),
                                        names, held=True)
@@ -205,6 +204,19 @@ def _save(client, slice_id, state: Suspended, running, timeout) -> dict:
     finally:
         client.ledger.unhold(candidates)
     return names
+
+
+def _new_directory(client, prefix: str) -> str:
+    """A new directory of this user's alone under the client's ``suspend_dir``, named with
+    the session's tokens (``mkdtemp``'s names would not replay in a simulation)."""
+    parent = client.suspend_dir or tempfile.gettempdir()
+    while True:
+        path = os.path.join(parent, prefix + client.session.token())
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return path
 
 
 def _roll_back(client, slice_id, state: Suspended, arrays: dict, timeout) -> None:

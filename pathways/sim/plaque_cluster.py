@@ -49,6 +49,7 @@ from plaque.errors import PlaqueError
 from plaque.events import Membership
 from plaque.worker import WorkerCore
 
+from .collector import Collector
 from .cputime import one_thread
 from .network import FaultHook
 from .roles import RoleLoop
@@ -110,16 +111,17 @@ class SimPlaqueCluster(Cluster):
         self.roles: dict[str, RoleLoop] = {}
         self._cpu, self._cost, self._costs, self._record = cpu, cost, dict(costs or {}), record
         self._one_thread = one_thread()  # BLAS on the role's thread (pathways.sim.cputime)
+        self.collector = Collector()  # collections at fixed points of the run
         try:
             super().__init__("inproc", heartbeat_timeout=heartbeat_timeout)
         except BaseException:
-            self._one_thread.release()
+            self._release()
             raise
 
     def new_role(self, name: str) -> RoleLoop:
         """A new role of this simulation, charged as its other roles are."""
         role = RoleLoop(self.net.loop, name, self._cpu, self._costs.get(name, self._cost),
-                        record=self._record)
+                        record=self._record, collector=self.collector)
         self.roles[name] = role
         return role
 
@@ -167,9 +169,14 @@ class SimPlaqueCluster(Cluster):
     def _start_loop(self) -> None:
         self._endpoint.start()  # its timers and deliveries run whenever the caller waits
 
+    def _release(self) -> None:
+        """What this simulation holds of the process: BLAS pools, the garbage collector."""
+        self._one_thread.release()
+        self.collector.release()
+
     def _join_loop(self, timeout: float) -> None:
         loop = self._loop
-        self._one_thread.release()
+        self._release()
         try:
             if not loop.is_running():
                 loop.run_forever()  # until the shutdown ``close`` scheduled stops it

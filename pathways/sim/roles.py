@@ -32,6 +32,7 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import NamedTuple
 
+from .collector import Collector
 from .cputime import thread_cpu
 
 __all__ = ["RoleLoop", "Span", "CPU_MODES"]
@@ -69,15 +70,19 @@ class RoleLoop:
     thread CPU time less garbage collections, ``pathways.sim.cputime``) or ``"fixed"``
     (``cost`` seconds each; settable later). ``busy_until``: when the CPU is next free;
     ``cpu_used``: total charged; ``spans``: every handler's ``Span`` when ``record``.
+    ``collector``: the simulation's ``Collector``, told of each handler that ran (garbage
+    collection at fixed points of the run, ``pathways.sim.collector``).
     """
 
     def __init__(self, loop, name: str, cpu: str | None = None, cost: float = 0.0, *,
-                 meter: Callable[[], float] = thread_cpu, record: bool = False):
+                 meter: Callable[[], float] = thread_cpu, record: bool = False,
+                 collector: Collector | None = None):
         if cpu not in CPU_MODES:
             raise ValueError(f"cpu must be one of {CPU_MODES}, not {cpu!r}")
         if not cost >= 0:
             raise ValueError(f"a handler's cost must be >= 0, not {cost!r}")
         self.loop, self.name, self.cpu, self.cost = loop, name, cpu, cost
+        self.collector = collector
         self.busy_until = loop.time()
         self.cpu_used = 0.0
         self.handled = 0
@@ -246,6 +251,8 @@ class RoleLoop:
                     item(end)
                 else:
                     self._push(end + when if kind == "later" else when, item)
+            if self.collector is not None:  # between handlers: what it frees is queued
+                self.collector.handled()
 
     def _charge(self, begin: float) -> float:
         if self.cpu == "measured":  # never less than a time ``now`` showed

@@ -15,7 +15,9 @@ waited for is settled (``pathways.simulated.session``).
 what ``pw.connect`` takes, in this process. ``cpu``: how a handler's CPU is charged to its
 role: ``"measured"`` (thread CPU time, the default: each role as if on its own core),
 ``"fixed"`` (``cost`` seconds each, the same every run: bit-for-bit replay) or ``None``
-(free). The same ``seed`` and script give the same events in the same order. ``faults``: a
+(free). The same ``seed`` and script give the same events in the same order, in a fresh
+process or after others in the same one: the garbage collector runs at fixed points of the
+simulation (``pathways.sim.collector``) and the client's names come from the seed. ``faults``: a
 ``FaultPlan`` or its text (``pathways.simulated.faults``: kills, freezes, lost and late
 messages), or a message-fault hook of ``pathways.sim``.
 
@@ -118,7 +120,7 @@ class SimCluster:
         self.thread = threading.current_thread()  # the one thread that drives it
         self._spawned: dict = {}  # greenlet -> the role it runs on (``spawn``)
         self.cpu, self.cost, self.record, self.hbm_gib = cpu, cost, record, hbm_gib
-        self.kernel_limit = kernel_limit
+        self.kernel_limit, self.seed = kernel_limit, seed
         self.closed = False
         self.address = f"sim://{next(_NUMBERS)}"
         self.clients = itertools.count()  # numbers the clients' roles: client-0, client-1...

@@ -17,6 +17,7 @@ that virtual time first, so each call reaches the cluster at the time it would h
 from __future__ import annotations
 
 import concurrent.futures as cf
+import random
 from collections.abc import Callable
 
 from .. import protocol
@@ -93,6 +94,11 @@ class SimSession(Session):
         self.contact.monitored = False  # no connection to watch: an unanswered hello times out
         self.loop = self.sim.plaque.new_role(name)
         self.socket = SimSocket(self.sim.net, self.loop, name, self._arrived)
+        self._tokens = random.Random(f"{self.sim.seed}/{name}")
+
+    def token(self) -> str:
+        """Drawn from the cluster's seed: a run names its files as its replay does."""
+        return f"{self._tokens.getrandbits(48):012x}"
 
     def future(self) -> cf.Future:
         return self.sim.future()
