@@ -270,11 +270,14 @@ class AbortGang(Message):
 
 @message
 class PutShard(Message):
-    """A client's shard of ``array_id`` for ``device``, stored as ``owner``'s."""
+    """A client's shard of ``array_id`` for ``device``, stored as ``owner``'s; it waits at
+    most ``timeout`` seconds for room in the device's HBM (None: without bound), then fails
+    with ``DeviceOutOfMemory``."""
     array_id: object
     device: int
     value: object
     owner: object
+    timeout: float | None = None
 
 
 @message

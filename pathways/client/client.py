@@ -101,7 +101,8 @@ class Client:
         except BaseException:
             self.close()
             raise
-        self.shards = Shards(self.id, self.session, self.cluster, self.suspensions)
+        self.shards = Shards(self.id, self.session, self.cluster, self.suspensions,
+                             self._hbm_wait(None))
         self.programs = ProgramCache(self.id, dispatch, self.session, self.cluster)
         self.session.start_pings(self.id)
         self.cluster.refresh()

@@ -28,10 +28,12 @@ __all__ = ["Shards"]
 
 class Shards:
     """The shard traffic of client ``client_id`` through ``session``, to the devices of
-    ``cluster`` (a ``ClusterView``); ``suspensions`` refuses a fetch from a suspended slice."""
+    ``cluster`` (a ``ClusterView``); ``suspensions`` refuses a fetch from a suspended slice.
+    A shard put waits at most ``hbm_wait`` seconds on its host for HBM room (None: without
+    bound), then its array fails with ``DeviceOutOfMemory``."""
 
-    def __init__(self, client_id, session, cluster, suspensions):
-        self._client_id = client_id
+    def __init__(self, client_id, session, cluster, suspensions, hbm_wait: float | None = None):
+        self._client_id, self._hbm_wait = client_id, hbm_wait
         self._session, self._cluster, self._suspensions = session, cluster, suspensions
         self._ids = itertools.count()
 
@@ -51,7 +53,7 @@ class Shards:
         """Send each of ``shards`` to its device of ``mesh``, as array ``array_id``."""
         for d, shard in zip(mesh.ids, shards):
             self._session.send(self._cluster.data_address(d), protocol.PutShard(
-                array_id, d, shippable(shard), (self._client_id, None)))
+                array_id, d, shippable(shard), (self._client_id, None), self._hbm_wait))
 
     def generate(self, array_id, fn, shape, dtype, mesh, spec,
                  timeout: float | None = None) -> cf.Future:

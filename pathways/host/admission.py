@@ -7,6 +7,12 @@ executor, once frees have made room (back-pressure without blocking). Waits are 
 every free of their device (``HbmAccount.on_free``), so a small request may go ahead of a
 larger one; a request larger than the whole HBM fails at once with ``DeviceOutOfMemory``.
 ``put(..., grant=)`` in the object store then spends the grant.
+
+An *urgent* wait is a kernel's outputs: the kernel holds its device (and its gang's place in
+the island's order) until they fit, and once they do it publishes and frees its inputs. So
+urgent waits go first: while one waits on a device, other requests there (a client's put, a
+transfer, a generated shard) wait behind it instead of taking the room it waits for. Nobody
+waits without bound: the callers put a deadline on every wait and ``cancel`` it then.
 """
 
 from __future__ import annotations
@@ -24,14 +30,17 @@ __all__ = ["Admission", "Admissions"]
 class Admission:
     """A wait for HBM (``Admissions.admit``); ``cancel()`` drops it if still waiting."""
 
-    __slots__ = ("device", "nbytes", "then", "cancelled")
+    __slots__ = ("device", "nbytes", "then", "urgent", "cancelled", "retry")
 
-    def __init__(self, device, nbytes: int, then):
-        self.device, self.nbytes, self.then = device, nbytes, then
+    def __init__(self, device, nbytes: int, then, urgent: bool = False, retry=None):
+        self.device, self.nbytes, self.then, self.urgent = device, nbytes, then, urgent
         self.cancelled = False
+        self.retry = retry  # what retries the waits (those queued behind an urgent one)
 
     def cancel(self) -> None:
         self.cancelled = True
+        if self.urgent and self.retry is not None:  # what waited behind it may fit now
+            self.retry()
 
 
 ADMITTED = Admission(None, 0, None)  # what an admission settled at once returns: nothing waits
@@ -48,37 +57,48 @@ class Admissions:
         self._lock = threading.Lock()
 
     def admit(self, device_id: int, nbytes: int,
-              then: Callable[[HbmGrant | BaseException], object]) -> Admission:
+              then: Callable[[HbmGrant | BaseException], object],
+              urgent: bool = False) -> Admission:
         """Take ``nbytes`` of HBM on ``device_id`` for buffers still to be put, never blocking
         the calling thread: ``then(grant)`` at once if they fit, else in a turn of the
         device's executor once frees have made room (waits are retried after every free, so
-        a small request may go ahead of a larger one). ``then(DeviceOutOfMemory)`` at once if
-        ``nbytes`` exceeds the whole HBM. KeyError for a device this host does not have."""
+        a small request may go ahead of a larger one; ``urgent`` ones, a kernel's outputs,
+        before any other). ``then(DeviceOutOfMemory)`` at once if ``nbytes`` exceeds the
+        whole HBM. KeyError for a device this host does not have."""
         device = self._devices.get(device_id)
         if device is None:
             raise KeyError(f"no device {device_id!r} on this host "
                            f"(devices: {sorted(self._devices)})")
         hbm = device.hbm
-        try:
-            fits = hbm.try_allocate(nbytes)
-        except DeviceOutOfMemory as exc:  # larger than the whole HBM
-            then(exc)
-            return ADMITTED
-        if fits:  # the common case, for every kernel's outputs: no wait to keep
-            then(HbmGrant(device_id, nbytes, hbm))
-            return ADMITTED
-        admission = Admission(device, nbytes, then)
-        self._try(admission)
+        if urgent or not (self._waiting and self._urgent_waits(device)):
+            try:
+                fits = hbm.try_allocate(nbytes)
+            except DeviceOutOfMemory as exc:  # larger than the whole HBM
+                then(exc)
+                return ADMITTED
+            if fits:  # the common case, for every kernel's outputs: no wait to keep
+                then(HbmGrant(device_id, nbytes, hbm))
+                return ADMITTED
+        admission = Admission(device, nbytes, then, urgent, self._hbm_freed)
+        self._try(admission, behind=not urgent and self._urgent_waits(device))
         return admission
 
-    def _try(self, admission: Admission) -> None:
+    def _urgent_waits(self, device) -> bool:
+        """A kernel waits for HBM on ``device``: others queue behind it."""
+        with self._lock:
+            return any(a.urgent and a.device is device and not a.cancelled
+                       for a in self._waiting)
+
+    def _try(self, admission: Admission, behind: bool = False) -> None:
+        """Take the admission's HBM if it fits, unless it is ``behind`` a kernel waiting on
+        its device; else (re)join the waits."""
         if admission.cancelled:
             return
         device = admission.device
         hbm = device.hbm
         frees = hbm.frees
         try:
-            fits = hbm.try_allocate(admission.nbytes)
+            fits = not behind and hbm.try_allocate(admission.nbytes)
         except DeviceOutOfMemory as exc:  # larger than the whole HBM
             admission.then(exc)
             return
@@ -105,5 +125,13 @@ class Admissions:
         with self._lock:
             mine = [a for a in self._waiting if a.device.executor is executor]
             self._waiting = [a for a in self._waiting if a.device.executor is not executor]
+        mine.sort(key=lambda a: not a.urgent)  # kernels first (a stable sort: in order)
+        blocked = set()  # devices where a kernel still waits: the rest wait behind it
         for admission in mine:
-            self._try(admission)
+            self._try(admission, behind=id(admission.device) in blocked)
+            if admission.urgent and self._waits(admission):
+                blocked.add(id(admission.device))
+
+    def _waits(self, admission: Admission) -> bool:
+        with self._lock:
+            return any(a is admission for a in self._waiting)

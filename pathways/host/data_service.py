@@ -73,13 +73,15 @@ class DataService:
         handler(self, ident, msg)
 
     def _put(self, ident, msg) -> None:
-        self.host.put((msg.array_id, msg.device), np.asarray(msg.value), msg.owner)
+        self.host.put((msg.array_id, msg.device), np.asarray(msg.value), msg.owner,
+                      timeout=msg.timeout)
 
     def _delete(self, ident, msg) -> None:
         for key in msg.keys:
-            self.host.store.delete(key)
+            self.host.delete(key)
 
     def _delete_owner(self, ident, msg) -> None:
+        self.host.drop_waits(msg.owner, PathwaysError(f"client {msg.owner} freed its arrays"))
         self.host.store.delete_owner(msg.owner)
 
     def _status(self, ident, msg) -> None:

@@ -23,7 +23,9 @@ the core says: start a body once real time has reached its start, and at its mod
 take HBM for its outputs and publish them (``on_done``: store puts, capability releases,
 progress). A late wake-up delays publication but is not booked as device time, so
 utilization means what the paper means. HBM back-pressure is "not finished yet": a kernel
-whose outputs do not fit keeps its device until frees make room (without a bound).
+whose outputs do not fit keeps its device until frees make room, ahead of every other wait
+for that HBM, for at most ``hbm_wait`` seconds (the kernel limit); then it fails with
+``DeviceOutOfMemory`` and the device goes on with the next gang.
 
 Kernels are ``pathways.host.device.DeviceWork``: ``execute(device) -> modelled seconds``,
 ``input_keys()`` (object-store keys to wait for), ``not_before`` (a modelled arrival of data
@@ -48,7 +50,7 @@ from .clock import MONOTONIC, Clock
 from .device import EmulatedDevice, Finish, KernelRecord, device_name, report_error
 from .drivers import LoopDriver, ThreadDriver
 from .exchange import Exchanges
-from .hbm import HbmGrant
+from .hbm import HBM_WAIT, HbmGrant, no_room
 from .timeline import End, Start, Timeline
 
 log = logging.getLogger("pathways.host.executor")
@@ -76,6 +78,8 @@ class Executor:
         self.clock, self.now = clock, clock.time
         self.collective_timeout = collective_timeout
         self.kernel_limit = kernel_limit  # a kernel's own ``limit`` attribute wins; None: none
+        # how long a kernel may hold its device waiting for HBM for its outputs
+        self.hbm_wait = kernel_limit or HBM_WAIT
         self.devices: dict[int, EmulatedDevice] = {}
         self.lock = threading.Lock()  # device queues (enqueued from other threads)
         self.idle = threading.Condition(self.lock)  # wait_idle waiters
@@ -313,14 +317,27 @@ class Executor:
                 shard.grant = HbmGrant(shard.device.device_id, 0, shard.device.hbm)
             else:
                 try:
-                    self._admit(shard.device.device_id, shard.nbytes,
-                                lambda got: self._admitted(shard, got))
+                    admission = self._admit(shard.device.device_id, shard.nbytes,
+                                            lambda got: self._admitted(shard, got), urgent=True)
                 except Exception as exc:  # e.g. a bad output_bytes()
                     self._admitted(shard, exc)
                     return
                 if shard.grant is None and shard.error is None:
                     self.timeline.hold(shard)  # keeps its device until room is made
+                    self.at(self.now() + self.hbm_wait, lambda: self._no_room(shard, admission))
                 return
+        self._publish(shard)
+
+    def _no_room(self, shard: Shard, admission) -> None:
+        """The kernel waited ``hbm_wait`` for its outputs' HBM: it fails, and its device
+        (which it held all along) goes on."""
+        if shard.grant is not None or shard.error is not None:
+            return  # admitted (or failed) in time
+        admission.cancel()
+        shard.error = no_room(shard.device, shard.nbytes, self.hbm_wait,
+                              f"the outputs of {kernel_name(shard.kernel)} ",
+                              "give the host a longer kernel limit")
+        self.timeline.admitted(shard, self.now())  # it occupied its device until now
         self._publish(shard)
 
     def _admitted(self, shard: Shard, got) -> None:

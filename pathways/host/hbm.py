@@ -10,7 +10,11 @@ from collections.abc import Callable
 
 from ..errors import DeviceOutOfMemory, PathwaysError
 
-__all__ = ["HbmAccount", "HbmGrant", "check_nbytes"]
+__all__ = ["HBM_WAIT", "HbmAccount", "HbmGrant", "check_nbytes", "no_room"]
+
+# seconds a buffer waits for HBM room before it fails (a host's default; its kernel limit
+# when it has one): memory is a resource with a bounded wait, never a wedge
+HBM_WAIT = 30.0
 
 
 class HbmAccount:
@@ -150,3 +154,16 @@ def check_nbytes(nbytes) -> int:
     if isinstance(nbytes, bool) or value < 0:
         raise ValueError(f"a byte count must be an int >= 0, got {nbytes!r}")
     return value
+
+
+def no_room(device, nbytes: int, waited: float, what: str = "",
+            longer: str = "pass a longer timeout") -> DeviceOutOfMemory:
+    """What a buffer that waited ``waited`` seconds for ``nbytes`` of ``device``'s HBM says:
+    what it wanted, what is free and held, and what makes room (``longer``: how to wait
+    longer)."""
+    hbm = device.hbm
+    return DeviceOutOfMemory(
+        f"{device.name}: {what}waited {waited:g} s for {nbytes} bytes of HBM, but only"
+        f" {max(hbm.capacity - hbm.used, 0)} of its {hbm.capacity} bytes are free"
+        f" ({hbm.used} held by live arrays and running kernels); deleting arrays that are"
+        f" no longer needed (array.delete()) frees room, or {longer}")

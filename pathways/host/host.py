@@ -17,12 +17,13 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from .. import protocol
-from ..errors import ClientGone, DeviceOutOfMemory, RemoteError
+from ..errors import ClientGone, RemoteError
 from ..program.cost import DeviceSpec
 from .clock import MONOTONIC, Clock
 from .device import EmulatedDevice
 from .exchange import ExecutorEnv
 from .executor import KERNEL_LIMIT, Executor
+from .hbm import no_room
 from .object_store import ObjectStore
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ __all__ = ["Host"]
 
 log = logging.getLogger("pathways.host.host")
 
+DEFAULT = object()  # put's timeout: the host's own (its hbm_wait)
 TRANSFERS_KEPT = 10_000
 MESHES_KEPT = 4096  # meshes whose device map a host finds by identity
 
@@ -67,6 +69,7 @@ class Host:
         # clients' shards that arrived before the coordinator told this host its devices (a
         # client learns where devices are from the coordinator, on another path)
         self._early_puts: list = []
+        self._room_waits: dict = {}  # key -> what ends its wait for HBM room (put_when_room)
 
     # ---- devices and kernels (called from the loop or the executor thread) ---------------
     def enqueue(self, device: int, seq: int, kernel) -> None:
@@ -156,6 +159,7 @@ class Host:
         self.executor.call_soon(self.executor.exchanges.forget_plans)  # before later kernels
 
     def _client_left(self, msg) -> None:
+        self.drop_waits(msg.client, ClientGone(msg.reason))
         n = self.store.retire_client(msg.client, ClientGone(msg.reason))
         log.info("client %s gone (%s): freed %d buffers", msg.client, msg.reason, n)
 
@@ -169,41 +173,43 @@ class Host:
                  protocol.AssignDevices: _assign_devices, protocol.Topology: _topology,
                  protocol.ClientLeft: _client_left, protocol.SkipSeqs: _skip}
 
-    def put(self, key, value, owner, arrival: float | None = None) -> None:
+    def put(self, key, value, owner, arrival: float | None = None,
+            timeout: float | None = DEFAULT) -> None:
         """Loop thread: store a buffer that came from outside (a client's shard, a transfer,
-        routed rows) at once if its device's HBM has room, else once frees make room
-        (``ObjectStore.admit``): the host's one thread must never block waiting for memory.
-        A buffer larger than the whole HBM is failed with ``DeviceOutOfMemory``."""
+        routed rows) once its device's HBM has room (``put_when_room``), waiting at most
+        ``timeout`` seconds (by default the host's ``hbm_wait``; None: without bound); a
+        buffer that cannot be stored is failed with why (``DeviceOutOfMemory``), so its
+        readers are told instead of waiting."""
         if key[1] not in self.devices:
             if not self.devices:  # it came before AssignDevices: kept until they are known
-                self._early_puts.append((key, value, owner, arrival))
+                self._early_puts.append((key, value, owner, arrival, timeout))
                 return
             self.store.put(key, value, owner)  # raises, naming the devices this host has
             return
 
-        def admitted(got) -> None:
-            if isinstance(got, BaseException):  # larger than the whole HBM
-                self.store.fail(key, got, owner)
-                return
-            try:
-                self.store.put(key, value, owner, arrival=arrival, grant=got)
-            except Exception:
-                got.give_back()  # not stored: give the memory back
-                raise
+        def stored(error) -> None:
+            if error is not None:
+                try:
+                    self.store.fail(key, error, owner)
+                except ValueError:
+                    pass  # resolved meanwhile (failed for its waiting readers)
 
-        self.store.admit(key[1], value.nbytes, admitted)
+        self.put_when_room(key, value, owner, timeout, stored, arrival)
 
-    def put_when_room(self, key, value, owner, timeout: float | None, done) -> None:
-        """Loop thread: store a buffer made on this host (a generated shard) as soon as its
-        device's HBM has room, without blocking the thread, waiting at most ``timeout``
-        seconds for frees (None: without bound); then ``done(None)``, or ``done(error)``
+    def put_when_room(self, key, value, owner, timeout: float | None, done,
+                      arrival: float | None = None) -> None:
+        """Loop thread: store a buffer as soon as its device's HBM has room, without
+        blocking the thread, waiting at most ``timeout`` seconds for frees (``DEFAULT``: the
+        host's ``hbm_wait``; None: without bound); then ``done(None)``, or ``done(error)``
         with nothing stored: ``DeviceOutOfMemory`` at once if it is larger than the whole
         HBM, or when the wait times out (saying what it needs, what is free and held, and
-        that deleting arrays makes room)."""
+        that deleting arrays makes room); the error of ``delete`` or a client's leaving if
+        that comes first."""
         device = self.devices.get(key[1])
         if device is None:
             done(KeyError(f"no device {key[1]} on this host (devices: {sorted(self.devices)})"))
             return
+        timeout = self.executor.hbm_wait if timeout is DEFAULT else timeout
         nbytes = value.nbytes
         pending = [value]  # emptied when over: a wait left queued must not keep the value
         timer = admission = None
@@ -211,6 +217,8 @@ class Host:
         def finish(error) -> None:
             if pending:
                 pending.clear()
+                if self._room_waits.get(key) is finish:
+                    del self._room_waits[key]
                 if timer is not None:
                     timer.cancel()
                 if admission is not None:
@@ -225,17 +233,34 @@ class Host:
                 got.give_back()
                 return
             try:
-                self.store.put(key, pending[0], owner, grant=got)
+                self.store.put(key, pending[0], owner, arrival=arrival, grant=got)
             except BaseException as exc:
                 got.give_back()  # not stored: give the memory back
                 finish(exc)
                 return
             finish(None)
 
+        self._room_waits[key] = finish
         if timeout is not None and timeout != float("inf"):
-            timer = self.loop.call_later(timeout, lambda: finish(_no_room(
+            timer = self.loop.call_later(timeout, lambda: finish(no_room(
                 device, nbytes, timeout)))
         admission = self.store.admit(key[1], nbytes, admitted)
+        if not pending:  # settled at once: nothing waits
+            admission = None
+
+    def delete(self, key) -> None:
+        """Loop thread: a client deleted ``key``: a wait for room to store it ends (its
+        value dropped), then the store forgets it and frees its HBM."""
+        waiting = self._room_waits.get(key)
+        if waiting is not None:
+            waiting(KeyError(f"object {key!r} was deleted while it waited for HBM room"))
+        self.store.delete(key)
+
+    def drop_waits(self, client, error: BaseException) -> None:
+        """End the waits for room of ``client``'s buffers: it is gone."""
+        for key, waiting in list(self._room_waits.items()):
+            if protocol.key_client(key) == client:
+                waiting(error)
 
     def status(self) -> dict:
         return {
@@ -245,6 +270,7 @@ class Host:
                             "hbm_capacity": dev.hbm.capacity, "next_seq": dev.next_seq}
                         for d, dev in sorted(self.devices.items())},
             "store": self.store.stats(),
+            "waiting_for_room": len(self._room_waits),  # buffers not stored yet: HBM full
             "wire": self.wire_counters(),
             # where its Plaque shards are in the runs in flight here: {graph: {t: {node: n}}}
             "frontier": self.core.frontier() if self.core is not None else {},
@@ -287,10 +313,3 @@ class Host:
             self.ici.close()
 
 
-def _no_room(device, nbytes: int, timeout: float) -> DeviceOutOfMemory:
-    hbm = device.hbm
-    return DeviceOutOfMemory(
-        f"{device.name}: waited {timeout:g} s for {nbytes} bytes of HBM, but only"
-        f" {max(hbm.capacity - hbm.used, 0)} of its {hbm.capacity} bytes are free"
-        f" ({hbm.used} held by live arrays and running kernels); deleting arrays that are"
-        " no longer needed (array.delete()) frees room, or pass a longer timeout")

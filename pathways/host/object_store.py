@@ -115,10 +115,11 @@ class ObjectStore:
     # -- HBM admission ---------------------------------------------------------------------
 
     def admit(self, device_id: int, nbytes: int,
-              then: Callable[[HbmGrant | BaseException], object]) -> Admission:
+              then: Callable[[HbmGrant | BaseException], object],
+              urgent: bool = False) -> Admission:
         """Take ``nbytes`` of HBM on ``device_id`` without blocking: ``then(grant)`` once
-        they fit (``pathways.host.admission.Admissions.admit``)."""
-        return self.admissions.admit(device_id, nbytes, then)
+        they fit (``pathways.host.admission.Admissions.admit``; ``urgent``: a kernel's)."""
+        return self.admissions.admit(device_id, nbytes, then, urgent)
 
     # -- producing -------------------------------------------------------------------------
 

@@ -67,6 +67,37 @@ def test_admit_waits_for_a_free_without_blocking_and_can_be_cancelled(store):
     assert granted.empty() and store.used_bytes(0) == 0
 
 
+def test_a_kernels_wait_goes_before_other_waits_and_they_queue_behind_it(store):
+    """A kernel whose outputs wait holds its device: the room a free makes goes to it first,
+    and a put that would fit in the room it waits for waits behind it, until it is served
+    or gives up."""
+    store.put(("held", 0), np.zeros(100, np.float64), OWNER)  # 800 of 1024 bytes
+    order: queue.Queue = queue.Queue()
+    store.admit(0, 600, lambda g: order.put(("put", g)))  # waits, first
+    kernel = store.admit(0, 600, lambda g: order.put(("kernel", g)), urgent=True)
+    small = store.admit(0, 100, lambda g: order.put(("small", g)))  # fits, but behind it
+    assert order.empty() and kernel is not small
+    store.delete(("held", 0))  # 800 bytes free: the kernel's 600 first, then only 100 fit
+    got = [order.get(timeout=WAIT) for _ in range(2)]
+    assert [who for who, _ in got] == ["kernel", "small"]
+    for _, grant in got:
+        grant.give_back()
+    assert order.get(timeout=WAIT)[0] == "put"  # its turn once the room is back
+
+
+def test_a_wait_behind_a_kernel_that_gives_up_is_retried(store):
+    store.put(("held", 0), np.zeros(100, np.float64), OWNER)  # 800 of 1024 bytes
+    got: queue.Queue = queue.Queue()
+    kernel = store.admit(0, 600, got.put, urgent=True)
+    store.admit(0, 100, got.put)  # would fit: waits behind the kernel
+    assert got.empty()
+    kernel.cancel()  # the kernel's wait ended (its bound): the put goes on without a free
+    grant = got.get(timeout=WAIT)
+    assert grant.nbytes == 100
+    grant.give_back()
+    store.delete(("held", 0))
+
+
 def test_the_last_of_a_values_users_deletes_it(store):
     store.put(("shared", 1), np.zeros(4), OWNER)
     store.release_use(("shared", 1), 3)

@@ -617,7 +617,7 @@ def wait_for_a_turn(ex, fake, device_id, seq):
 
 
 def test_outputs_that_do_not_fit_keep_their_device_until_freed(make_executor):
-    fake = FakeTime()
+    fake = FakeTime(horizon=1.0)  # the wait's bound (30 s) is never reached
     ex = make_executor(fake, (0, 1), spec=SMALL_HBM)
     device = ex.devices[0]
     device.hbm.allocate(60)  # someone else's buffer
@@ -630,7 +630,7 @@ def test_outputs_that_do_not_fit_keep_their_device_until_freed(make_executor):
     wait_for_a_turn(ex, fake, 1, 0)  # big has reached its end and found no room
     assert big.ran_at == 0.0 and not big.finished.is_set()
     assert nxt.ran_at is None and device.next_seq == 0 and device.timeline == []
-    fake.now = 4.0  # the executor is idle: nothing is due
+    fake.now, fake.horizon = 4.0, math.inf  # the executor is idle: nothing is due
     device.hbm.free(60)
     assert device.wait_idle(WAIT)
     a, b = device.timeline
@@ -638,6 +638,31 @@ def test_outputs_that_do_not_fit_keep_their_device_until_freed(make_executor):
     assert big.done_at >= 4.0 and a.published >= a.end
     assert (b.start, b.end) == (4.0, 4.5)
     assert device.hbm.used == 60  # the output's bytes, taken before on_done
+
+
+def test_outputs_that_never_fit_fail_after_the_kernel_limit_and_free_the_device(
+        make_executor):
+    """A kernel holds its device (and its gang's place in the order) while its outputs wait
+    for HBM, but not without bound: after its kernel limit it fails, saying what it needed
+    and what is held, and the next kernel runs."""
+    fake = FakeTime()
+    ex = make_executor(fake, spec=SMALL_HBM, kernel_limit=5.0)
+    device = ex.devices[0]
+    device.hbm.allocate(60)  # a live array nobody deletes
+    big = Kernel("big", 1.0, clock=fake.clock, nbytes=60)
+    nxt = Kernel("next", 0.5, clock=fake.clock, nbytes=40)
+    device.enqueue(0, big)
+    device.enqueue(1, nxt)
+    run_all(ex)
+    (error,) = big.errors
+    assert isinstance(error, DeviceOutOfMemory) and big.done_at is None
+    message = str(error)
+    assert "outputs of big waited 5 s for 60 bytes" in message
+    assert "only 40 of its 100 bytes are free (60 held" in message
+    a, b = device.timeline
+    assert (a.start, a.end, a.error) == (0.0, 6.0, True)  # held its device until it gave up
+    assert (b.start, b.end, b.error) == (6.0, 6.5, False) and not nxt.errors
+    assert device.hbm.used == 100  # the live array and next's output; nothing of big's
 
 
 def test_outputs_larger_than_the_whole_hbm_fail(make_executor):

@@ -158,3 +158,86 @@ def test_a_load_that_can_never_fit_fails_at_once_and_one_without_room_after_its_
         np.testing.assert_array_equal(waiting.result(timeout=30), 2.0)
         waiting.delete()
         _wait_for_hbm_used(c, mesh, 0)
+
+
+# -- over-commit: every wait for memory ends, and never holds another client's gangs -------
+
+@pytest.fixture(scope="module")
+def tight_cluster():
+    """2 devices of 1 MiB; a kernel holds its device at most 2 s waiting for HBM."""
+    with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=2,
+                          hbm_gib=1 / 1024, processes=False, kernel_limit=2.0) as c:
+        yield c
+
+
+def test_over_committed_devices_fail_the_waits_and_serve_other_clients(tight_cluster):
+    """The probe of issue 45: an array fills most of each device; a second put of the same
+    size waits for room on the hosts, and a call on the first array needs room for its
+    output that only deleting the first (which the call holds) would make. Each wait ends
+    with ``DeviceOutOfMemory`` naming device and bytes, another client's psum on the same
+    devices runs meanwhile, and deleting the arrays frees every byte."""
+    import jax
+
+    with pw.connect(tight_cluster.address, timeout=3) as c, \
+            pw.connect(tight_cluster.address) as other:
+        mesh = c.mesh((2,), ("d",))
+        a = c.put(np.ones(2 * 700 * KIB // 8), mesh, P("d"))  # 700 KiB on each device
+        _wait_for_used(c, mesh, 700 * KIB)
+        b = c.put(np.ones(2 * 700 * KIB // 8), mesh, P("d"))  # waits on the hosts for room
+        y = pw.shard_map(lambda v: v * 2.0, mesh, P("d"), P("d"))(a)  # output: no room
+        with pytest.raises(pw.RemoteError, match="DeviceOutOfMemory") as info:
+            y.result(timeout=60)
+        assert f"waited 2 s for {700 * KIB} bytes" in str(info.value)
+        assert f"({700 * KIB} held" in str(info.value)
+        omesh = other.mesh((2,), ("d",))
+        z = other.put(np.arange(4.0), omesh, P("d"))
+        total = pw.shard_map(lambda v: jax.lax.psum(v, "d"), omesh, P("d"), P("d"))(z)
+        np.testing.assert_array_equal(total.result(timeout=60), [2.0, 4.0, 2.0, 4.0])
+        with pytest.raises(pw.RemoteError,  # b's put waited its client's 3 s on the hosts
+                           match=f"DeviceOutOfMemory: tpu.*waited 3 s for {700 * KIB} bytes"):
+            pw.shard_map(lambda v: v + 1.0, mesh, P("d"), P("d"))(b).result(timeout=60)
+        a.delete()
+        b.delete()
+        z.delete()
+        total.delete()
+        _wait_for_used(c, mesh, 0)
+
+
+def test_deleting_a_put_that_waits_for_room_ends_its_wait(tight_cluster):
+    with pw.connect(tight_cluster.address, timeout=60) as c:
+        mesh = c.mesh((2,), ("d",))
+        a = c.put(np.ones(2 * 500 * KIB // 8), mesh, P("d"))
+        _wait_for_used(c, mesh, 500 * KIB)
+        b = c.put(np.ones(2 * 600 * KIB // 8), mesh, P("d"))  # waits for room (60 s)
+        _wait_for(lambda: _waiting_for_room(c) == 2)
+        b.delete()  # its waits end now, and drop its value: it never takes the room
+        _wait_for(lambda: _waiting_for_room(c) == 0)
+        later = c.put(np.full(2 * 200 * KIB // 8, 3.0), mesh, P("d"))  # fits beside a
+        plus = pw.shard_map(lambda v: v + 1.0, mesh, P("d"), P("d"))
+        np.testing.assert_array_equal(plus(later).result(timeout=30), 4.0)
+        a.delete()
+        later.delete()
+        _wait_for_used(c, mesh, 0)
+
+
+def _waiting_for_room(client) -> int:
+    return sum(s["waiting_for_room"] for s in client.host_status(timeout=30).values())
+
+
+def _wait_for(condition, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "never came true"
+        time.sleep(0.02)
+
+
+def _wait_for_used(client, mesh, want, timeout=30.0):
+    """Every device of ``mesh`` holds ``want`` bytes (hosts free and store asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        used = {d: s["hbm_used"] for status in client.host_status(timeout=30).values()
+                for d, s in status["devices"].items() if d in mesh.ids}
+        if set(used.values()) == {want}:
+            return
+        assert time.monotonic() < deadline, f"HBM use {used}, never {want}"
+        time.sleep(0.02)
