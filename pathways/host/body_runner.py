@@ -9,7 +9,10 @@ is fixed (``Timeline.ended``) and the executor is told (``Executor.body_done``).
 Whatever a body raises -- any ``BaseException``: ``SystemExit``, ``KeyboardInterrupt``,
 ``GeneratorExit``, even ``GreenletExit`` -- fails its kernel and nothing else. A body with a
 time limit (its kernel's ``limit``, else the executor's ``kernel_limit``) runs under the
-``Watchdog``, which interrupts it with ``KernelTimeout`` past its limit in real time.
+``Watchdog``, which interrupts it with ``KernelTimeout`` past its limit in real time. On a
+simulated host (a clock ``on_loop``) the limit counts the CPU seconds the body itself uses on
+the thread instead, summed over its turns there: a load on the machine stretches real time,
+not the work a body does, and a simulation's outcome must not depend on the machine.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ class Shard(Slot):
     running its body needs: waiting for inputs, running, parked or finishing."""
 
     __slots__ = ("device", "kernel", "keys", "pending", "glet", "error", "nbytes", "waiting",
-                 "deadline", "done", "limit_at", "grant")
+                 "deadline", "done", "limit_at", "cpu_left", "grant")
 
     def __init__(self, device, lane: Lane, seq: int, kernel: DeviceWork, arrived: float):
         super().__init__(lane, seq, kernel, arrived)
@@ -50,6 +53,7 @@ class Shard(Slot):
         self.deadline = 0.0  # when a parked exchange times out
         self.done = False  # the body has returned or raised
         self.limit_at = 0.0  # time.monotonic() past which the body is interrupted (0: never)
+        self.cpu_left = 0.0  # on a simulated host instead: CPU seconds it may still use
         self.grant = None  # the HBM taken for its outputs, once admitted
 
 
@@ -61,6 +65,7 @@ class BodyRunner:
         self.main = None  # the driver's greenlet, which bodies park into (``attach``)
         self._runners: list = []  # idle greenlets that run bodies
         self._watchdog: Watchdog | None = None
+        self._cpu_watchdog = None  # that watchdog, if it counts CPU seconds (a simulation's)
 
     def attach(self) -> None:
         """The calling thread's greenlet is the driver's: bodies park into it."""
@@ -74,7 +79,9 @@ class BodyRunner:
         """Real time has reached ``shard``'s start: run its body until it parks or ends."""
         self.ex.timeline.begin(shard, self.ex.now())
         limit = self.limit(shard.kernel)
-        if limit:
+        if limit and self._watcher() is self._cpu_watchdog:
+            shard.cpu_left = limit  # simulated: the body's own CPU seconds
+        elif limit:
             shard.limit_at = time.monotonic() + limit  # real time: it stops a real thread
         glet = None
         while self._runners and glet is None:
@@ -104,6 +111,15 @@ class BodyRunner:
                 shard.glet.throw(greenlet.GreenletExit)
             report_error(shard.kernel, PathwaysError(
                 f"{shard.device.name} closed while seq {shard.seq} ran"))
+
+    def _watcher(self):
+        """The watchdog, made on first use: a simulation's hosts share its thread and the
+        process's ``TimerWatchdog`` (no thread, CPU seconds); else one with a thread."""
+        if self._watchdog is None:
+            shared = timer_watchdog() if self.ex.clock.on_loop else None
+            self._watchdog = shared or Watchdog(threading.get_ident())
+            self._cpu_watchdog = shared
+        return self._watchdog
 
     def limit(self, kernel) -> float | None:
         """Seconds ``kernel``'s body may run: its own ``limit``, else the executor's (per
@@ -149,7 +165,7 @@ class BodyRunner:
 
     def _switch(self, shard: Shard, switch, *args) -> None:
         """Run the shard's greenlet until it parks or ends; then tell the executor."""
-        if shard.limit_at:
+        if shard.limit_at or shard.cpu_left:
             self._switch_watched(shard, switch, args)
         else:
             switch(*args)
@@ -159,15 +175,17 @@ class BodyRunner:
 
     def _switch_watched(self, shard: Shard, switch, args) -> None:
         """``switch`` with the body under the watchdog: past its deadline it is interrupted."""
-        if self._watchdog is None:  # a simulation's hosts share its thread: no thread
-            shared = timer_watchdog() if self.ex.clock.on_loop else None
-            self._watchdog = shared or Watchdog(threading.get_ident())
-        self._watchdog.watch(shard, shard.limit_at)
+        watchdog = self._watcher()
+        began = watchdog.clock()
+        watchdog.watch(shard, shard.limit_at or began + shard.cpu_left)
         try:
             switch(*args)
         except KernelTimeout:
             pass  # it landed outside the body's own try (see pathways.host.watchdog)
-        if self._watchdog.unwatch() is not shard or shard.done:
+        fired = watchdog.unwatch()
+        if shard.cpu_left:  # what this turn used; never 0, which means no limit
+            shard.cpu_left = max(shard.cpu_left - (watchdog.clock() - began), 1e-9)
+        if fired is not shard or shard.done:
             return
         if shard.glet is None or shard.glet.dead:  # it ended the greenlet itself
             shard.error = self._timed_out(shard)

@@ -9,7 +9,7 @@ time: the executor then calls it for every timed wait instead of waiting for rea
 ``pathways.sim``): timed waits are that loop's timers (``call_at``), and the loop moves the time.
 
 Kernel time limits are the exception: they interrupt a body running on a real thread, so they
-are always real time (``pathways.host.watchdog``).
+are real time, or on a loop's clock the CPU seconds the body uses (``pathways.host.watchdog``).
 """
 
 from __future__ import annotations

@@ -19,8 +19,9 @@ A simulated cluster runs every host's bodies on its one thread and starts no thr
 own: there ``timer_watchdog`` gives the process's one ``TimerWatchdog`` instead, whose
 CPU-time interval timer (``ITIMER_VIRTUAL``) ticks while bodies run and raises
 ``KernelTimeout`` from its signal in a body past its deadline (to within ``TICK`` CPU
-seconds). A body spinning past its limit is stopped; one blocked without using CPU is not (a
-simulated body does not wait on anything real).
+seconds), a deadline in the thread's CPU seconds (``time.thread_time``): machine load must not
+change a simulation's outcome. A body spinning past its limit is stopped; one blocked without
+using CPU is not (a simulated body does not wait on anything real).
 """
 
 from __future__ import annotations
@@ -120,8 +121,8 @@ class TimerWatchdog:
     armed by the first ``watch`` after it went quiet, and a tick that finds no body on the
     thread disarms it, so a process that stops running bodies is not signalled for long."""
 
-    def __init__(self, clock=time.monotonic):
-        self.clock = clock  # what deadlines are read on (real time, as ``Watchdog``'s)
+    def __init__(self, clock=time.thread_time):
+        self.clock = clock  # what deadlines are read on: the thread's CPU seconds
         self._watched = None
         self._deadline = 0.0
         self._fired = None
