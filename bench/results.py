@@ -44,7 +44,7 @@ def _cell(value) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-def _table(rows) -> list[str]:
+def table(rows) -> list[str]:
     if not rows:
         return ["_(no rows)_"]
     if isinstance(rows[0], dict):
@@ -65,7 +65,7 @@ def append_results(title: str, rows, notes: str = "") -> None:
     lines = ["", f"## {title} — {m['date']}", "",
              f"Command: `{_command_line()}`", "",
              f"Machine: nproc={m['nproc']}, Python {m['python']}, {m['platform']}", ""]
-    lines += _table(rows)
+    lines += table(rows)
     if notes:
         lines += ["", notes.strip()]
     new_file = not os.path.exists(RESULTS_PATH)
