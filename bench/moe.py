@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import pathways as pw
-from bench.results import _table, bench_parser, publish, wants_simulation
+from bench.results import bench_parser, publish, table, wants_simulation
 from pathways import P, moe
 from pathways.program.mesh import Mesh
 
@@ -445,7 +445,7 @@ def _scaling_notes(sizes: Sizes, scaling: list[dict]) -> list[str]:
         f" turn, so with {hosts} hosts the message count is bounded by turns, not shards;"
         " growth in pointstamps shows in bytes:",
         "",
-        *_table(scaling),
+        *table(scaling),
     ]
 
 
