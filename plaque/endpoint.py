@@ -26,12 +26,17 @@ class Endpoint:
     It hands received frames to ``core.receive``, runs turns (``core.step`` when the core has
     one, then the core's commands, then ``after_turn``) and ticks the core every
     ``tick_interval`` seconds of ``clock``. ``on_exit(reason)`` runs once it stops: on an
-    ``Exit`` command, or ``stop``.
+    ``Exit`` command, or ``stop``. ``stalls(now)``: the process's stalled seconds so far
+    (``plaque.liveness.StallMeter``), for a worker core whose loop also runs long work of its
+    own: every tick gets them and every message is dated when handled (``receive(frames,
+    at)``), so time the loop spent busy counts as the coordinator's silence but time the
+    process was stopped does not; None: the core judges by its ticks' lateness.
     """
 
     def __init__(self, core, transport, loop, tick_interval=0.1, after_turn=None,
-                 on_exit=None, clock=time.monotonic):
+                 on_exit=None, clock=time.monotonic, stalls=None):
         self.core, self.transport, self.loop = core, transport, loop
+        self.stalls = stalls
         self.tick_interval = tick_interval
         self.after_turn = after_turn
         self.on_exit = on_exit
@@ -47,7 +52,10 @@ class Endpoint:
         self._tick()
 
     def _on_message(self, channel, frames) -> None:
-        self.core.receive(frames)
+        if self.stalls is None:
+            self.core.receive(frames)
+        else:  # dated now: the loop's own work may hold up the next tick for long
+            self.core.receive(frames, self.clock())
         self.soon()
 
     def soon(self) -> None:
@@ -102,7 +110,10 @@ class Endpoint:
         if self.exit_reason is not None:
             return
         now = self.clock()
-        self.core.tick(now, self.transport.heard_until(now))
+        if self.stalls is None:
+            self.core.tick(now, self.transport.heard_until(now))
+        else:
+            self.core.tick(now, self.transport.heard_until(now), self.stalls(now))
         self.turn()
         self._timer = self.loop.call_later(self.tick_interval, self._tick)
 
@@ -117,21 +128,30 @@ class Endpoint:
             self.on_exit(reason)
 
 
-async def serve_worker_core(core, transport) -> str:
+async def serve_worker_core(core, transport, on_exit=None) -> str:
     """Run a worker core on the running loop until it exits; returns why it exited.
+    ``on_exit(reason)`` runs at once when it exits, in the loop callback that decided it
+    (before any other callback of the loop: work queued behind it can be dropped there).
 
     Adds what a worker process needs around the endpoint: a heartbeat thread for while the
-    loop is busy in an operator, and SIGINT/SIGTERM as a clean stop (when run on the main
-    thread: a worker in a thread of another program leaves its signals alone).
+    loop is busy in an operator (whose wake-ups also tell the core when the process, not just
+    its loop, stalled), and SIGINT/SIGTERM as a clean stop (when run on the main thread: a
+    worker in a thread of another program leaves its signals alone).
     """
     from .heartbeat import HeartbeatThread
 
     loop = asyncio.get_running_loop()
     done = loop.create_future()
-    endpoint = Endpoint(core, transport, loop,
-                        on_exit=lambda reason: done.done() or done.set_result(reason))
-    endpoint.start()
+
+    def exited(reason: str) -> None:
+        if on_exit is not None:
+            on_exit(reason)
+        if not done.done():
+            done.set_result(reason)
+
     beats = HeartbeatThread(core, transport)
+    endpoint = Endpoint(core, transport, loop, on_exit=exited, stalls=beats.stalled)
+    endpoint.start()
     beats.start()
     if threading.current_thread() is threading.main_thread():  # else: not the process's own
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -5,6 +5,9 @@ the coordinator's timeout would stop them and get a healthy worker declared lost
 steps in while the loop has not beaten for a while, on its own socket, and stops stepping in
 once the loop has been silent for ``stale_after`` seconds: a loop stuck that long is treated
 as dead, so a real hang is still detected.
+
+Its wake-ups also measure the process's own stalls (``plaque.liveness.StallMeter``): it is
+late only when the whole process was stopped or starved, not when the loop is busy.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import time
 import zmq
 
 from . import wire
+from .liveness import StallMeter
 from .wire import Kind
 
 HEARTBEAT_INTERVAL = 0.5
@@ -30,6 +34,11 @@ class HeartbeatThread:
         self.interval, self.stale_after, self.clock = interval, stale_after, clock
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="plaque-heartbeat", daemon=True)
+        self._meter = StallMeter(clock(), interval)
+
+    def stalled(self, now: float) -> float:
+        """Seconds the process was stopped or starved so far (any thread)."""
+        return self._meter.stalled(now)
 
     def start(self) -> None:
         self._thread.start()
@@ -42,6 +51,7 @@ class HeartbeatThread:
         send = close = None
         try:
             while not self._stop.wait(self.interval):
+                self._meter.woke(self.clock())
                 core = self.core
                 last = core.last_tick
                 if core.id is None or last is None or not core.coordinator_control:

@@ -15,6 +15,10 @@ were listening:
   ``interval`` plus ``stall``), we were not running, and the whole delay is forgiven to every
   peer (``blind``), so that a message our I/O thread has not yet moved into the inbox when we
   wake up does not count as silence either. A tick merely late (busy, not stalled) counts.
+  A loop held up by its own work (a worker's long operator) is busy, not stalled, yet its
+  ticks come late too: where a thread that the loop's work does not hold up measures the
+  process's stalls (``StallMeter``), the tick takes those (``stalled``) instead, so a worker
+  busy in back-to-back operators still notices a dead coordinator within its timeout.
 
 Pure: the caller passes times in (``tick``) and keeps each peer's last-seen time.
 """
@@ -31,13 +35,20 @@ class Listening:
     def __init__(self, grace: float, interval: float = 0.1, stall: float = STALL):
         self.grace, self.interval, self.stall = grace, interval, stall
         self._last_tick: float | None = None
+        self._stalled: float | None = None  # the meter's reading at the previous tick
 
-    def tick(self, now: float, heard_until: float | None = None) -> tuple[float, float]:
+    def tick(self, now: float, heard_until: float | None = None,
+             stalled: float | None = None) -> tuple[float, float]:
         """``(blind, listened)`` at this tick: ``blind`` seconds since the previous tick that
         we were not running (add them to every peer's last-seen time); silence counts up to
-        ``listened`` (``heard_until``, at most ``grace`` behind ``now``; ``now`` if None)."""
+        ``listened`` (``heard_until``, at most ``grace`` behind ``now``; ``now`` if None).
+        ``stalled``: the process's stalled seconds so far by a ``StallMeter`` (None: this
+        tick's own lateness says)."""
         blind = 0.0
-        if self._last_tick is not None:
+        if stalled is not None:
+            blind = max(stalled - self._stalled, 0.0) if self._stalled is not None else 0.0
+            self._stalled = stalled if self._stalled is None else max(stalled, self._stalled)
+        elif self._last_tick is not None:
             late = now - self._last_tick - self.interval
             if late > self.stall:
                 blind = late
@@ -45,3 +56,27 @@ class Listening:
         if heard_until is None:
             return blind, now
         return blind, max(min(heard_until, now), now - self.grace)
+
+
+class StallMeter:
+    """Seconds the process was not running, from the wake-ups of a thread that nothing else
+    holds up (a worker's heartbeat thread, which naps ``interval`` seconds at a time): a
+    wake-up more than ``stall`` seconds late means the whole process was stopped or starved
+    for that long, while a loop merely busy in its own work leaves the thread on time.
+
+    ``woke`` runs on that thread, ``stalled`` on any other: the state is one tuple, replaced
+    in one store. A stall still under way (the thread not woken yet) counts already, so a
+    loop that resumes before the thread does still forgives it.
+    """
+
+    def __init__(self, start: float, interval: float, stall: float = STALL):
+        self.interval, self.stall = interval, stall
+        self._seen = (0.0, start)  # (stalled seconds counted, the last wake-up)
+
+    def woke(self, now: float) -> None:
+        self._seen = (self.stalled(now), now)
+
+    def stalled(self, now: float) -> float:
+        counted, last = self._seen
+        late = now - last - self.interval
+        return counted + late if late > self.stall else counted

@@ -75,8 +75,9 @@ class WorkerCore:
         self.coordinator_control = coordinator_address.split("|")[0]
         self.outbox = Outbox()  # this turn's tuples, by destination
         self._outputs: list = []
-        self._last_heard = None  # time of the tick after we last heard the coordinator
+        self._last_heard = None  # when we last heard the coordinator (see tick)
         self._heard = True  # something came from the coordinator since the last tick
+        self._heard_at = None  # when the adapter handed us the latest of it, if it said
         self._last_beat = None
         self.last_tick = None
         self.exited = False
@@ -146,8 +147,10 @@ class WorkerCore:
             self._send(COORDINATOR, CONTROL, Kind.PROGRESS, to_coordinator)
 
     # ---- input ----------------------------------------------------------------------------
-    def receive(self, frames) -> None:
-        """Handle one message; a malformed one is logged and dropped."""
+    def receive(self, frames, at: float | None = None) -> None:
+        """Handle one message; a malformed one is logged and dropped. ``at``: the adapter's
+        time now, if it tells it (else a message from the coordinator counts as heard at the
+        next tick, which a loop busy with work of its own may hold up for long)."""
         try:
             kind, sender, payload = wire.decode(frames)
             handler = self._handlers[kind]
@@ -159,6 +162,7 @@ class WorkerCore:
         c.count_received(frames, kind is Kind.PROGRESS)
         if sender == COORDINATOR:
             self._heard = True  # the core has no clock: the next tick stamps it
+            self._heard_at = at
         try:
             handler(self, sender, payload)
         except Exception as exc:
@@ -537,19 +541,21 @@ class WorkerCore:
                 ctx.run_states.pop(old, None)
 
     # ---- time -----------------------------------------------------------------------------
-    def tick(self, now: float, heard_until: float | None = None) -> None:
+    def tick(self, now: float, heard_until: float | None = None,
+             stalled: float | None = None) -> None:
         """Send heartbeats; give up if the coordinator has been silent too long.
 
         Silence counts only while we could hear (``plaque.liveness``): up to ``heard_until``,
         the latest time the adapter found our inbox empty (None: ``now``), and not over our
-        own stalls.
+        own stalls (``stalled``: the process's by a ``StallMeter``; None: a late tick is one).
         """
         self.last_tick = now  # read by the heartbeat thread: the loop is alive
-        blind, listened = self._listening.tick(now, heard_until)
-        if self._last_heard is not None:
-            self._last_heard += blind
+        blind, listened = self._listening.tick(now, heard_until, stalled)
         if self._heard:
-            self._heard, self._last_heard = False, now
+            heard = now if self._heard_at is None else self._heard_at
+            self._heard, self._heard_at, self._last_heard = False, None, heard
+        if self._last_heard is not None:  # our own stall is not the coordinator's silence
+            self._last_heard = min(self._last_heard + blind, now)
         if self.id is not None and (self._last_beat is None
                                     or now - self._last_beat >= HEARTBEAT_INTERVAL):
             self._last_beat = now

@@ -29,6 +29,10 @@ __all__ = ["LoopDriver", "ThreadDriver"]
 
 log = logging.getLogger("pathways.host.executor")
 
+# seconds from a turn cut at its budget to the next: a timer, not call_soon, so that the
+# loop first polls its sockets and runs what they bring (uvloop runs call_later(0) as soon)
+AFTER_CUT = 0.001
+
 
 class ThreadDriver:
     """Runs ``executor`` on a daemon thread of its own."""
@@ -194,7 +198,10 @@ class LoopDriver:
         finally:
             self._turning = False
         deadline = ex.next_deadline()
-        if deadline is not None and deadline <= ex.now() or (
+        if ex.turn_cut:  # a long turn: what reached the loop meanwhile (Plaque's messages,
+            self._scheduled = True  # its ticks) goes first, then the rest of the work
+            self.loop.call_later(AFTER_CUT, self._turn)
+        elif deadline is not None and deadline <= ex.now() or (
                 ex.link is not None and ex.link.readable()):
             self._soon()
         elif deadline is None:

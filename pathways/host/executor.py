@@ -57,6 +57,7 @@ log = logging.getLogger("pathways.host.executor")
 
 COLLECTIVE_TIMEOUT = 60.0
 KERNEL_LIMIT = 30.0  # seconds a body may run on the host's thread (a host's default)
+TURN_BUDGET = 0.05  # real seconds a turn goes on starting work before the loop gets its say
 
 
 class Executor:
@@ -93,6 +94,7 @@ class Executor:
         self._timers: list = []  # (when, tick, fn) of ``at``
         self._tick = itertools.count()
         self._resumable: deque = deque()
+        self.turn_cut = False  # the last turn stopped at its budget, with work left
         # outputs take HBM through the store's admissions (its own when there is no store)
         self._admit = (store.admissions if store is not None else Admissions(self.devices)).admit
 
@@ -154,7 +156,12 @@ class Executor:
         self.bodies.attach()
 
     def turn(self) -> None:
-        """Queued calls, ICI values, then whatever can happen now, until nothing can."""
+        """Queued calls, ICI values, then whatever can happen now, until nothing can or, in
+        real time, the turn has run ``TURN_BUDGET`` seconds (``next_deadline`` then asks for
+        the next turn at once): bodies run on the driver's thread, and an event loop that
+        also carries Plaque must get its say between long bodies, where its ticks notice a
+        lost coordinator before the next body starts."""
+        self.turn_cut = False
         while self._inbox:
             fn = self._inbox.popleft()
             try:
@@ -166,6 +173,7 @@ class Executor:
             receive = self.exchanges.receive
             for key, src, dsts, value, lag in self.link.receive():
                 receive(key, src, dsts, value, now + min(lag, 0.0))
+        ends = self.now() + TURN_BUDGET if self.clock.real else None
         busy = True
         while busy:
             busy = self._fire_due()
@@ -173,10 +181,17 @@ class Executor:
                 self.bodies.resume(*self._resumable.popleft())
                 busy = True
             for device in list(self.devices.values()):
-                if device.current is None:
+                if device.current is None and not self._over(ends):
                     busy |= self._take_next(device)
+            busy = busy and not self._over(ends)
         if self.link is not None:
             self.link.flush(self._unsent)
+
+    def _over(self, ends: float | None) -> bool:
+        """The turn has used its budget: it stops here and the next one comes at once."""
+        if ends is not None and self.now() >= ends:
+            self.turn_cut = True
+        return self.turn_cut
 
     def internal_error(self, exc: BaseException) -> None:
         """A turn failed with ``exc`` (a bug of the executor's own): what it may have left
@@ -193,7 +208,7 @@ class Executor:
 
     def next_deadline(self) -> float | None:
         """When the next turn is due (0.0: at once; None: only when woken)."""
-        if self._inbox or self._resumable:
+        if self._inbox or self._resumable or self.turn_cut:
             return 0.0
         times = [t for t in (self.timeline.next_wake(),
                              self._timers[0][0] if self._timers else None) if t is not None]

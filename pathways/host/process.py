@@ -114,7 +114,10 @@ async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
         address=transport.address, plaque=info["plaque"],
         coordinator_timeout=coordinator_timeout)
     try:
-        return await serve_worker_core(core, transport)
+        # the moment the core exits (coordinator lost or stopping), the queued kernels are
+        # dropped, not run: nobody is left to use their results
+        return await serve_worker_core(core, transport,
+                                       on_exit=lambda _: host.executor.close(timeout=0))
     finally:
         host.close()
         data.service.close()

@@ -3,7 +3,9 @@ checks driven with injected times, no sockets or clocks (``plaque.liveness``).
 
 A busy machine must never make a healthy peer look dead: heartbeats that wait unread in our own
 inbox (we were stalled, or behind a backlog) are not the peer's silence. A really dead peer is
-still declared dead within a bounded time."""
+still declared dead within a bounded time. Nor may a busy loop hide a dead peer: a worker whose
+loop runs long operators back to back (a host's kernel bodies) is running, not stalled, and
+notices a dead coordinator within its timeout (plus the operator running then)."""
 
 import pytest
 
@@ -11,7 +13,7 @@ from plaque import wire
 from plaque.commands import Exit
 from plaque.coordinator import CoordinatorCore
 from plaque.events import Membership
-from plaque.liveness import GRACE_TIMEOUTS, STALL, Listening
+from plaque.liveness import GRACE_TIMEOUTS, STALL, Listening, StallMeter
 from plaque.wire import COORDINATOR, UNKNOWN_SENDER, Kind
 from plaque.worker import WorkerCore
 
@@ -130,3 +132,57 @@ def test_a_stalled_worker_keeps_its_coordinator_while_the_beats_wait_in_its_inbo
     worker.tick(40.2, 40.2)
     assert worker.exited
     assert any(isinstance(c, Exit) for c in worker.take_commands())
+
+
+def joined_worker() -> WorkerCore:
+    worker = WorkerCore("tcp://w0:1|tcp://w0:2", "tcp://c:1|tcp://c:2", coordinator_timeout=10.0)
+    worker.receive(wire.encode(Kind.WELCOME, COORDINATOR, (0, "")), 0.0)
+    return worker
+
+
+def test_the_stall_meter_counts_only_late_wake_ups_and_a_stall_under_way():
+    meter = StallMeter(0.0, interval=BEAT)
+    for i in range(1, 10):  # on time (or a little late): no stall
+        meter.woke(i * BEAT + 0.1)
+    assert meter.stalled(5.0) == 0.0
+    # stopped from 5.0 to 20.0: counted before the thread wakes, and no more after
+    during = meter.stalled(20.0)
+    assert during == pytest.approx(20.0 - 4.6 - BEAT)
+    meter.woke(20.05)
+    assert meter.stalled(20.05) == pytest.approx(during + 0.05)
+    meter.woke(20.05 + BEAT)
+    assert meter.stalled(21.0) == pytest.approx(during + 0.05)
+
+
+def test_a_worker_busy_in_long_operators_notices_a_dead_coordinator():
+    """Each tick comes 5 s late (the loop ran an operator), the process never stalled (the
+    meter says 0): that is silence, and the worker exits once it passes the timeout."""
+    worker = joined_worker()
+    worker.tick(0.0, 0.0, 0.0)
+    for now in (5.0, 10.0):
+        worker.tick(now, now, 0.0)
+        assert not worker.exited
+    worker.tick(15.0, 15.0, 0.0)
+    assert worker.exited
+
+
+def test_a_stopped_worker_forgives_its_stall_by_the_meter():
+    worker = joined_worker()
+    worker.tick(0.0, 0.0, 0.0)
+    worker.tick(30.0, 30.0, 29.5)  # stopped 29.5 s; the I/O thread has not caught up yet
+    assert not worker.exited
+    worker.receive(wire.encode(Kind.HEARTBEAT, COORDINATOR, 30.0), 30.05)
+    worker.tick(30.1, 30.1, 29.5)
+    assert not worker.exited
+
+
+def test_a_message_counts_from_when_it_was_handled_not_the_next_tick():
+    """The coordinator's last word was handled at 1.0; the loop then ran an operator until
+    6.0: its silence counts from 1.0, not from the late tick."""
+    worker = joined_worker()
+    worker.tick(0.0, 0.0, 0.0)
+    worker.receive(wire.encode(Kind.HEARTBEAT, COORDINATOR, 1.0), 1.0)
+    worker.tick(6.0, 6.0, 0.0)
+    assert not worker.exited
+    worker.tick(11.5, 11.5, 0.0)
+    assert worker.exited
