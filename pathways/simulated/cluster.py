@@ -140,8 +140,9 @@ class SimCluster:
         self.user = UserCpu(loop, self._run_to, cpu, cost)
         try:
             for island in range(islands):
-                for _ in range(hosts_per_island):
+                for _ in range(hosts_per_island):  # one by one: role host-N is host id N
                     self.add_host(island, devices_per_host)
+                    self.plaque.wait_for_workers(len(self.hosts), timeout)
             self.wait_ready(islands * hosts_per_island * devices_per_host, timeout)
             if isinstance(plan, FaultPlan):
                 plan.apply(self)
@@ -153,7 +154,9 @@ class SimCluster:
 
     # ---- hosts ------------------------------------------------------------------------------
     def add_host(self, island: int, devices: int):
-        """One more host in ``island``, as role ``host-<n>``; its ``Host``."""
+        """One more host in ``island``, as role ``host-<n>``; its ``Host``. (Its host id is
+        the coordinator's, in the order hosts join: ``n`` when every earlier host has
+        joined first, as the cluster's own hosts do.)"""
         name = f"host-{len(self.hosts)}"
         net, role = self.net, self.plaque.new_role(name)
         transport = net.transport(f"{name}/plaque")
@@ -193,13 +196,22 @@ class SimCluster:
         CPU."""
         self.net.loop.call_at(self.clock() if when is None else max(when, self.clock()), fn)
 
-    def kill_host(self, index: int, at: float | None = None) -> None:
-        """Host ``index`` (in start order: role ``host-<index>``, whose ``Host.core.id`` is
-        the host id clients see) dies at virtual time ``at`` (default: now): its
-        sockets close and it never answers again, as a killed process; the coordinator
-        finds out from its silence."""
-        _, _, endpoint = self.hosts[index]
+    def kill_host(self, host: int, at: float | None = None) -> None:
+        """The host with id ``host`` (the id ``pathways status`` and ``Device.host`` show)
+        dies at virtual time ``at`` (default: now): its sockets close and it never answers
+        again, as a killed process; the coordinator finds out from its silence.
+        ``ValueError`` if no live host has that id."""
+        _, _, endpoint = self.hosts[self.host_index(host)]
         self.at(at, lambda: endpoint.stop("killed"))
+
+    def host_index(self, host: int) -> int:
+        """Where in ``hosts`` the host with id ``host`` is (its role is ``host-<index>``)."""
+        live = self.coordinator.plane.hosts
+        if host not in live:
+            raise ValueError(f"no host {host}: the live hosts are {sorted(live)} (the ids"
+                             " pathways status shows)")
+        return next(i for i, (_, data, _) in enumerate(self.hosts)
+                    if data.address == live[host]["data"])
 
     def freeze(self, role: str, seconds: float, at: float | None = None) -> None:
         """Role ``role`` ("host-1", "coordinator", "client-0") is frozen for ``seconds`` of

@@ -2,13 +2,15 @@
 
 A plan is a comma-separated list of:
 
-- ``kill:host-N@T``: host N (in start order) dies at T virtual seconds after the cluster is up;
-- ``freeze:ROLE@T+S``: role ROLE (``host-1``, ``coordinator``, ``client-0``) stops for S
-  virtual seconds from T, as a stopped process;
+- ``kill:host-N@T``: the host with id N dies at T virtual seconds after the cluster is up;
+- ``freeze:ROLE@T+S``: role ROLE (``host-1``: the host with id 1; ``coordinator``,
+  ``client-0``) stops for S virtual seconds from T, as a stopped process;
 - ``drop:P``: each message is lost with probability P;
 - ``delay:P:MAX``: each message is late, with probability P, by up to MAX seconds.
 
-Message faults are drawn from the cluster's seeded ``random`` as each message leaves, so a
+Host ids are those ``pathways status`` prints and ``Device.host`` holds (a simulated cluster's
+hosts join in start order, so the role of host N is also named ``host-N``). Message faults are
+drawn from the cluster's seeded ``random`` as each message leaves, so a
 seed and a plan replay the same run.
 
 >>> plan = parse_faults("kill:host-1@2.5, freeze:coordinator@1+0.5, drop:0.001")
@@ -27,13 +29,14 @@ __all__ = ["FaultPlan", "parse_faults"]
 
 _KILL = re.compile(r"kill:host-(\d+)@([0-9.eE+-]+)$")
 _FREEZE = re.compile(r"freeze:([\w-]+)@([0-9.eE-]+)\+([0-9.eE-]+)$")
+_HOST = re.compile(r"host-(\d+)$")
 _DROP = re.compile(r"drop:([0-9.eE-]+)$")
 _DELAY = re.compile(r"delay:([0-9.eE-]+):([0-9.eE-]+)$")
 
 
 @dataclass
 class FaultPlan:
-    """Kills ``(host index, time)``, freezes ``(role, time, seconds)`` and message faults;
+    """Kills ``(host id, time)``, freezes ``(role, time, seconds)`` and message faults;
     times in virtual seconds after the cluster is up."""
 
     kills: list[tuple[int, float]] = field(default_factory=list)
@@ -51,16 +54,26 @@ class FaultPlan:
     def apply(self, cluster) -> None:
         """Schedule the kills and freezes on ``cluster`` (a ``SimCluster`` that is up)."""
         start = cluster.clock()
-        for index, t in self.kills:
-            if not 0 <= index < len(cluster.hosts):
-                raise ValueError(f"kill:host-{index}: the cluster has hosts 0 to"
-                                 f" {len(cluster.hosts) - 1}")
-            cluster.kill_host(index, at=start + t)
+        for host, t in self.kills:
+            try:
+                cluster.kill_host(host, at=start + t)
+            except ValueError as exc:
+                raise ValueError(f"kill:host-{host}: {exc}") from None
         for role, t, seconds in self.freezes:
-            if role not in cluster.roles and not role.startswith("client-"):
-                raise ValueError(f"freeze:{role}: no such role (roles: coordinator, host-N,"
-                                 " client-N)")
-            cluster.freeze(role, seconds, at=start + t)
+            cluster.freeze(_role(cluster, role), seconds, at=start + t)
+
+
+def _role(cluster, role: str) -> str:
+    """The name of the role ``role`` of a fault plan names: ``host-N`` is the host with id
+    N's; others as they are."""
+    if m := _HOST.match(role):
+        try:
+            return f"host-{cluster.host_index(int(m[1]))}"
+        except ValueError as exc:
+            raise ValueError(f"freeze:{role}: {exc}") from None
+    if role not in cluster.roles and not role.startswith("client-"):
+        raise ValueError(f"freeze:{role}: no such role (roles: coordinator, host-N, client-N)")
+    return role
 
 
 def parse_faults(text: str) -> FaultPlan:

@@ -171,9 +171,7 @@ def test_a_killed_host_fails_the_calls_that_need_it_and_the_rest_goes_on():
             mesh_b = pw.Mesh((4,), ("d",), safe, client=b)
             step = pw.shard_map(lambda v: pw.psum(v, "d") * 0.25 + 1.0, mesh_b, P(), P())
             x = b.put(np.zeros(()), mesh_b, P())
-            # kill_host takes the host's role index (start order), not its host id
-            index = next(i for i, (h, _, _) in enumerate(cluster.hosts) if h.core.id == victim)
-            cluster.kill_host(index, at=cluster.clock() + 0.05)
+            cluster.kill_host(victim, at=cluster.clock() + 0.05)
             for _ in range(20):
                 x = step(x)
             assert x.result(timeout=30) == 20.0
