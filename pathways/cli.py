@@ -23,6 +23,7 @@ CONNECT_TIMEOUT = 3.0  # seconds a command waits for the coordinator's first ans
 
 
 def _coordinator(args) -> int:
+    _die_with_parent()
     from .control.coordinator import Coordinator
 
     if not _may_listen(args.bind, args.insecure, "pathways coordinator"):
@@ -37,6 +38,23 @@ def _coordinator(args) -> int:
     stop.wait()
     coord.close()
     return 0
+
+
+def _die_with_parent() -> None:
+    """A process a local cluster started (``$PLAQUE_DIE_WITH_PARENT``) is SIGKILLed when the
+    process that started it dies, whatever killed it (Linux's ``PR_SET_PDEATHSIG``; elsewhere
+    nothing), and ends at once if that process (``$PATHWAYS_PARENT_PID``) died before the
+    request was made."""
+    if not os.environ.get("PLAQUE_DIE_WITH_PARENT"):
+        return
+    from plaque.cli import die_with_parent
+
+    from .cluster import PARENT_ENV
+
+    die_with_parent()
+    parent = os.environ.get(PARENT_ENV, "")
+    if parent.isdigit() and int(parent) != os.getppid():
+        os._exit(1)  # orphaned already: nobody is left to stop us
 
 
 def _may_listen(bind: str, insecure: bool, what: str) -> bool:
@@ -75,10 +93,7 @@ def _host(args) -> int:
     bind = bind_near(coordinator, args.bind)
     if not _may_listen(bind, args.insecure, "pathways host"):
         return 2
-    if os.environ.get("PLAQUE_DIE_WITH_PARENT"):
-        from plaque.cli import die_with_parent
-
-        die_with_parent()
+    _die_with_parent()
     from .program.cost import DeviceSpec
 
     spec = DeviceSpec(hbm_bytes=int(args.hbm_gib * 2**30))
@@ -95,7 +110,7 @@ def _up(args) -> int:
     cluster = LocalCluster(args.islands, args.hosts_per_island, args.devices_per_host,
                            verbose=args.verbose, policy=args.policy, window=args.window,
                            insecure=args.insecure, hosts=not args.dashboard)
-    dashboard = None
+    dashboard = ended = None
     try:
         if args.dashboard:  # before the hosts start, whose start-up would slow it down: the
             from .dashboard import Dashboard  # page is there at once and shows them join
@@ -106,23 +121,31 @@ def _up(args) -> int:
         cluster.wait_ready(args.islands * args.hosts_per_island * args.devices_per_host)
         print(f"pathways cluster up at {cluster.address}  (Ctrl-C to stop)", flush=True)
         _print_keys(cluster)
-        _wait_for_stop()  # a closed terminal too: keys go
+        ended = _wait_for_stop(cluster.coordinator_exit)  # a closed terminal too: keys go
+        if ended is not None:  # said before the hosts are stopped, which takes a while
+            print(f"pathways up: the coordinator {ended}; stopping the cluster",
+                  file=sys.stderr, flush=True)
     finally:
         if dashboard is not None:
             dashboard.close()
         cluster.close()
-    return 0
+    return 0 if ended is None else 1
 
 
-def _wait_for_stop() -> None:
-    """Block until Ctrl-C, SIGTERM or SIGHUP (a closed terminal)."""
+def _wait_for_stop(ended=None, every: float = 0.5):
+    """Block until Ctrl-C, SIGTERM or SIGHUP (a closed terminal): None; or until ``ended()``,
+    asked every ``every`` seconds, says how what we serve ended: that."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        stop.wait()
+        while not stop.wait(every if ended is not None else None):
+            how = ended()
+            if how is not None:
+                return how
     except KeyboardInterrupt:
         pass
+    return None
 
 
 def _print_keys(cluster) -> None:

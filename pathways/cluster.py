@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -24,6 +25,12 @@ simulation_defaults: dict | None = None
 HASH_SEED = "0"
 
 LOOPBACK = "tcp://127.0.0.1"  # a local cluster's bind unless told otherwise
+
+# the pid of the process that started a coordinator or host of a local cluster, in its
+# environment: it dies with that process (``pathways.cli``), and at once if that process died
+# before it could ask to (Linux sends the signal only to a child that asked while its parent
+# was alive)
+PARENT_ENV = "PATHWAYS_PARENT_PID"
 
 
 class LocalCluster:
@@ -108,7 +115,7 @@ class LocalCluster:
              "--heartbeat-timeout", str(heartbeat_timeout), "--policy", policy,
              "--window", str(window), "--client-timeout", str(client_timeout),
              "--bind", self.bind, "--port", str(self.port), *self._insecure_flag()],
-            stdout=subprocess.PIPE, text=True, env=self._env)
+            stdout=subprocess.PIPE, text=True, env=self._child_env())
         self.processes.append(coord)
         address = self._read_address(coord)
         return address if self._own_keys is None else security.with_keys(address,
@@ -131,9 +138,27 @@ class LocalCluster:
         if self.twin is not None:
             return self.twin.add_host(island, devices, self.hbm_gib, self.kernel_limit)
         p = subprocess.Popen([*self._host_argv(devices), "--island", str(island)],
-                             env=self._env)
+                             env=self._child_env())
         self.processes.append(p)
         return p
+
+    def _child_env(self) -> dict:
+        """The environment of a process started here: it dies with this one (``PARENT_ENV``;
+        hosts started elsewhere, as ``pathways slurm``'s, get ``_env`` without it)."""
+        return {**self._env, PARENT_ENV: str(os.getpid())}
+
+    def coordinator_exit(self) -> str | None:
+        """How the coordinator process ended ("exited with code 1", "was killed by
+        SIGKILL"), or None while it runs (or when there is none: the twin)."""
+        code = self.processes[0].poll() if self.twin is None and self.processes else None
+        if code is None:
+            return None
+        if code < 0:
+            try:
+                return f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"was killed by signal {-code}"
+        return f"exited with code {code}"
 
     def _host_argv(self, devices: int) -> list[str]:
         """``pathways host`` joining this cluster, all but its ``--island``."""

@@ -6,10 +6,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, read_until
+from conftest import ROOT, read_until, wait_until
 
 import pathways as pw
 from pathways import P
@@ -207,3 +208,88 @@ def test_up_insecure_warns_once_and_a_host_joins_it_only_when_told_insecure(proc
     wait_for_devices(address, 3, "the host told --insecure")
     up.send_signal(signal.SIGINT)
     assert up.wait(30) == 0
+
+
+# ---- pathways up supervises what it started ---------------------------------------------
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (Linux's /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        stat = _stat(entry) if entry.isdigit() else None
+        if stat is not None and int(stat[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def _stat(pid) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state, ppid, ...), None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def running(pid: int) -> bool:
+    """Still running: neither gone nor a zombie that nobody reaped yet."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z"
+
+
+def command_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def kill_leftovers(pids) -> None:
+    """SIGKILL those of ``pids`` still running a pathways command (a failed test's orphans)."""
+    for pid in pids:
+        if running(pid) and "pathways" in command_of(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_up_exits_saying_so_when_its_coordinator_dies(procs, tmp_path):
+    err = tmp_path / "stderr"
+    with open(err, "w") as sink:
+        up = subprocess.Popen([sys.executable, "-m", "pathways", "up", "--hosts-per-island",
+                               "1", "--devices-per-host", "1"], stdout=subprocess.PIPE,
+                              stderr=sink, text=True)
+    procs.append(up)
+    read_until(up, "pathways cluster up at")
+    started = children(up.pid)
+    try:
+        (coordinator,) = [p for p in started if " coordinator " in command_of(p)]
+        os.kill(coordinator, signal.SIGKILL)
+        assert up.wait(30) == 1  # it served on, silent, until Ctrl-C (rc 0)
+        assert "pathways up: the coordinator was killed by SIGKILL" in err.read_text()
+        wait_until(lambda: not any(running(p) for p in started), 30, 0.1)  # the host too
+    finally:
+        kill_leftovers(started)
+
+
+def test_killing_up_takes_its_coordinator_and_hosts_with_it(procs):
+    up = start("pathways", "up", "--hosts-per-island", "2", "--devices-per-host", "1")
+    procs.append(up)
+    read_until(up, "pathways cluster up at")
+    started = children(up.pid)
+    try:
+        assert len(started) == 3, [command_of(p) for p in started]  # coordinator, 2 hosts
+        up.kill()
+        up.wait(30)
+        wait_until(lambda: not any(running(p) for p in started), 30, 0.1)  # no orphan
+    finally:
+        kill_leftovers(started)
+
+
+def test_a_cluster_process_whose_starter_died_before_it_asked_ends_at_once(tmp_path):
+    """Linux kills a child when its parent dies only if it asked while the parent lived; one
+    that finds itself orphaned already (its parent is not the pid it was given) ends."""
+    tmp_path.chmod(0o700)  # a directory the coordinator may listen in
+    env = dict(os.environ, PLAQUE_DIE_WITH_PARENT="1", PATHWAYS_PARENT_PID=str(2**22 + 1))
+    out = subprocess.run([sys.executable, "-m", "pathways", "coordinator", "--bind",
+                          f"ipc://{tmp_path}/"], env=env, capture_output=True, text=True,
+                         timeout=30)  # a coordinator that serves on fails the test here
+    assert out.returncode == 1 and "pathways coordinator at" not in out.stdout, out
