@@ -190,8 +190,9 @@ class Session:
                                         daemon=True)
         self._thread.start()
 
-    def future(self) -> cf.Future:
-        """A new future for what the user will wait on (replies, runs, saves)."""
+    def future(self, what: str | None = None) -> cf.Future:
+        """A new future for what the user will wait on (replies, runs, saves); ``what`` it
+        stands for (a simulated session's futures name it when a wait for it times out)."""
         return cf.Future()
 
     def on_loop_thread(self) -> bool:
@@ -246,7 +247,8 @@ class Session:
         """Send the request ``msg`` (its ``req`` filled in here); the future gets the value
         of its ``Answer``, or the error it was ``Refused`` with."""
         req = next(self._req_ids)
-        fut = self.future()
+        who = "the coordinator" if address == self.address else address
+        fut = self.future(f"{who}'s answer to {type(msg).__name__}")
         lost = self._lost_hosts.get(address)
         if lost is not None:
             fut.set_exception(lost)

@@ -8,7 +8,7 @@
 role (``RoleLoop``) with its own virtual CPU.
 """
 
-from .network import Fault, Link, Network, RandomFaults
+from .network import RTO, Fault, Link, Network, RandomFaults
 from .plaque_cluster import (
                              DrivenFuture,
                              SimPlaqueCluster,
@@ -22,7 +22,7 @@ from .virtual_loop import SimulationStalled, VirtualTimeLoop, run
 
 __all__ = [
     "Actor", "CausalityError", "DrivenFuture", "Fault", "Handle", "Link", "Network",
-    "RandomFaults", "Scheduler",
+    "RandomFaults", "RTO", "Scheduler",
     "SchedulerError", "SimPlaqueCluster", "SimulationError", "simulated_plaque_cluster",
     "Delivery", "SimNet", "SimTransport", "SimulationStalled",
     "VirtualTimeLoop", "run", "RoleLoop", "Span",

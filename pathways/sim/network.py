@@ -14,7 +14,9 @@ A ``Network`` gives each ordered pair of endpoints its own link (the default one
 ``connect`` set another) and delivers through the ``Scheduler``: a message sent by a handler
 leaves at the handler's end. Faults are a hook, ``faults(src, dst, nbytes, rng) -> Fault``,
 drawn from the scheduler's seeded ``random`` when the message leaves: a dropped message never
-runs and does not occupy the link; a delayed one arrives that much later.
+runs and does not occupy the link; a delayed one arrives that much later. ``RandomFaults`` with
+``retransmit`` models losses on a TCP connection instead (what ZeroMQ runs over): a lost
+message is sent again after the retransmission timeout, so it arrives late, never not at all.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from typing import NamedTuple
 
 from .scheduler import Actor, Handle, Scheduler
 
-__all__ = ["Fault", "FaultHook", "Link", "Network", "RandomFaults"]
+__all__ = ["Fault", "FaultHook", "Link", "Network", "RandomFaults", "RTO"]
+
+RTO = 0.2  # seconds TCP waits for an ack before it sends a segment again (Linux's minimum)
 
 
 class Fault(NamedTuple):
@@ -69,13 +73,23 @@ class Link:
 class RandomFaults:
     """Seeded faults on every message: lost with probability ``drop``; else, with probability
     ``delay``, late by uniform(0, ``max_delay``) seconds. Draws nothing when both are 0, so a
-    fault-free network leaves the random stream as it is."""
+    fault-free network leaves the random stream as it is.
 
-    def __init__(self, drop: float = 0.0, delay: float = 0.0, max_delay: float = 0.0):
+    ``retransmit``: a lost message is not lost for good but sent again ``retransmit`` seconds
+    later (TCP's retransmission timeout, ``RTO``), and again after twice that if that copy is
+    lost too (with probability ``drop``), and so on: it is late by the sum."""
+
+    def __init__(self, drop: float = 0.0, delay: float = 0.0, max_delay: float = 0.0, *,
+                 retransmit: float | None = None):
         if not (0 <= drop <= 1 and 0 <= delay <= 1 and max_delay >= 0):
             raise ValueError(f"probabilities in [0, 1] and max_delay >= 0, not {drop!r}, "
                              f"{delay!r}, {max_delay!r}")
+        if retransmit is not None and not (retransmit > 0 and drop < 1):
+            raise ValueError(f"retransmit needs a timeout > 0 and drop < 1, not {retransmit!r}"
+                             f" and {drop!r}")
         self.drop, self.delay, self.max_delay = drop, delay, max_delay
+        self.retransmit = retransmit
+        self.resent = 0  # messages lost and sent again
 
     def __call__(self, src: str, dst: str, nbytes: int, rng: random.Random) -> Fault:
         if not (self.drop or self.delay):
@@ -83,8 +97,17 @@ class RandomFaults:
         # Always three draws, so changing one rate does not shift the others' stream.
         lost, late, amount = rng.random(), rng.random(), rng.random()
         if lost < self.drop:
-            return Fault(drop=True)
+            return Fault(drop=True) if self.retransmit is None else self._resent(rng)
         return Fault(delay=amount * self.max_delay) if late < self.delay else NO_FAULT
+
+    def _resent(self, rng: random.Random) -> Fault:
+        """The lost message's copies until one gets through, each timeout twice the last."""
+        self.resent += 1
+        wait = late = self.retransmit
+        while rng.random() < self.drop:  # this copy is lost too
+            wait *= 2
+            late += wait
+        return Fault(delay=late)
 
 
 class Network:

@@ -67,19 +67,28 @@ class SimulationError(PlaqueError):
 
 class DrivenFuture(cf.Future):
     """A ``concurrent.futures.Future`` whose ``result``/``exception`` run the simulation
-    until it is settled or ``timeout`` virtual seconds have passed."""
+    until it is settled or ``timeout`` virtual seconds have passed; then a ``TimeoutError``
+    that names ``what`` was waited for and how long."""
 
-    def __init__(self, drive: Callable[[cf.Future, float | None], None]):
+    def __init__(self, drive: Callable[[cf.Future, float | None], None],
+                 what: str = "the simulated result waited for"):
         super().__init__()
-        self.drive = drive
+        self.drive, self.what = drive, what
 
     def result(self, timeout=None):
         self.drive(self, timeout)
+        self._check_settled(timeout)
         return super().result(0)
 
     def exception(self, timeout=None):
         self.drive(self, timeout)
+        self._check_settled(timeout)
         return super().exception(0)
+
+    def _check_settled(self, timeout) -> None:
+        if not self.done():
+            waited = f"{timeout:g}" if timeout is not None else f"the longest wait, {WAIT_LIMIT:g}"
+            raise TimeoutError(f"{self.what} did not come within {waited} virtual s")
 
 
 class SimPlaqueCluster(Cluster):

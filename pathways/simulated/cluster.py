@@ -220,10 +220,11 @@ class SimCluster:
         self.at(at, lambda: frozen.freeze(seconds))
 
     # ---- time -------------------------------------------------------------------------------
-    def future(self) -> DrivenFuture:
+    def future(self, what: str | None = None) -> DrivenFuture:
         """A future whose ``result``/``exception`` run the simulation until it settles (its
-        timeout in virtual seconds), the caller's CPU charged first."""
-        return DrivenFuture(self._drive)
+        timeout in virtual seconds), the caller's CPU charged first; ``what`` it stands for
+        names it in its ``TimeoutError``."""
+        return DrivenFuture(self._drive, *([what] if what else []))
 
     def check_thread(self) -> None:
         """``SimulationError`` unless called from the thread that started the simulation:

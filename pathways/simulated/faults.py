@@ -5,7 +5,9 @@ A plan is a comma-separated list of:
 - ``kill:host-N@T``: the host with id N dies at T virtual seconds after the cluster is up;
 - ``freeze:ROLE@T+S``: role ROLE (``host-1``: the host with id 1; ``coordinator``,
   ``client-0``) stops for S virtual seconds from T, as a stopped process;
-- ``drop:P``: each message is lost with probability P;
+- ``drop:P``: each message is lost with probability P, as a TCP segment is: it is sent again
+  after the retransmission timeout (0.2 s, doubling while its copies are lost too), so it
+  arrives late and holds back those behind it on its connection, as over ZeroMQ on TCP;
 - ``delay:P:MAX``: each message is late, with probability P, by up to MAX seconds.
 
 Host ids are those ``pathways status`` prints and ``Device.host`` holds (a simulated cluster's
@@ -23,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ..sim import RandomFaults
+from ..sim import RTO, RandomFaults
 
 __all__ = ["FaultPlan", "parse_faults"]
 
@@ -49,7 +51,7 @@ class FaultPlan:
         """The hook that draws the message faults (None: none)."""
         if not (self.drop or self.delay):
             return None
-        return RandomFaults(self.drop, self.delay, self.max_delay)
+        return RandomFaults(self.drop, self.delay, self.max_delay, retransmit=RTO)
 
     def apply(self, cluster) -> None:
         """Schedule the kills and freezes on ``cluster`` (a ``SimCluster`` that is up)."""
@@ -90,6 +92,9 @@ def parse_faults(text: str) -> FaultPlan:
                 plan.freezes.append((m[1], _time(m[2]), _time(m[3])))
             elif m := _DROP.match(part):
                 plan.drop = _probability(m[1])
+                if plan.drop == 1:  # every copy lost: it would be sent again forever
+                    raise ValueError("a message lost every time it is sent never arrives:"
+                                     " P < 1")
             elif m := _DELAY.match(part):
                 plan.delay, plan.max_delay = _probability(m[1]), _time(m[2])
             else:

@@ -100,8 +100,8 @@ class SimSession(Session):
         """Drawn from the cluster's seed: a run names its files as its replay does."""
         return f"{self._tokens.getrandbits(48):012x}"
 
-    def future(self) -> cf.Future:
-        return self.sim.future()
+    def future(self, what: str | None = None) -> cf.Future:
+        return self.sim.future(what)
 
     def on_loop_thread(self) -> bool:
         """Inside the simulation (a role's handler), where driving it again must not

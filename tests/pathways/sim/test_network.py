@@ -164,3 +164,17 @@ def test_random_faults_without_rates_draw_nothing():
     assert sched.random.getstate() == state
     with pytest.raises(ValueError):
         RandomFaults(drop=1.5)
+
+
+def test_lost_messages_retransmitted_arrive_late_by_doubling_timeouts():
+    """With ``retransmit``, a lost message is sent again after the timeout, then after twice
+    that while its copies are lost too: it arrives late by 0.2, 0.6, 1.4... s, never not."""
+    faults = RandomFaults(drop=0.5, retransmit=0.2)
+    dropped, arrived = _faulty_run(11, faults)
+    assert not any(dropped) and len(arrived) == 50
+    assert faults.resent > 0
+    rng = Scheduler(seed=3).random
+    lates = {round(faults("a", "b", 1, rng).delay, 9) for _ in range(200)}
+    assert {0.0, 0.2, 0.6, 1.4} <= lates <= {round(0.2 * (2**k - 1), 9) for k in range(40)}
+    with pytest.raises(ValueError, match="retransmit"):
+        RandomFaults(drop=1.0, retransmit=0.2)  # every copy lost: it would never arrive

@@ -50,3 +50,32 @@ def test_a_host_id_that_is_not_live_is_named():
         with pw.local_cluster(hosts_per_island=2, devices_per_host=1, simulate=True,
                               faults="kill:host-5@1"):
             pass
+
+
+def test_a_lost_message_is_sent_again_as_over_tcp_and_arrives_late():
+    """``drop:P`` loses messages as a TCP connection does: each is sent again after the
+    retransmission timeout, so every step ends, late by fractions of a second, never by a
+    collective's 60 s timeout."""
+    with pw.local_cluster(hosts_per_island=2, devices_per_host=2, simulate=True, seed=3,
+                          cpu="fixed", cost=2e-5, faults="drop:0.05") as cluster:
+        with pw.connect(cluster.address) as client:
+            mesh = client.mesh((4,), ("d",))
+            step = pw.shard_map(lambda v: pw.psum(v, "d") * 0.25 + 1.0, mesh, P(), P())
+            x = client.put(np.zeros(()), mesh, P())
+            for i in range(30):
+                before = cluster.clock()
+                x = step(x)
+                assert x.result() == i + 1.0
+                assert cluster.clock() - before < 3.0  # a few retransmissions at most
+            assert cluster.net.faults.resent > 0
+
+
+def test_a_wait_that_times_out_names_what_it_waited_for():
+    with pw.local_cluster(hosts_per_island=1, devices_per_host=2, simulate=True,
+                          cpu=None) as cluster:
+        with pw.connect(cluster.address, timeout=1.0) as client:
+            mesh = client.mesh((2,), ("d",))
+            cluster.freeze("coordinator", 2.0)
+            with pytest.raises(TimeoutError, match="the coordinator's answer to Remap did not"
+                                                   " come within 1 virtual s"):
+                client.remap(mesh)
