@@ -17,14 +17,15 @@ role: ``"measured"`` (thread CPU time, the default: each role as if on its own c
 ``"fixed"`` (``cost`` seconds each, the same every run: bit-for-bit replay) or ``None``
 (free). The same ``seed`` and script give the same events in the same order, in a fresh
 process or after others in the same one: the garbage collector runs at fixed points of the
-simulation (``pathways.sim.collector``) and the client's names come from the seed. ``faults``: a
-``FaultPlan`` or its text (``pathways.simulated.faults``: kills, freezes, lost and late
-messages), or a message-fault hook of ``pathways.sim``.
+simulation (``pathways.sim.collector``) and the client's names come from the seed.
+``faults``: a ``FaultPlan`` or its text (``pathways.simulated.faults``: kills and freezes of
+hosts by their ids, messages lost (and sent again, as over TCP) or late), or a message-fault
+hook of ``pathways.sim``.
 
 Kernel time limits (``kernel_limit``, 30 s by default, or a function's ``limit=``) hold as on
-real hosts, in the CPU seconds a body spins (``pathways.host.watchdog.TimerWatchdog``: no
-thread): a body that never returns fails its call instead of stopping the simulation for
-good. Not simulated yet (a clear error, not a wrong answer): suspend/resume, host processes of
+real hosts, in the CPU seconds the body itself uses (``pathways.host.watchdog.TimerWatchdog``:
+no thread; never real time, which the machine's load would stretch): a body that never
+returns fails its call instead of stopping the simulation for good. Not simulated yet (a clear error, not a wrong answer): suspend/resume, host processes of
 their own.
 
 >>> import numpy as np, pathways as pw
