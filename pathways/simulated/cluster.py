@@ -25,8 +25,8 @@ hook of ``pathways.sim``.
 Kernel time limits (``kernel_limit``, 30 s by default, or a function's ``limit=``) hold as on
 real hosts, in the CPU seconds the body itself uses (``pathways.host.watchdog.TimerWatchdog``:
 no thread; never real time, which the machine's load would stretch): a body that never
-returns fails its call instead of stopping the simulation for good. Not simulated yet (a clear error, not a wrong answer): suspend/resume, host processes of
-their own.
+returns fails its call instead of stopping the simulation for good. Not simulated yet (a
+clear error, not a wrong answer): suspend/resume, host processes of their own.
 
 >>> import numpy as np, pathways as pw
 >>> from pathways import P
