@@ -56,7 +56,7 @@ def save(client, path, values, overwrite: bool = False, held: bool = False) -> c
     except BaseException:
         client.ledger.unhold(arrays)
         raise
-    done = client.session.future()
+    done = client.session.future(f"the save of {path}")
 
     def finish(error):
         client.ledger.unhold(arrays)
