@@ -187,11 +187,14 @@ def _status(args) -> int:
 
 
 def _show_status(c, before, clear=False):
-    """Print the cluster once; busy % is over the time since ``before`` (else since start)."""
+    """Print the cluster once; busy % is over the time since ``before`` (else since start).
+    Hosts lost so far are listed too, marked lost."""
     st = c.cluster_status()
     by_host: dict = {}
     for d in st["devices"]:
         by_host.setdefault((d["island"], d["host"]), []).append(d)
+    for host, hello in st["lost_hosts"].items():
+        by_host[(hello.get("island", -1), host)] = None
     now = {}
     clients = {cid: info for cid, info in st["clients"].items() if cid != c.id}  # not us
     lines = [f"policy {st['policy']}; clients connected: {len(clients)}"]
@@ -200,23 +203,35 @@ def _show_status(c, before, clear=False):
                      f" runs running {info['running']}, gangs queued {info['queued']}")
     statuses = c.host_status()
     for (island, host), devs in sorted(by_host.items()):
-        hs, hello = statuses[host], st["hosts"][host]
-        lines.append(f"island {island} host {host} ({hello.get('hostname', '?')}, pid"
-                     f" {hello.get('pid', '?')}):")
-        for d in devs:
-            info = hs["devices"].get(d["id"], {})
-            used, cap = info.get("hbm_used", 0), info.get("hbm_capacity", 1)
-            busy, t = info.get("busy_seconds", 0.0), hs.get("uptime", 1.0)
-            now[d["id"]] = (busy, t)
-            b0, t0 = (before or {}).get(d["id"], (0.0, 0.0))
-            pct = 100 * (busy - b0) / max(t - t0, 1e-9)
-            lines.append(f"  device {d['id']:3d} {d['kind']}: HBM {used / 2**20:9.1f} MiB"
-                         f" / {cap / 2**30:.0f} GiB, busy {pct:5.1f}%"
-                         f" {'since last refresh' if before else 'since start'}")
+        hello = st["hosts"].get(host) or st["lost_hosts"][host]
+        title = (f"island {island} host {host} ({hello.get('hostname', '?')}, pid"
+                 f" {hello.get('pid', '?')}):")
+        if devs is None:
+            lines.append(f"{title} lost, with its devices {hello.get('device_ids', '?')}")
+            continue
+        lines.append(title)
+        lines += _device_lines(devs, statuses[host], before, now)
     if clear:
         print("\033[2J\033[H", end="")
     print("\n".join(lines), flush=True)
     return now
+
+
+def _device_lines(devs, hs, before, now) -> list[str]:
+    """One line per device of a live host whose status is ``hs``; notes each device's busy
+    seconds and the host's uptime in ``now``, for the next refresh."""
+    lines = []
+    for d in devs:
+        info = hs["devices"].get(d["id"], {})
+        used, cap = info.get("hbm_used", 0), info.get("hbm_capacity", 1)
+        busy, t = info.get("busy_seconds", 0.0), hs.get("uptime", 1.0)
+        now[d["id"]] = (busy, t)
+        b0, t0 = (before or {}).get(d["id"], (0.0, 0.0))
+        pct = 100 * (busy - b0) / max(t - t0, 1e-9)
+        lines.append(f"  device {d['id']:3d} {d['kind']}: HBM {used / 2**20:9.1f} MiB"
+                     f" / {cap / 2**30:.0f} GiB, busy {pct:5.1f}%"
+                     f" {'since last refresh' if before else 'since start'}")
+    return lines
 
 
 def _dashboard(args) -> int:

@@ -180,11 +180,12 @@ class Client:
         pid, hostname), ``devices``, ``clients`` (weight, priority, runs running, gangs
         queued, runs held behind an install, its oldest runs in flight), the scheduling
         ``policy``, the resource manager's ``resources`` (slices, suspended slices), the
-        latest failed runs (``errors``, with remote tracebacks) and the coordinator's clock
+        latest failed runs (``errors``, with remote tracebacks), the hosts lost so far
+        (``lost_hosts``, each host's hello as ``hosts`` had it) and the coordinator's clock
         ``now`` (``ControlPlane.status``).
 
         >>> sorted(client.cluster_status())
-        ['clients', 'devices', 'errors', 'hosts', 'now', 'policy', 'resources']
+        ['clients', 'devices', 'errors', 'hosts', 'lost_hosts', 'now', 'policy', 'resources']
         """
         return self.session.request(self.address, protocol.Status(None)).result(timeout)
 

@@ -345,8 +345,9 @@ class ControlPlane:
         running (started on the hosts), gangs queued, runs ``held`` behind a program being
         installed and its oldest runs in flight (``runs``: program, run, started, ``since``
         it was numbered, and the Plaque graph and timestamp ``t`` once started), the latest
-        failed runs (``errors``, with remote tracebacks) and ``now``, the time ``since`` and
-        ``at`` are in."""
+        failed runs (``errors``, with remote tracebacks), the hosts lost so far
+        (``lost_hosts``: their infos, as ``hosts`` had them) and ``now``, the time ``since``
+        and ``at`` are in."""
         clients = {}
         for cid in sorted(self.clients):
             info = self.client_info.get(cid, {})
@@ -368,7 +369,7 @@ class ControlPlane:
                                      "graph": run.prog.gid, "t": run.t})
         return {"hosts": self.hosts, "devices": self.devices(), "clients": clients,
                 "policy": self.policy, "resources": self.rm.snapshot(), "now": self._now,
-                "errors": list(self.errors)}
+                "errors": list(self.errors), "lost_hosts": dict(self._departed)}
 
     def _bye(self, ident, msg):
         self._forget_client(msg.client, f"client {msg.client} closed")

@@ -70,7 +70,7 @@ def test_replace_a_host_as_the_readme_says(procs):
         step = pw.shard_map(lambda v: pw.psum(v, "d") + 1.0, mesh, P("d"), P("d"))
         x = client.put(np.arange(4.0), mesh, P("d"))
         np.testing.assert_allclose(step(x).result(timeout=30), np.full(4, 7.0))
-        island, victim, _, pid = hosts[0]
+        island, victim, hostname, pid = hosts[0]
         os.kill(int(pid), signal.SIGKILL)  # "kill PID"
         with pytest.raises(pw.HostLost):
             for _ in range(200):  # until the coordinator has noticed
@@ -86,9 +86,25 @@ def test_replace_a_host_as_the_readme_says(procs):
         assert int(victim) not in {d.host for d in mesh.devices.flat}
         np.testing.assert_allclose(step(x).result(timeout=30), np.full(4, 7.0))
     shown = status(address)
-    assert f"pid {pid})" not in shown and shown.count("device ") == 4
+    assert f"host {victim} ({hostname}, pid {pid}): lost" in shown, shown  # listed, as lost
+    assert shown.count("device ") == 4
     up.send_signal(signal.SIGINT)
     assert up.wait(30) == 0
+
+
+def test_status_lists_a_lost_host_marked_lost():
+    with pw.local_cluster(hosts_per_island=2, devices_per_host=1,
+                          heartbeat_timeout=2.0) as cluster:
+        victim = cluster.processes[-1]
+        with pw.connect(cluster.address) as client:
+            hosts = client.cluster_status()["hosts"]
+            (host,) = [h for h, info in hosts.items() if info["pid"] == victim.pid]
+            victim.kill()
+            victim.wait(30)
+            wait_until(lambda: len(client.devices()) == 1, 30, 0.1)  # the coordinator knows
+        shown = status(cluster.address)
+    assert re.search(rf"island 0 host {host} \([^,]+, pid {victim.pid}\): lost", shown), shown
+    assert shown.count("device ") == 1, shown  # the live host's one device
 
 
 def test_a_host_added_by_hand_hashes_text_as_the_clusters_hosts(procs):
