@@ -175,16 +175,17 @@ class BodyRunner:
 
     def _switch_watched(self, shard: Shard, switch, args) -> None:
         """``switch`` with the body under the watchdog: past its deadline it is interrupted."""
-        watchdog = self._watcher()
-        began = watchdog.clock()
-        watchdog.watch(shard, shard.limit_at or began + shard.cpu_left)
+        watchdog = self._watchdog or self._watcher()
+        cpu_left = shard.cpu_left  # a simulated body's: its turns' CPU seconds are counted
+        began = watchdog.clock() if cpu_left else 0.0
+        watchdog.watch(shard, shard.limit_at or began + cpu_left)
         try:
             switch(*args)
         except KernelTimeout:
             pass  # it landed outside the body's own try (see pathways.host.watchdog)
         fired = watchdog.unwatch()
-        if shard.cpu_left:  # what this turn used; never 0, which means no limit
-            shard.cpu_left = max(shard.cpu_left - (watchdog.clock() - began), 1e-9)
+        if cpu_left:  # what this turn used; never 0, which means no limit
+            shard.cpu_left = max(cpu_left - (watchdog.clock() - began), 1e-9)
         if fired is not shard or shard.done:
             return
         if shard.glet is None or shard.glet.dead:  # it ended the greenlet itself

@@ -180,16 +180,20 @@ class Executor:
             while self._resumable:
                 self.bodies.resume(*self._resumable.popleft())
                 busy = True
-            for device in list(self.devices.values()):
-                if device.current is None and not self._over(ends):
-                    busy |= self._take_next(device)
+            # the clock is read after work only (a device's next kernel may run a body)
+            if not (busy and self._over(ends)):
+                for device in list(self.devices.values()):
+                    if device.current is None and self._take_next(device):
+                        busy = True
+                        if self._over(ends):
+                            break
             busy = busy and not self._over(ends)
         if self.link is not None:
             self.link.flush(self._unsent)
 
     def _over(self, ends: float | None) -> bool:
         """The turn has used its budget: it stops here and the next one comes at once."""
-        if ends is not None and self.now() >= ends:
+        if not self.turn_cut and ends is not None and self.now() >= ends:
             self.turn_cut = True
         return self.turn_cut
 
