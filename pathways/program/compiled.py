@@ -100,7 +100,8 @@ class CompiledFunction:
         self.limit = limit
         self._signatures: dict[tuple, Signature] = {}
         self._costs: dict[tuple, float] = {}  # (shapes and dtypes, device spec) -> seconds
-        self.jax = None  # a JaxBody once abstract evaluation finds the body written in JAX
+        self.jax = None  # a JaxBody once abstract evaluation finds JAX can trace the body
+        self._numpy = False  # whether it found JAX cannot: a numpy body
 
     def __repr__(self):
         return f"<compiled {self.name} on {self.mesh}>"
@@ -196,8 +197,8 @@ class CompiledFunction:
 
     def _abstract_eval(self, in_avals) -> Signature:
         m = self.mesh
-        if self.jax is None and jax_body.uses_jax(self.body):
-            self._as_jax()
+        if self.jax is None and not self._numpy:
+            self._numpy = not self._traced_by_jax(in_avals)
         if self.jax is not None:
             self.shard_avals(in_avals)  # our errors for a wrong count or an uneven split
             outs, shards = ([Aval(tuple(a.shape), np.dtype(a.dtype)) for a in avals]
@@ -207,7 +208,7 @@ class CompiledFunction:
         zeros = [np.zeros(a.shape, a.dtype) for a in self.shard_avals(in_avals)]
         try:
             outs = self._as_tuple(self._on_zeros(lambda z: self.body(*z), zeros))
-        except jax_body.NotNumpy:  # JAX in a way uses_jax could not see: trace it as JAX
+        except jax_body.NotNumpy:  # JAX in it after all: JAX's error in tracing it
             self._as_jax()
             return self._abstract_eval(in_avals)
         avals, specs = [], []
@@ -217,6 +218,21 @@ class CompiledFunction:
             avals.append(Aval(global_shape_of(o.shape, m.axis_sizes, m.axis_names, spec), o.dtype))
         return Signature(tuple(avals), tuple(Aval.of(o) for o in outs),
                          self._rep_checks(in_avals, zeros, specs), tuple(in_avals))
+
+    def _traced_by_jax(self, in_avals) -> bool:
+        """Whether the body runs as JAX (then ``self.jax`` is set): whenever JAX can trace it,
+        so it computes with JAX's types, as under ``jax.shard_map``, and JAX checks its
+        out_specs now. A body JAX cannot trace that does not refer to JAX runs as numpy."""
+        if not jax_body.available():
+            return False
+        self.shard_avals(in_avals)  # our errors for a wrong count or an uneven split
+        self._as_jax()
+        try:
+            self.jax.avals(in_avals, self.single_output, not jax_body.uses_jax(self.body))
+        except jax_body.NotTraceable:
+            self.jax = None
+            return False
+        return True
 
     def _rep_checks(self, in_avals, zeros, out_specs) -> tuple[tuple[str, ...], ...]:
         """Per output, the axes it must be replicated along that no proof covers."""
@@ -346,14 +362,19 @@ class CompiledFunction:
         """What ``run`` (the body on argument leaves) returns on one device's shards
         (``shard_avals``; of global ``avals`` split by ``in_specs``): arrays, or JAX's
         shape-dtype structs for a JAX body."""
-        if not jax_body.uses_jax(self.body):
-            zeros = [np.zeros(a.shape, a.dtype) for a in shard_avals]
-            try:
-                return self._on_zeros(lambda z: run(*z), zeros)
-            except jax_body.NotNumpy:
-                pass
         m = self.mesh
-        return jax_body.out_shapes(run, m.axis_names, m.axis_sizes, avals, in_specs, self.name)
+        if jax_body.available():  # JAX's types whenever JAX can trace it: see _traced_by_jax
+            try:
+                return jax_body.out_shapes(run, m.axis_names, m.axis_sizes, avals, in_specs,
+                                           self.name, not jax_body.uses_jax(self.body))
+            except jax_body.NotTraceable:
+                pass
+        zeros = [np.zeros(a.shape, a.dtype) for a in shard_avals]
+        try:
+            return self._on_zeros(lambda z: run(*z), zeros)
+        except jax_body.NotNumpy:  # JAX in it after all: JAX's error in tracing it
+            return jax_body.out_shapes(run, m.axis_names, m.axis_sizes, avals, in_specs,
+                                       self.name)
 
 
 def shard_map(body, mesh: Mesh, in_specs, out_specs, cost=None, name=None,
