@@ -182,7 +182,7 @@ class FusedJax(jax_body.JaxBody):
         self._chain = None  # (jaxpr, constants), made once per process
 
     def __getstate__(self):
-        return {**self.__dict__, "_last": None, "_chain": None}
+        return {**super().__getstate__(), "_chain": None}
 
     def retarget(self, axis_names, mesh_shape) -> FusedJax:
         if (tuple(axis_names), tuple(mesh_shape)) == (self.axis_names, self.mesh_shape):

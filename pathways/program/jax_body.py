@@ -223,11 +223,18 @@ class JaxBody:
         self.axis_names, self.mesh_shape = tuple(axis_names), tuple(mesh_shape)
         self.in_specs, self.out_specs = tuple(in_specs), tuple(out_specs)
         self.x64 = bool(jax.config.jax_enable_x64)
-        self.token = uuid.uuid4().hex  # names this body in every process's plan cache
+        self.token = uuid.uuid4().hex  # names this body in this process's plan cache
         self._last = None  # (argument avals, plan) of the latest run, in this process
 
     def __getstate__(self):
-        return {**self.__dict__, "_last": None}
+        # the token names the body in one process only: a random one on the wire would
+        # make a simulation's messages differ from run to run of the same seed
+        state = {**self.__dict__, "_last": None}
+        del state["token"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state, token=uuid.uuid4().hex)
 
     @staticmethod
     def _x64(on: bool):
