@@ -168,32 +168,6 @@ class NotNumpy(Exception):
     """The abstract pass of a numpy body found JAX in it (a JAX array out, or JAX's error)."""
 
 
-class NotTraceable(Exception):
-    """JAX could not trace a body that does not refer to JAX: it raised while traced (its
-    error is the ``__cause__``), so it is a numpy body, run as numpy."""
-
-
-class _BodyRaised(Exception):
-    """The body itself raised inside a JAX trace (the ``__cause__``), not JAX's checks after
-    it returned (of its out_specs, say)."""
-
-
-_available = None
-
-
-def available() -> bool:
-    """Whether JAX can be imported here (found once, importing nothing)."""
-    global _available
-    if _available is None:
-        import importlib.util
-
-        if "jax" in sys.modules:  # None there: blocked, as if not installed
-            _available = sys.modules["jax"] is not None
-        else:
-            _available = importlib.util.find_spec("jax") is not None
-    return _available
-
-
 def returns_jax(outs) -> bool:
     """Whether a body's result holds JAX arrays (a body run eagerly on numpy that is JAX)."""
     items = outs if isinstance(outs, (tuple, list)) else (outs,)
@@ -281,11 +255,10 @@ class JaxBody:
             _avals[key] = (shapes_of(closed, self.name), closed)
         return (*open_body(closed, self.name), list(closed.out_avals))
 
-    def avals(self, in_avals, single_output: bool, numpy_ok=False) -> tuple[list, list]:
+    def avals(self, in_avals, single_output: bool) -> tuple[list, list]:
         """(global output avals, one device's output avals) for global argument avals, from
         the trace alone: what a client needs, with nothing compiled (its hosts compile, in
-        ``plan``). Traced once per process. ``numpy_ok``: the body raising in the trace is
-        NotTraceable (else a ProgramError)."""
+        ``plan``). Traced once per process."""
         key = (self.token, tuple(in_avals))
         plan = _plans.get((*key, None))
         if plan is not None:
@@ -293,13 +266,13 @@ class JaxBody:
         with _plans_lock:
             got = _avals.get(key)
             if got is None:
-                closed = self.traced(in_avals, single_output, numpy_ok)
+                closed = self.traced(in_avals, single_output)
                 got = _avals[key] = (shapes_of(closed, self.name), closed)
                 while len(_avals) > PLANS_KEPT:
                     _avals.popitem(last=False)
             return got[0]
 
-    def traced(self, in_avals, single_output, numpy_ok=False):
+    def traced(self, in_avals, single_output):
         """The closed jaxpr of the body's ``jax.shard_map`` on arguments of ``in_avals``."""
         jax = require()
         from jax.sharding import AbstractMesh
@@ -307,8 +280,6 @@ class JaxBody:
 
         mesh = AbstractMesh(self.mesh_shape, self.axis_names)
         in_specs = tuple(JaxP(*s) if s is not None else JaxP() for s in self.in_specs)
-        if len(in_specs) == 1 and len(in_avals) != 1:  # one spec for every argument
-            in_specs = in_specs * len(in_avals)
         out_specs = tuple(JaxP(*s) if s is not None else JaxP() for s in self.out_specs)
         body = self.body
 
@@ -317,12 +288,10 @@ class JaxBody:
             outs = body(*args)
             return (outs,) if single_output else tuple(outs)
 
-        flat.__name__ = flat.__qualname__ = self.name  # as JAX's errors name it
-
         mapped = jax.shard_map(flat, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                                check_vma=self.check_rep)
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals]
-        with _traced(self.name, in_avals, numpy_ok), jax.enable_x64(self.x64):
+        with _traced(self.name, in_avals), jax.enable_x64(self.x64):
             return jax.make_jaxpr(mapped)(*structs)
 
     def run(self, shards, in_avals, single_output: bool) -> tuple:
@@ -362,54 +331,30 @@ _avals: OrderedDict[tuple, tuple] = OrderedDict()  # ``avals`` of bodies not pla
 _plans_lock = threading.RLock()
 
 
-def out_shapes(fn, axis_names, mesh_shape, in_avals, in_specs, name, numpy_ok=False):
-    """What ``fn`` returns (a tree of ShapeDtypeStructs, one device's shapes) on arguments of
-    global ``in_avals`` split by ``in_specs``, traced as under ``jax.shard_map``: for the
-    structure of what a body returns, before its out_specs are known (every output is taken
-    as replicated, unchecked: the body's own trace checks its specs). ``numpy_ok`` as in
-    ``JaxBody.avals``."""
+def out_shapes(fn, axis_names, mesh_shape, shard_avals, name):
+    """What ``fn`` returns on shards of ``shard_avals`` (a tree of ShapeDtypeStructs), traced
+    with collectives over the mesh's axes (for a pytree body's output structure)."""
     jax = require()
-    from jax.sharding import AbstractMesh
-    from jax.sharding import PartitionSpec as JaxP
-
-    shapes = []
-
-    def keep(*args):
-        out = fn(*args)
-        shapes.append(jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype), out))
-        return jax.tree.map(lambda o: jax.numpy.zeros((), o.dtype), out)
-
-    mapped = jax.shard_map(_naming_missing_axes(name, axis_names)(keep),
-                           mesh=AbstractMesh(tuple(mesh_shape), tuple(axis_names)),
-                           in_specs=tuple(JaxP(*(s or ())) for s in in_specs),
-                           out_specs=JaxP(), check_vma=False)
-    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals]
-    with _traced(name, in_avals, numpy_ok):
-        jax.make_jaxpr(mapped)(*structs)
-    return shapes[0]
+    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in shard_avals]
+    with _traced(name, shard_avals):
+        return jax.make_jaxpr(_naming_missing_axes(name, axis_names)(fn),
+                              axis_env=list(zip(axis_names, mesh_shape)),
+                              return_shape=True)(*structs)[1]
 
 
 @contextlib.contextmanager
-def _traced(name, avals, numpy_ok=False):
+def _traced(name, avals):
     """Trace a body here: pw collectives mean jax.lax's, no kernel environment is seen (a host
-    traces inside a kernel), and JAX's errors become ProgramErrors naming the function (or
-    NotTraceable, if ``numpy_ok``, when the body itself raised)."""
+    traces inside a kernel), and JAX's errors become ProgramErrors naming the function."""
     token = collectives.jax_tracing.set(True)
     try:
         with collectives.kernel_env(None):
             yield
-    except _BodyRaised as marked:
-        exc = marked.__cause__
-        if numpy_ok:
-            raise NotTraceable(name) from exc
-        raise ProgramError(f"{name}: JAX could not trace the body on arguments"
-                           f" {[str(a) for a in avals]}: {str(exc) or type(exc).__name__}") from exc
     except (ProgramError, ShardingError):
         raise
-    except Exception as exc:  # JAX's checks of the specs (ValueErrors, as ProgramError is);
-        # some of JAX's errors say nothing (an AssertionError): name the type
-        raise ProgramError(f"{name} on arguments {[str(a) for a in avals]}:"
-                           f" {str(exc) or type(exc).__name__}") from exc
+    except Exception as exc:  # some of JAX's say nothing (an AssertionError): name the type
+        raise ProgramError(f"{name}: JAX could not trace the body on arguments"
+                           f" {[str(a) for a in avals]}: {str(exc) or type(exc).__name__}") from exc
     finally:
         collectives.jax_tracing.reset(token)
 
@@ -429,7 +374,7 @@ def _naming_missing_axes(name, axis_names):
             except Exception as exc:
                 found = _missing_axis(exc.__traceback__, axis_names)
                 if found is None:
-                    raise _BodyRaised from exc
+                    raise
                 raise ProgramError(f"{name}: {found[0]} over axis {found[1]!r}, which the"
                                    f" mesh {tuple(axis_names)} does not have") from exc
         return call

@@ -20,7 +20,7 @@ def test_wrong_shapes_and_unknown_axes_fail_at_the_call(client):
     x = client.put(np.ones((4, 4)), mesh, P("data"))
     with pytest.raises(pw.ProgramError, match="shapes|matmul|mismatch"):
         f(x)
-    with pytest.raises(pw.ProgramError, match="axis 'nope', which the mesh"):
+    with pytest.raises(pw.ShardingError):
         pw.shard_map(lambda x: pw.psum(x, "nope"), mesh, P("data"), P("data"))(x)
     with pytest.raises(pw.ShardingError, match="mesh shape"):
         client.mesh((2, 2), ("data",))

@@ -54,7 +54,7 @@ def test_bad_specs_and_shapes_fail_at_call_time(client):
     y = client.put(np.zeros((3, 4)), mesh, P())
     with pytest.raises(pw.ShardingError, match="size 3, which is not divisible by 2"):
         pw.shard_map(lambda v: v, mesh, P("data"), P("data"))(y)
-    with pytest.raises(pw.ProgramError, match="axis 'experts', which the mesh"):
+    with pytest.raises(pw.ShardingError, match="unknown mesh axis 'experts'"):
         pw.shard_map(lambda v: pw.psum(v, "experts"), mesh, P("data"), P("data"))(
             client.put(np.zeros((4, 4)), mesh, P("data")))
     with pytest.raises(pw.ResourceError, match="16"):
@@ -99,8 +99,7 @@ def test_futures_follow_concurrent_futures_and_asyncio(client):
     f = pw.shard_map(lambda v: v * 3, mesh, P("data"), P("data"))
     x = client.put(np.ones((2, 4)), mesh, P("data"))
     y = f(x)
-    # float64 in, JAX's float32 out: the body is traced by JAX, as under jax.shard_map
-    assert (y.shape, y.dtype, y.mesh, tuple(y.spec)) == ((2, 4), np.float32, mesh,
+    assert (y.shape, y.dtype, y.mesh, tuple(y.spec)) == ((2, 4), np.float64, mesh,
                                                          ("data", None))
     seen = threading.Event()
     y.add_done_callback(lambda arr: seen.set())
@@ -337,9 +336,9 @@ def test_pytrees_as_arguments_specs_and_results(client):
     new, (y, [total]) = step(params, client.put(x0, mesh, P("data")))
     assert isinstance(new["layer"], Layer) and isinstance(new["layer"].w, pw.Array)
     want_y = x0 @ w0 + b0
-    np.testing.assert_allclose(y.result(60), want_y, rtol=1e-5)  # JAX's float32
-    np.testing.assert_allclose(total.result(60), want_y.sum(), rtol=1e-5)
-    np.testing.assert_allclose(new["layer"].w.result(60), w0 - 0.1 * x0.T @ want_y, rtol=1e-5)
+    np.testing.assert_allclose(y.result(60), want_y)
+    np.testing.assert_allclose(total.result(60), want_y.sum())
+    np.testing.assert_allclose(new["layer"].w.result(60), w0 - 0.1 * x0.T @ want_y)
     ref_new, (ref_y, [ref_total]) = pw.reference(step)(
         {"layer": Layer(w0, b0), "scale": np.float64(0.1)}, x0)
     np.testing.assert_array_equal(ref_new["layer"].w, new["layer"].w.result(60))
@@ -354,6 +353,6 @@ def test_pytrees_as_arguments_specs_and_results(client):
     w2 = two_steps(params, client.put(x0, mesh, P("data")))
     np.testing.assert_allclose(w2.result(60), pw.reference(two_steps)(
         {"layer": Layer(w0, b0), "scale": np.float64(0.1)}, x0))
-    with pytest.raises(pw.ProgramError, match="in_specs has a dict of keys .w. where argument 0"):
+    with pytest.raises(pw.ProgramError, match="does not match the structure"):
         pw.shard_map(sgd, mesh, in_specs=({"w": P()}, P("data")), out_specs=P())(
             params, client.put(x0, mesh, P("data")))
