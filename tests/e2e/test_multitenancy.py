@@ -171,3 +171,67 @@ def test_a_higher_priority_client_makes_room_while_the_other_process_is_training
         finally:
             victim.kill()
             victim.wait(timeout=30)
+
+
+DYING_VICTIM = """
+import os, sys, threading
+import numpy as np
+import pathways as pw
+from pathways import P, protocol
+
+client = pw.connect(sys.argv[1], priority=0)
+send = client.session.request
+
+
+def request(address, msg, *args, **kwargs):  # SIGKILLed just after it asks to suspend
+    sent = send(address, msg, *args, **kwargs)
+    if isinstance(msg, protocol.Suspend):
+        threading.Timer(float(sys.argv[2]), os.kill, (os.getpid(), 9)).start()
+    return sent
+
+
+client.session.request = request
+mesh = client.mesh((4,), ("d",))
+step = pw.shard_map(lambda v: v + 1.0, mesh, P("d"), P("d"), cost=0.02)
+x = client.put(np.zeros(8), mesh, P("d"))
+print("training", flush=True)
+try:
+    while True:
+        x = step(x)
+        x.block_until_ready(timeout=60)
+except pw.SliceSuspended:
+    threading.Event().wait(60)  # the suspension goes on, on its thread, until the kill
+"""
+
+
+@pytest.mark.parametrize("after", [0.0, 0.05])
+def test_a_client_killed_while_it_is_preempted_has_its_arrays_freed(tmp_path, after):
+    """Free last, for clients too (issue 45): a victim SIGKILLed while it suspends for a
+    preemption (its arrays saved, its Suspend sent, not yet answered or just answered) has
+    every buffer freed within its client timeout plus a bounded margin."""
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "victim.py"
+    script.write_text(DYING_VICTIM)
+    with pw.local_cluster(islands=1, hosts_per_island=2, devices_per_host=2,
+                          client_timeout=2.0) as cluster:
+        victim = subprocess.Popen([sys.executable, str(script), cluster.address, str(after)],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert victim.stdout.readline().strip() == "training"
+            with pw.connect(cluster.address, priority=9) as high:
+                high.mesh((4,), ("d",), preempt=True)  # the victim suspends, and dies
+                assert victim.wait(timeout=60) == -9
+                deadline = time.monotonic() + 2.0 + 20.0
+                while True:
+                    stores = [s["store"] for s in high.host_status(timeout=30).values()]
+                    held = sum(n for s in stores for n in s["entries"].values())
+                    if held == 0 and all(b == 0 for s in stores for b in s["bytes"].values()):
+                        break
+                    assert time.monotonic() < deadline, f"the victim's buffers stay: {stores}"
+                    time.sleep(0.1)
+        finally:
+            victim.kill()
+            victim.wait(timeout=30)
