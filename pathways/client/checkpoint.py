@@ -298,5 +298,8 @@ def _encode(values) -> tuple[dict, list]:
         raise ProgramError(f"save: {type(x).__name__} in the tree; a checkpoint holds dicts,"
                            " tuples and lists of arrays")
 
-    structure = walk(values, [])
+    try:
+        structure = walk(values, [])
+    finally:
+        del walk  # a recursive closure is a cycle: it would keep the arrays until a GC
     return structure, named

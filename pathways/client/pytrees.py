@@ -70,7 +70,10 @@ def _plain_flatten(tree) -> tuple[list, list[str], object]:
         kind, children = node
         return kind, tuple(walk(c, path + key) for key, c in children)
 
-    return leaves, paths, walk(tree, "")
+    try:
+        return leaves, paths, walk(tree, "")
+    finally:
+        del walk  # a recursive closure is a cycle: it would keep the leaves until a GC
 
 
 def _is_plain(treedef) -> bool:
@@ -95,7 +98,10 @@ def unflatten(treedef, leaves):
             return dict(zip(meta, values))
         return kind(values) if kind in (list, tuple) else kind(*values)
 
-    return build(treedef)
+    try:
+        return build(treedef)
+    finally:
+        del build  # a recursive closure is a cycle: it would keep the leaves until a GC
 
 
 def per_leaf(prefix, tree, treedef, n_leaves: int, is_item, what: str) -> list:
@@ -126,7 +132,10 @@ def per_leaf(prefix, tree, treedef, n_leaves: int, is_item, what: str) -> list:
         for (key, pc), (_, xc) in zip(pnode[1], xnode[1]):
             walk(pc, xc, path + key)
 
-    walk(prefix, tree, "")
+    try:
+        walk(prefix, tree, "")
+    finally:
+        del walk  # a recursive closure is a cycle: it would keep the tree until a GC
     return out
 
 

@@ -121,7 +121,10 @@ def _unflatten(structure, leaves):
             return dict(zip(tag, values))
         return tag(*values) if hasattr(tag, "_fields") else tag(values)
 
-    return build(structure)
+    try:
+        return build(structure)
+    finally:
+        del build  # a recursive closure is a cycle: it would keep the leaves until a GC
 
 
 # ---- schedules (pure) ------------------------------------------------------------------------

@@ -36,7 +36,10 @@ def tree_fold(values: list, combine):
         mid = lo + split_point(hi - lo)
         return combine(fold(lo, mid), fold(mid, hi))
 
-    return fold(0, len(values))
+    try:
+        return fold(0, len(values))
+    finally:
+        del fold  # a recursive closure is a cycle: it would keep the values until a GC
 
 
 class Reduction:

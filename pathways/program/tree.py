@@ -58,7 +58,12 @@ def flatten(tree) -> tuple[list, tuple]:
         node, children = _children(x)
         return (node, tuple(walk(c) for c in children))
 
-    return leaves, walk(tree)
+    try:
+        return leaves, walk(tree)
+    finally:
+        # a recursive closure is a cycle: it would keep the leaves (a call's arrays) alive
+        # until the cyclic GC, and with them their shards on the hosts
+        del walk
 
 
 def unflatten(treedef, leaves):
@@ -78,7 +83,10 @@ def unflatten(treedef, leaves):
             return kind(*values)
         return kind(**dict(zip(meta, values)))
 
-    return build(treedef)
+    try:
+        return build(treedef)
+    finally:
+        del build  # a recursive closure is a cycle: it would keep the leaves until a GC
 
 
 def per_leaf(prefix, tree, what: str = "specs") -> list:

@@ -129,3 +129,35 @@ def test_suspensions_mark_a_slice_once_and_refuse_its_meshes():
     sus.discard(3)
     sus.check([mesh])
     assert not sus and sus.directories() == []
+
+
+def test_a_calls_arguments_are_freed_without_the_cyclic_garbage_collector(client):
+    """A recursive closure in a tree walker is a reference cycle; one that held a call's
+    leaves kept the first argument of a call (and its shards on the hosts) alive until the
+    cyclic GC ran, which tests/e2e/test_lifecycle.py saw as a leak after a killed client."""
+    import gc
+    import weakref
+
+    import pathways as pw
+    from pathways import P
+
+    mesh = client.mesh((2,), ("d",))
+    step = pw.shard_map(lambda v: v + 1.0, mesh, P("d"), P("d"))
+
+    @pw.program
+    def twice(tree):
+        return {"v": step(step(tree["v"]))}
+
+    gc.disable()
+    try:
+        x = client.put(np.zeros(4), mesh, P("d"))
+        first = weakref.ref(x)
+        x = step(x)
+        out = twice({"v": x})
+        second = weakref.ref(x)
+        x = out["v"]
+        np.testing.assert_array_equal(x.result(timeout=30), np.full(4, 3.0))
+        del out
+        assert first() is None and second() is None
+    finally:
+        gc.enable()
