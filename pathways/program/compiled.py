@@ -13,13 +13,13 @@ returns futures; inside a program it records one equation.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ProgramError, ShardingError
-from . import collectives, jax_body, replication, tree
+from . import collectives, flat_call, jax_body, replication, tree
+from .arguments import check_arguments
 from . import cost as cost_model
 from .ir import Aval, RemoteValue, current_trace
 from .mesh import Mesh
@@ -53,18 +53,20 @@ def _as_specs(specs):
     return tree.unflatten(treedef, [as_spec(s) for s in leaves])
 
 
-def _specs(specs, what: str) -> tuple[tuple, bool]:
-    """(tuple of specs, single) from a P, None, or a tuple/list of them; ((), False) for a
-    pytree of them (tuples, lists, dicts, dataclasses), which calls flatten first."""
-    if specs is None or isinstance(specs, P):
+def _flat_specs(specs, what: str) -> tuple[tuple, bool]:
+    """(tuple of specs, single) as a function with one argument or result per leaf reads
+    ``specs``: a P or None is one spec (single), a tuple or list of them is one per item,
+    anything else (a deeper tree) only fits a call through its flat twin: ((), False).
+    Every leaf must be a P or None."""
+    leaves = tree.flatten(specs)[0]
+    if not all(s is None or isinstance(s, P) for s in leaves):
+        raise ShardingError(f"{what} must be a P(...), or a tuple, list, dict or dataclass of"
+                            f" them, got {specs!r}")
+    if not tree.is_node(specs):
         return (specs,), True
-    if isinstance(specs, (tuple, list)) and all(s is None or isinstance(s, P) for s in specs):
+    if isinstance(specs, (tuple, list)) and not any(tree.is_node(s) for s in specs):
         return tuple(specs), False
-    leaves = tree.flatten(specs)[0] if tree.is_node(specs) else [specs]
-    if all(s is None or isinstance(s, P) for s in leaves):
-        return (), False
-    raise ShardingError(f"{what} must be a P(...), or a tuple, list, dict or dataclass of them,"
-                        f" got {specs!r}")
+    return (), False
 
 
 class CompiledFunction:
@@ -87,12 +89,11 @@ class CompiledFunction:
         self.body, self.mesh, self.cost = body, mesh, cost
         self.name = name or getattr(body, "__name__", "body")
         in_specs, out_specs = _as_specs(in_specs), _as_specs(out_specs)
-        flat_in, self._broadcast_in = _specs(in_specs, "in_specs")
-        flat_out, single = _specs(out_specs, "out_specs")
+        flat_in, self._broadcast_in = _flat_specs(in_specs, "in_specs")
+        flat_out, single = _flat_specs(out_specs, "out_specs")
         self.in_specs, self.out_specs, self.single_output = flat_in, flat_out, single
-        self._spec_trees = (in_specs, out_specs)  # as given, for pytree arguments/results
-        self._nested = not flat_in or not flat_out
-        self._flat: dict[tuple, CompiledFunction] = {}  # per argument structure and avals
+        self._spec_trees = (in_specs, out_specs)  # as given: JAX's tree prefixes
+        self._flat: dict[tuple, tuple] = {}  # per argument structure and avals: see twin
         self.check_rep = bool(check_rep)
         if limit is not None and not (isinstance(limit, (int, float)) and limit > 0):
             raise ProgramError(f"shard_map limit must be a number of seconds > 0, got {limit!r}")
@@ -299,72 +300,60 @@ class CompiledFunction:
             trace.check_arguments(self.name, args)
         else:
             check_arguments(self.name, args, self.mesh.client)
-        if self._nested or any(tree.is_node(a) for a in args):
-            return self._call_tree(args)
-        if trace is not None:
-            return trace.record(self, args)
-        return run_op_by_op(self, args)
+        if self.routed:
+            flat, leaves, out_def = self, args, None
+        else:
+            flat, leaves, out_def = self.twin(args)
+        outs = trace.record(flat, leaves) if trace is not None else run_op_by_op(flat, leaves)
+        return outs if out_def is None else tree.unflatten(out_def, outs)
 
     # ---- pytrees: a flat function per argument structure -----------------------------------
 
-    def _call_tree(self, args):
-        """Pytree arguments (tuples, lists, dicts, dataclasses of arrays) and results: the
-        call runs a flat twin of this function, one argument per leaf, and the results are
-        put back in the body's structure."""
-        flat, leaves = self.twin(args)
-        outs = flat(*leaves)
-        return tree.unflatten(flat.out_def, outs if isinstance(outs, tuple) else (outs,))
-
-    def twin(self, args) -> tuple[CompiledFunction, list]:
-        """The flat function (one argument and result per leaf; ``out_def``: the results'
-        structure) that runs this one on pytree ``args``, and their leaves. Made once per
-        argument structure and leaf avals."""
+    def twin(self, args) -> tuple[CompiledFunction, list, object]:
+        """(the flat function that runs this one on ``args``, the leaves of ``args``, the
+        results' structure). The flat function takes one argument per leaf and returns one
+        result per leaf, each with its spec from JAX's prefix semantics; it is this function
+        itself when the call already is flat (arguments are arrays, and the body returns an
+        array for a single spec or a tuple matching a tuple of specs: structure None). Made
+        once per argument structure and leaf avals."""
         leaves, in_def = tree.flatten(args)
         key = (in_def, tuple(Aval.of(a) for a in leaves))
-        flat = self._flat.get(key)
-        if flat is None:
-            flat = self._flat[key] = self._flat_twin(args, in_def, key[1])
-        return flat, leaves
+        hit = self._flat.get(key)
+        if hit is None:
+            hit = self._flat[key] = self._twin(args, in_def, key[1])
+        return hit[0], leaves, hit[1]
 
-    def _flat_twin(self, args, in_def, avals) -> CompiledFunction:
-        in_specs = tree.per_leaf(self._in_prefix(len(args)), args, f"{self.name}: in_specs")
-        body = self.body
-
-        def flat_body(*shards):
-            out_leaves, out_def = tree.flatten(body(*tree.unflatten(in_def, shards)))
-            if out_def != want_def:
-                raise ProgramError(f"{self.name} returned another structure than it did on"
-                                   f" zero-filled shards: {out_def} instead of {want_def}")
-            return tuple(out_leaves)
-
+    def _twin(self, args, in_def, avals) -> tuple[CompiledFunction, object]:
+        in_specs = flat_call.in_leaf_specs(self.name, self._spec_trees[0], args)
         shard_avals = self.shard_avals(avals, in_specs)
+        body = self.body
 
         def on_leaves(*leaves):
             return body(*tree.unflatten(in_def, leaves))
 
-        out = None
-        if not jax_body.uses_jax(body):
+        out = self.out_tree(on_leaves, avals, in_specs, shard_avals)
+        out_specs = tree.per_leaf(self._spec_trees[1], out, f"{self.name}: out_specs",
+                                  "output")
+        if flat_call.is_flat(self, args, out):
+            return self, None
+        out_def = tree.flatten(out)[1]
+        flat = CompiledFunction(flat_call.FlatBody(body, in_def, out_def, self.name),
+                                self.mesh, tuple(in_specs), tuple(out_specs), cost=self.cost,
+                                name=self.name, check_rep=self.check_rep, limit=self.limit)
+        return flat, out_def
+
+    def out_tree(self, run, avals, in_specs, shard_avals):
+        """What ``run`` (the body on argument leaves) returns on one device's shards
+        (``shard_avals``; of global ``avals`` split by ``in_specs``): arrays, or JAX's
+        shape-dtype structs for a JAX body."""
+        if not jax_body.uses_jax(self.body):
+            zeros = [np.zeros(a.shape, a.dtype) for a in shard_avals]
             try:
-                out = self._on_zeros(lambda z: on_leaves(*z),
-                                     [np.zeros(a.shape, a.dtype) for a in shard_avals])
+                return self._on_zeros(lambda z: run(*z), zeros)
             except jax_body.NotNumpy:
                 pass
-        if out is None:  # a JAX body: its output structure from JAX's trace
-            out = jax_body.out_shapes(on_leaves, self.mesh.axis_names, self.mesh.axis_sizes,
-                                      shard_avals, self.name)
-        out_specs = tree.per_leaf(self._spec_trees[1], out, f"{self.name}: out_specs")
-        want_def = tree.flatten(out)[1]
-        flat = CompiledFunction(flat_body, self.mesh, tuple(in_specs), tuple(out_specs),
-                                cost=self.cost, name=self.name, check_rep=self.check_rep,
-                                limit=self.limit)
-        flat.out_def = want_def
-        return flat
-
-    def _in_prefix(self, nargs: int):
-        spec = self._spec_trees[0]
-        if spec is None or isinstance(spec, P):
-            return (spec,) * nargs
-        return spec
+        m = self.mesh
+        return jax_body.out_shapes(run, m.axis_names, m.axis_sizes, avals, in_specs, self.name)
 
 
 def shard_map(body, mesh: Mesh, in_specs, out_specs, cost=None, name=None,
@@ -387,63 +376,3 @@ def run_op_by_op(fn: CompiledFunction, args):
     client = args[0].client
     program = client.op_program(fn, [Aval(a.shape, a.dtype) for a in args])
     return client.run_program(program, args)
-
-
-def check_arguments(name: str, args, client=None) -> None:
-    """A call's arguments outside a program, checked before anything is traced or sent:
-    every leaf (of tuples, lists, dicts and dataclasses too) a live ``pw.Array`` of one
-    client (``client``, the function's, when known). Else ``ProgramError`` naming the
-    argument and the leaf ("argument 0[3]"), and what to do instead."""
-    if not args:
-        raise ProgramError(f"{name}: call with pw.Array arguments (client.put(...)); for"
-                           " numpy use pw.reference(f)")
-    first = None
-    for i, arg in enumerate(args):
-        for path, leaf in leaf_paths(arg, f"argument {i}"):
-            if not isinstance(leaf, RemoteValue):
-                raise ProgramError(
-                    f"{name}: {path} is {describe(leaf)}, not a pw.Array. Put the value on"
-                    " the cluster first (x = client.put(value, mesh, spec)) and pass the"
-                    " array; a constant the body needs can be closed over by the body;"
-                    " for numpy in, numpy out use pw.reference(f)")
-            if leaf.is_deleted():
-                raise ProgramError(f"{name}: {path} was deleted (array.delete()); pass an"
-                                   " array that is still alive")
-            if first is None:
-                first = path
-                if client is None:
-                    client = leaf.client
-                elif leaf.client is not client:
-                    raise ProgramError(f"{name}: {path} belongs to another client than the"
-                                       " mesh of the function; put it with that client")
-            elif leaf.client is not client:
-                raise ProgramError(f"{name}: {path} belongs to another client than {first};"
-                                   " the arrays of one call must all belong to one client")
-    if first is None:
-        raise ProgramError(f"{name}: the arguments hold no pw.Array; call with arrays put on"
-                           " the cluster (client.put(...))")
-
-
-def leaf_paths(arg, path: str):
-    """``(path, leaf)`` for every leaf of ``arg`` (a pytree as ``tree`` reads it), the path
-    written as Python would reach it from ``path``: ``argument 0[3]``, ``argument 1['w'].b``."""
-    if not tree.is_node(arg):
-        yield path, arg
-    elif isinstance(arg, dict):
-        for key in sorted(arg):
-            yield from leaf_paths(arg[key], f"{path}[{key!r}]")
-    elif isinstance(arg, (tuple, list)):
-        for i, child in enumerate(arg):
-            yield from leaf_paths(child, f"{path}[{i}]")
-    else:  # a dataclass
-        for f in dataclasses.fields(arg):
-            yield from leaf_paths(getattr(arg, f.name), f"{path}.{f.name}")
-
-
-def describe(value) -> str:
-    """What a wrong argument is, briefly: ``a float (0.0)``, ``a numpy.ndarray float64[8]``."""
-    if isinstance(value, np.ndarray):
-        return f"a numpy.ndarray {Aval.of(value)}"
-    text, kind = repr(value), type(value).__name__
-    kind = f"{'an' if kind[0] in 'aeiouAEIOU' else 'a'} {kind}"
-    return f"{kind} ({text})" if len(text) <= 40 else kind

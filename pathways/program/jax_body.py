@@ -280,6 +280,8 @@ class JaxBody:
 
         mesh = AbstractMesh(self.mesh_shape, self.axis_names)
         in_specs = tuple(JaxP(*s) if s is not None else JaxP() for s in self.in_specs)
+        if len(in_specs) == 1 and len(in_avals) != 1:  # one spec for every argument
+            in_specs = in_specs * len(in_avals)
         out_specs = tuple(JaxP(*s) if s is not None else JaxP() for s in self.out_specs)
         body = self.body
 
@@ -331,15 +333,30 @@ _avals: OrderedDict[tuple, tuple] = OrderedDict()  # ``avals`` of bodies not pla
 _plans_lock = threading.RLock()
 
 
-def out_shapes(fn, axis_names, mesh_shape, shard_avals, name):
-    """What ``fn`` returns on shards of ``shard_avals`` (a tree of ShapeDtypeStructs), traced
-    with collectives over the mesh's axes (for a pytree body's output structure)."""
+def out_shapes(fn, axis_names, mesh_shape, in_avals, in_specs, name):
+    """What ``fn`` returns (a tree of ShapeDtypeStructs, one device's shapes) on arguments of
+    global ``in_avals`` split by ``in_specs``, traced as under ``jax.shard_map``: for the
+    structure of what a body returns, before its out_specs are known (every output is taken
+    as replicated, unchecked: the body's own trace checks its specs)."""
     jax = require()
-    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in shard_avals]
-    with _traced(name, shard_avals):
-        return jax.make_jaxpr(_naming_missing_axes(name, axis_names)(fn),
-                              axis_env=list(zip(axis_names, mesh_shape)),
-                              return_shape=True)(*structs)[1]
+    from jax.sharding import AbstractMesh
+    from jax.sharding import PartitionSpec as JaxP
+
+    shapes = []
+
+    def keep(*args):
+        out = fn(*args)
+        shapes.append(jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype), out))
+        return jax.tree.map(lambda o: jax.numpy.zeros((), o.dtype), out)
+
+    mapped = jax.shard_map(_naming_missing_axes(name, axis_names)(keep),
+                           mesh=AbstractMesh(tuple(mesh_shape), tuple(axis_names)),
+                           in_specs=tuple(JaxP(*(s or ())) for s in in_specs),
+                           out_specs=JaxP(), check_vma=False)
+    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals]
+    with _traced(name, in_avals):
+        jax.make_jaxpr(mapped)(*structs)
+    return shapes[0]
 
 
 @contextlib.contextmanager

@@ -14,7 +14,8 @@ import numpy as np
 
 from ..errors import ProgramError
 from . import fusion, tree
-from .compiled import CompiledFunction, check_arguments, describe, leaf_paths
+from .arguments import check_arguments, describe
+from .compiled import CompiledFunction
 from .ir import Aval, Eqn, Program, Var, current_trace, evaluate, tracing
 
 
@@ -59,7 +60,7 @@ class Trace:
         """Every leaf of a call's ``args`` is a value of this program; else ProgramError
         naming the argument and the leaf."""
         for i, arg in enumerate(args):
-            for path, leaf in leaf_paths(arg, f"argument {i}"):
+            for path, leaf in tree.with_paths(arg, f"argument {i}"):
                 if not isinstance(leaf, Tracer) or leaf._trace is not self:
                     raise ProgramError(
                         f"{name}: {path} is {describe(leaf)}, not a value of this"
@@ -133,20 +134,14 @@ class ProgramFunction:
             hit = self._runnable[id(program)] = (program, fusion.fused(program))
         return hit[1]
 
-    def _call_tree(self, args):
-        leaves, in_def = tree.flatten(args)
-        program, out_def = self.trace_tree(in_def, [Aval(a.shape, a.dtype) for a in leaves])
-        outs = leaves[0].client.run_program(self.runnable(program), leaves)
-        return tree.unflatten(out_def, outs)
-
     def __call__(self, *arrays):
         if current_trace() is not None:  # called while tracing another program: inlined
             return self.fn(*arrays)      # into it, as nested jax.jit calls are
         check_arguments(self.__name__, arrays)
-        if any(tree.is_node(a) for a in arrays):
-            return self._call_tree(arrays)
-        program = self.trace([Aval(a.shape, a.dtype) for a in arrays])
-        return arrays[0].client.run_program(self.runnable(program), arrays)
+        leaves, in_def = tree.flatten(arrays)
+        program, out_def = self.trace_tree(in_def, [Aval(a.shape, a.dtype) for a in leaves])
+        outs = leaves[0].client.run_program(self.runnable(program), leaves)
+        return tree.unflatten(out_def, outs)
 
 
 def program(fn) -> ProgramFunction:
@@ -176,26 +171,19 @@ def reference(f):
     >>> want = pw.reference(chain)(x0)            # numpy in, numpy out; no cluster
     >>> np.allclose(chain(client.put(x0, mesh, P("data"))).result(), want)
     """
+    if not isinstance(f, (ProgramFunction, CompiledFunction)):
+        raise ProgramError(f"pw.reference needs a @pw.program or shard_map, got {f!r}")
+
     def run(*args):
-        if any(tree.is_node(a) for a in args):
-            leaves, in_def = tree.flatten(args)
-            leaves = [np.asarray(a) for a in leaves]
-            if isinstance(f, ProgramFunction):
-                prog, out_def = f.trace_tree(in_def, [Aval.of(a) for a in leaves])
-                return tree.unflatten(out_def, evaluate(prog, *leaves))
-            if not isinstance(f, CompiledFunction):
-                raise ProgramError(f"pw.reference needs a @pw.program or shard_map, got {f!r}")
-            flat, _ = f.twin(tree.unflatten(in_def, leaves))
-            outs = evaluate(single_call_program(flat, [Aval.of(a) for a in leaves]), *leaves)
-            return tree.unflatten(flat.out_def, outs)
-        args = [np.asarray(a) for a in args]
-        avals = [Aval.of(a) for a in args]
+        leaves, in_def = tree.flatten(args)
+        leaves = [np.asarray(a) for a in leaves]
+        avals = [Aval.of(a) for a in leaves]
         if isinstance(f, ProgramFunction):
-            prog = f.trace(avals)
-        elif isinstance(f, CompiledFunction):
-            prog = single_call_program(f, avals)
+            prog, out_def = f.trace_tree(in_def, avals)
         else:
-            raise ProgramError(f"pw.reference needs a @pw.program or shard_map, got {f!r}")
-        return evaluate(prog, *args)
+            flat, _, out_def = f.twin(tree.unflatten(in_def, leaves))
+            prog = single_call_program(flat, avals)
+        outs = evaluate(prog, *leaves)
+        return outs if out_def is None else tree.unflatten(out_def, outs)
 
     return run

@@ -17,7 +17,7 @@ import dataclasses
 
 from ..errors import ProgramError
 
-__all__ = ["flatten", "is_node", "per_leaf", "unflatten"]
+__all__ = ["flatten", "is_node", "per_leaf", "unflatten", "with_paths"]
 
 LEAF = "*"
 
@@ -32,7 +32,7 @@ def is_node(x) -> bool:
 
 
 def _children(x):
-    """(node description, children) of a container."""
+    """(node description, children, their keys as Python reaches them) of a container."""
     if isinstance(x, dict):
         try:
             keys = tuple(sorted(x))
@@ -40,11 +40,11 @@ def _children(x):
             raise ProgramError(f"a dict in the tree has keys that cannot be sorted (as JAX's"
                                f" trees need): {sorted(map(repr, x))}; use keys of one type"
                                ) from None
-        return ("dict", keys), [x[k] for k in keys]
+        return ("dict", keys), [x[k] for k in keys], [f"[{k!r}]" for k in keys]
     if isinstance(x, (tuple, list)):
-        return (type(x), len(x)), list(x)
+        return (type(x), len(x)), list(x), [f"[{i}]" for i in range(len(x))]
     names = tuple(f.name for f in dataclasses.fields(x))
-    return (type(x), names), [getattr(x, n) for n in names]
+    return (type(x), names), [getattr(x, n) for n in names], [f".{n}" for n in names]
 
 
 def flatten(tree) -> tuple[list, tuple]:
@@ -55,7 +55,7 @@ def flatten(tree) -> tuple[list, tuple]:
         if not is_node(x):
             leaves.append(x)
             return LEAF
-        node, children = _children(x)
+        node, children, _ = _children(x)
         return (node, tuple(walk(c) for c in children))
 
     try:
@@ -89,29 +89,41 @@ def unflatten(treedef, leaves):
         del build  # a recursive closure is a cycle: it would keep the leaves until a GC
 
 
-def per_leaf(prefix, tree, what: str = "specs") -> list:
+def with_paths(tree, path: str = ""):
+    """``(path, leaf)`` for every leaf of ``tree`` in order, each path written as Python would
+    reach the leaf from ``path``: ``argument 0[3]``, ``argument 1['w'].b``."""
+    if not is_node(tree):
+        yield path, tree
+        return
+    _, children, keys = _children(tree)
+    for key, child in zip(keys, children):
+        yield from with_paths(child, path + key)
+
+
+def per_leaf(prefix, tree, what: str = "specs", path: str = "") -> list:
     """One item of ``prefix`` per leaf of ``tree``: a leaf of the prefix (a ``P`` or None)
-    stands for every leaf under it, as JAX's tree prefixes do."""
+    stands for every leaf under it, as JAX's tree prefixes do (a tuple and a list of the same
+    length match). A mismatch is a ProgramError naming where it is (``path`` names ``tree``)."""
     if not is_node(prefix):
         return [prefix] * len(flatten(tree)[0])
+    where = path or "the top"
     if not is_node(tree):
-        raise ProgramError(f"{what}: {prefix!r} has structure where the value is one array")
-    (pk, pm), pc = _children(prefix)
-    (tk, tm), tc = _children(tree)
-    same = pm == tm and (pk == tk or {pk, tk} <= {tuple, list})
-    if not same:
-        raise ProgramError(f"{what}: {prefix!r} does not match the structure of the value"
-                           f" ({_describe(tree)})")
+        raise ProgramError(f"{what} has {_describe(prefix)} where {where} is an array")
+    (pk, pm), pc, _ = _children(prefix)
+    (tk, tm), tc, keys = _children(tree)
+    if not (pm == tm and (pk == tk or {pk, tk} <= {tuple, list})):
+        raise ProgramError(f"{what} has {_describe(prefix)} where {where} is"
+                           f" {_describe(tree)}")
     out = []
-    for p, t in zip(pc, tc):
-        out += per_leaf(p, t, what)
+    for p, t, key in zip(pc, tc, keys):
+        out += per_leaf(p, t, what, path + key)
     return out
 
 
 def _describe(tree) -> str:
     if not is_node(tree):
         return "an array"
-    (kind, meta), children = _children(tree)
+    (kind, meta), children, _ = _children(tree)
     if kind == "dict":
         return "a dict of keys " + ", ".join(map(repr, meta))
     name = kind.__name__ if isinstance(kind, type) else str(kind)
