@@ -300,10 +300,7 @@ class CompiledFunction:
             trace.check_arguments(self.name, args)
         else:
             check_arguments(self.name, args, self.mesh.client)
-        if self.routed:
-            flat, leaves, out_def = self, args, None
-        else:
-            flat, leaves, out_def = self.twin(args)
+        flat, leaves, out_def = self.twin(args)
         outs = trace.record(flat, leaves) if trace is not None else run_op_by_op(flat, leaves)
         return outs if out_def is None else tree.unflatten(out_def, outs)
 

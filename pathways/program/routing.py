@@ -78,6 +78,11 @@ class RoutedFunction(CompiledFunction):
         self.per_device = num_experts // experts.size
         self._out_count = None
 
+    def twin(self, args) -> tuple[RoutedFunction, list, None]:
+        """A routed call takes arrays and returns a tuple of them (or one array): it is its
+        own flat function, whatever the specs it derives (see ``CompiledFunction.twin``)."""
+        return self, list(args), None
+
     # ---- placement of arguments and results -----------------------------------------------
     def arg_specs(self, nargs: int) -> tuple:
         if nargs < 1 + self.token_args:
