@@ -313,11 +313,17 @@ class CompiledFunction:
         itself when the call already is flat (arguments are arrays, and the body returns an
         array for a single spec or a tuple matching a tuple of specs: structure None). Made
         once per argument structure and leaf avals."""
+        fast = _leaves_key(args)  # arrays only, the common case: no tree to walk
+        hit = self._flat.get(fast) if fast is not None else None
+        if hit is not None:
+            return hit[0], list(args), hit[1]
         leaves, in_def = tree.flatten(args)
         key = (in_def, tuple(Aval.of(a) for a in leaves))
         hit = self._flat.get(key)
         if hit is None:
             hit = self._flat[key] = self._twin(args, in_def, key[1])
+        if fast is not None:
+            self._flat[fast] = hit
         return hit[0], leaves, hit[1]
 
     def _twin(self, args, in_def, avals) -> tuple[CompiledFunction, object]:
@@ -351,6 +357,21 @@ class CompiledFunction:
                 pass
         m = self.mesh
         return jax_body.out_shapes(run, m.axis_names, m.axis_sizes, avals, in_specs, self.name)
+
+
+_LEAVES = object()  # marks a ``twin`` key of arguments that are all arrays
+
+
+def _leaves_key(args) -> tuple | None:
+    """``twin``'s key for arguments that are all arrays (shape and dtype, no tree), else
+    None: a call's usual case costs no tree walk and no ``Aval`` per argument."""
+    try:
+        key = tuple((a.shape, a.dtype) for a in args)
+    except AttributeError:
+        return None
+    if any(tree.is_node(a) for a in args):
+        return None
+    return (_LEAVES, *key)
 
 
 def shard_map(body, mesh: Mesh, in_specs, out_specs, cost=None, name=None,
