@@ -285,12 +285,12 @@ class JaxBody:
         out_specs = tuple(JaxP(*s) if s is not None else JaxP() for s in self.out_specs)
         body = self.body
 
-        @_naming_missing_axes(self.name, self.axis_names)
         def flat(*args):
             outs = body(*args)
             return (outs,) if single_output else tuple(outs)
 
-        mapped = jax.shard_map(flat, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+        flat.__name__ = flat.__qualname__ = self.name  # JAX's errors name the function
+        mapped = jax.shard_map(_naming_missing_axes(self.name, self.axis_names)(flat), mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                                check_vma=self.check_rep)
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals]
         with _traced(self.name, in_avals), jax.enable_x64(self.x64):

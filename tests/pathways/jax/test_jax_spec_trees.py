@@ -10,7 +10,7 @@ from pathways import P
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
-from jax_cases import same_as_jax  # noqa: E402
+from jax_cases import plain_jax, same_as_jax  # noqa: E402
 
 X = np.arange(8, dtype=np.float32)
 
@@ -90,3 +90,16 @@ def test_in_specs_that_do_not_fit_name_the_argument(client):
     fn = pw.shard_map(lambda d: d["a"], mesh, ({"a": P("i"), "c": P("i")},), P("i"))
     with pytest.raises(pw.ProgramError, match=r"in_specs.* where argument 0 is a dict"):
         pw.reference(fn)({"a": X, "b": X})
+
+
+def test_one_out_spec_over_several_jax_outputs_is_checked_when_traced(client):
+    """JAX checks the replication of every output under a P() prefix when it traces the body
+    and raises ValueError; so does pathways, every way, before anything runs (ProgramError
+    is a ValueError), and the error names the body, not a wrapper."""
+    def body(a):
+        return jnp.sin(a), jax.lax.psum(a, "i")
+
+    with pytest.raises(ValueError):
+        plain_jax(body, (4,), ("i",), P("i"), P(), X)
+    for error in _mismatch(client, body, P("i"), P(), X):
+        assert "out_specs" in error and "'body'" in error
