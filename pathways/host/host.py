@@ -69,7 +69,7 @@ class Host:
         # clients' shards that arrived before the coordinator told this host its devices (a
         # client learns where devices are from the coordinator, on another path)
         self._early_puts: list = []
-        self._room_waits: dict = {}  # key -> what ends its wait for HBM room (put_when_room)
+        self._room_waits: dict = {}  # key -> its _RoomWait, while a buffer waits for HBM
 
     # ---- devices and kernels (called from the loop or the executor thread) ---------------
     def enqueue(self, device: int, seq: int, kernel) -> None:
@@ -210,57 +210,30 @@ class Host:
             done(KeyError(f"no device {key[1]} on this host (devices: {sorted(self.devices)})"))
             return
         timeout = self.executor.hbm_wait if timeout is DEFAULT else timeout
-        nbytes = value.nbytes
-        pending = [value]  # emptied when over: a wait left queued must not keep the value
-        timer = admission = None
-
-        def finish(error) -> None:
-            if pending:
-                pending.clear()
-                if self._room_waits.get(key) is finish:
-                    del self._room_waits[key]
-                if timer is not None:
-                    timer.cancel()
-                if admission is not None:
-                    admission.cancel()
-                done(error)
-
-        def admitted(got) -> None:
-            if isinstance(got, BaseException):  # larger than the whole HBM
-                finish(got)
-                return
-            if not pending:  # over meanwhile
-                got.give_back()
-                return
-            try:
-                self.store.put(key, pending[0], owner, arrival=arrival, grant=got)
-            except BaseException as exc:
-                got.give_back()  # not stored: give the memory back
-                finish(exc)
-                return
-            finish(None)
-
-        self._room_waits[key] = finish
+        wait = _RoomWait(self, key, value, owner, arrival, done)
+        admission = self.store.admit(key[1], value.nbytes, wait.admitted)
+        if wait.value is None:  # settled at once, the usual case: nothing waits, no timer
+            return
+        wait.admission = admission
+        self._room_waits[key] = wait
         if timeout is not None and timeout != float("inf"):
-            timer = self.loop.call_later(timeout, lambda: finish(no_room(
-                device, nbytes, timeout)))
-        admission = self.store.admit(key[1], nbytes, admitted)
-        if not pending:  # settled at once: nothing waits
-            admission = None
+            nbytes = value.nbytes
+            wait.timer = self.loop.call_later(
+                timeout, lambda: wait.end(no_room(device, nbytes, timeout)))
 
     def delete(self, key) -> None:
         """Loop thread: a client deleted ``key``: a wait for room to store it ends (its
         value dropped), then the store forgets it and frees its HBM."""
         waiting = self._room_waits.get(key)
         if waiting is not None:
-            waiting(KeyError(f"object {key!r} was deleted while it waited for HBM room"))
+            waiting.end(KeyError(f"object {key!r} was deleted while it waited for HBM room"))
         self.store.delete(key)
 
     def drop_waits(self, client, error: BaseException) -> None:
         """End the waits for room of ``client``'s buffers: it is gone."""
         for key, waiting in list(self._room_waits.items()):
             if protocol.key_client(key) == client:
-                waiting(error)
+                waiting.end(error)
 
     def status(self) -> dict:
         return {
@@ -313,3 +286,44 @@ class Host:
             self.ici.close()
 
 
+
+
+class _RoomWait:
+    """A buffer waiting for HBM room (``Host.put_when_room``): ended once, by its admission,
+    its timer, a delete or its client leaving; ``value`` is dropped then, so a wait left
+    queued in the admissions does not keep it."""
+
+    __slots__ = ("host", "key", "value", "owner", "arrival", "done", "timer", "admission")
+
+    def __init__(self, host: Host, key, value, owner, arrival, done):
+        self.host, self.key, self.value, self.owner = host, key, value, owner
+        self.arrival, self.done = arrival, done
+        self.timer = self.admission = None
+
+    def admitted(self, got) -> None:
+        if isinstance(got, BaseException):  # larger than the whole HBM
+            self.end(got)
+        elif self.value is None:  # over meanwhile
+            got.give_back()
+        else:
+            try:
+                self.host.store.put(self.key, self.value, self.owner, arrival=self.arrival,
+                                    grant=got)
+            except BaseException as exc:
+                got.give_back()  # not stored: give the memory back
+                self.end(exc)
+                return
+            self.end(None)
+
+    def end(self, error: BaseException | None) -> None:
+        if self.value is None:
+            return
+        self.value = None
+        waits = self.host._room_waits
+        if waits.get(self.key) is self:
+            del waits[self.key]
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.admission is not None:
+            self.admission.cancel()
+        self.done(error)
