@@ -35,8 +35,8 @@ from ..client.client import connect
 from ..cluster import local_cluster
 from ..errors import PathwaysError
 
-__all__ = ["fails_once_then_recovers", "host_stats", "rand", "store_bytes", "twin",
-           "wait_for_store_bytes", "wait_until"]
+__all__ = ["fails_once_then_recovers", "host_stats", "jax_specs", "rand", "store_bytes",
+           "twin", "wait_for_store_bytes", "wait_until"]
 
 
 @contextlib.contextmanager
@@ -80,6 +80,20 @@ def wait_for_store_bytes(client, want: int, timeout: float = 5.0) -> int:
         time.sleep(0.05)
         got = store_bytes(client)
     return got
+
+
+def jax_specs(specs):
+    """``specs`` (a P, or a tree of them; None: replicated) as JAX's PartitionSpecs, to run
+    the same body under ``jax.shard_map`` for comparison. Needs JAX."""
+    from jax.sharding import PartitionSpec
+
+    from ..program.sharding import P
+
+    if specs is None or isinstance(specs, P):
+        return PartitionSpec(*(specs or ()))
+    if isinstance(specs, dict):
+        return {k: jax_specs(v) for k, v in specs.items()}
+    return type(specs)(jax_specs(s) for s in specs)
 
 
 def rand(*shape: int, seed: int = 0) -> np.ndarray:

@@ -5,20 +5,10 @@ under ``pw.reference``: the same tree (its types too), values and dtypes every w
 import numpy as np
 
 import pathways as pw
-from pathways import P
+from pathways.testing import jax_specs
 
 import jax  # noqa: I001 - after pathways: the tests that import this skip without it
 from jax.sharding import Mesh as JaxMesh
-from jax.sharding import PartitionSpec as JaxP
-
-
-def jax_specs(specs):
-    """``specs`` (a tree of P) as JAX's PartitionSpecs."""
-    if specs is None or isinstance(specs, P):
-        return JaxP(*(specs or ()))
-    if isinstance(specs, dict):
-        return {k: jax_specs(v) for k, v in specs.items()}
-    return type(specs)(jax_specs(s) for s in specs)
 
 
 def plain_jax(body, shape, names, in_specs, out_specs, *args):

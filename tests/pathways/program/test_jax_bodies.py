@@ -17,31 +17,22 @@ import pathways as pw
 from pathways import P
 from pathways.program.compiled import Aval
 from pathways.program.jax_body import uses_jax
-from pathways.testing import rand
+from pathways.testing import jax_specs, rand
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 from conftest import ROOT, load_example  # noqa: E402
 from jax.sharding import Mesh as JaxMesh  # noqa: E402
-from jax.sharding import PartitionSpec as JaxP  # noqa: E402
 
 TOL = {"rtol": 2e-5, "atol": 2e-5}
-
-
-def _jax_specs(specs):
-    if specs is None or isinstance(specs, P):
-        return JaxP(*(specs or ()))
-    if isinstance(specs, dict):
-        return {k: _jax_specs(v) for k, v in specs.items()}
-    return type(specs)(_jax_specs(s) for s in specs)
 
 
 def plain_jax(body, shape, names, in_specs, out_specs):
     """``body`` under jax.shard_map on this process's CPU devices."""
     devices = np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape)
     return jax.jit(jax.shard_map(body, mesh=JaxMesh(devices, names),
-                                 in_specs=_jax_specs(in_specs),
-                                 out_specs=_jax_specs(out_specs)))
+                                 in_specs=jax_specs(in_specs),
+                                 out_specs=jax_specs(out_specs)))
 
 
 def assert_same(got, want):
