@@ -15,7 +15,7 @@ from pathlib import Path
 
 import uvloop
 
-from plaque.cli import add_worker_options, address_arg, bind_near
+from plaque.cli import add_worker_options, address_arg, bind_near, settle_collector
 
 from .errors import PathwaysError
 
@@ -31,6 +31,7 @@ def _coordinator(args) -> int:
     coord = Coordinator(args.bind, heartbeat_timeout=args.heartbeat_timeout,
                         policy=args.policy, window=args.window,
                         client_timeout=args.client_timeout, port=args.port)
+    settle_collector()
     print(f"pathways coordinator at {coord.address}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -97,6 +98,7 @@ def _host(args) -> int:
     from .program.cost import DeviceSpec
 
     spec = DeviceSpec(hbm_bytes=int(args.hbm_gib * 2**30))
+    settle_collector()
     reason = uvloop.run(serve_host(coordinator, args.island, args.devices, bind,
                                    spec=spec, coordinator_timeout=args.coordinator_timeout,
                                    kernel_limit=args.kernel_limit or None))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -35,6 +36,23 @@ async def serve_worker(join: str, bind: str, coordinator_timeout: float) -> str:
                       info={"pid": os.getpid(), "host": socket.gethostname()},
                       coordinator_timeout=coordinator_timeout)
     return await serve_worker_core(core, transport)
+
+
+COLLECT_EVERY = 20_000  # net allocations between two young-generation collections (default 700)
+
+
+def settle_collector() -> None:
+    """Tune Python's cyclic collector for a long-running role process, once it has started:
+    what lives now (modules, classes, the role's own state) is frozen, so no collection scans
+    it again, and the young generation is collected every ``COLLECT_EVERY`` net allocations
+    instead of every 700. A role keeps thousands of records it made on the hot path (a
+    host's kernel records, a worker's recent runs), so at the default threshold a third of the
+    objects made per call were scanned two or three times on their way to the oldest
+    generation. Garbage in cycles is still collected, a little later."""
+    gc.collect()
+    gc.freeze()
+    _, middle, oldest = gc.get_threshold()
+    gc.set_threshold(COLLECT_EVERY, middle, oldest)
 
 
 def address_arg(text: str) -> str:
@@ -126,6 +144,7 @@ def worker(args) -> int:
     except PermissionError as exc:
         print(f"plaque worker: {exc}", file=sys.stderr)
         return 2
+    settle_collector()
     reason = uvloop.run(serve_worker(join, bind, args.coordinator_timeout))
     logging.getLogger("plaque.worker").info("exited: %s", reason)
     return 0
