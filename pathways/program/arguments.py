@@ -20,6 +20,16 @@ def check_arguments(name: str, args, client=None) -> None:
     if not args:
         raise ProgramError(f"{name}: call with pw.Array arguments (client.put(...)); for"
                            " numpy use pw.reference(f)")
+    owner = client
+    for arg in args:  # the usual call: live arrays of one client, no tree to walk
+        if not isinstance(arg, RemoteValue) or arg.is_deleted():
+            break
+        if owner is None:
+            owner = arg.client
+        elif arg.client is not owner:
+            break
+    else:
+        return
     first = None
     for i, arg in enumerate(args):
         for path, leaf in tree.with_paths(arg, f"argument {i}"):

@@ -365,13 +365,15 @@ _LEAVES = object()  # marks a ``twin`` key of arguments that are all arrays
 def _leaves_key(args) -> tuple | None:
     """``twin``'s key for arguments that are all arrays (shape and dtype, no tree), else
     None: a call's usual case costs no tree walk and no ``Aval`` per argument."""
-    try:
-        key = tuple((a.shape, a.dtype) for a in args)
-    except AttributeError:
-        return None
-    if any(tree.is_node(a) for a in args):
-        return None
-    return (_LEAVES, *key)
+    key = [_LEAVES]
+    for a in args:
+        if tree.is_node(a):
+            return None
+        try:
+            key.append((a.shape, a.dtype))
+        except AttributeError:
+            return None
+    return tuple(key)
 
 
 def shard_map(body, mesh: Mesh, in_specs, out_specs, cost=None, name=None,

@@ -23,12 +23,21 @@ LEAF = "*"
 
 
 def is_node(x) -> bool:
-    """Whether ``x`` is a container of the tree (not a leaf)."""
-    if type(x) in (tuple, list, dict):
-        return True
-    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a namedtuple
-        return True
-    return dataclasses.is_dataclass(x) and not isinstance(x, type)
+    """Whether ``x`` is a container of the tree (not a leaf): decided by its type, once per
+    type (every call of a function asks it of each argument)."""
+    kind = type(x)
+    node = _NODE_TYPES.get(kind)
+    if node is None:
+        node = (kind in (tuple, list, dict)
+                or (issubclass(kind, tuple) and hasattr(kind, "_fields"))  # a namedtuple
+                or (dataclasses.is_dataclass(kind) and not issubclass(kind, type)))
+        if len(_NODE_TYPES) < TYPES_KEPT:
+            _NODE_TYPES[kind] = node
+    return node
+
+
+TYPES_KEPT = 4096  # types whose kind (node or leaf) is_node remembers
+_NODE_TYPES: dict[type, bool] = {}
 
 
 def _children(x):
