@@ -51,7 +51,13 @@ from .trace import Tracing, collect
 
 log = logging.getLogger("pathways.client.client")
 
-MAX_IN_FLIGHT = 1024  # calls given and not ended before a new one waits for the oldest
+MAX_IN_FLIGHT = 1024  # calls given and not ended before a new one waits (_wait_for_room)
+
+
+def room_after(max_in_flight: int) -> int:
+    """Runs in flight a call that found ``max_in_flight`` of them waits down to: three
+    quarters (at least one fewer)."""
+    return max_in_flight - max(1, max_in_flight // 4)
 
 
 class Client:
@@ -428,17 +434,22 @@ class Client:
 
     def _wait_for_room(self) -> None:
         """Back-pressure, as JAX's runtime gives: with ``max_in_flight`` runs given and not
-        ended, a call waits for the oldest to end. A program called in a loop without waiting
-        then keeps the coordinator's queue (and the time a ping waits behind it) bounded,
-        instead of queueing without end until the client takes the coordinator for lost.
-        Never on the session's own thread (a done callback), which ends runs."""
-        while len(self.runs) >= self.max_in_flight and not self.session.on_loop_thread():
-            oldest = self.runs.oldest()
-            if oldest is None:
+        ended, a call waits until a quarter of them have ended (``room_after``). A program
+        called in a loop without waiting then keeps the coordinator's queue (and the time a
+        ping waits behind it) bounded, instead of queueing without end until the client
+        takes the coordinator for lost; and its calls leave in bursts, batched into a few
+        messages, not one message per run that ends. Never on the session's own thread (a
+        done callback), which ends runs."""
+        if len(self.runs) < self.max_in_flight or self.session.on_loop_thread():
+            return
+        low = room_after(self.max_in_flight)
+        while len(self.runs) > low:
+            waited = self.runs.status_at(len(self.runs) - low - 1)  # its end makes the room
+            if waited is None:
                 return
             self.session.check_open()
             try:  # it ends, or the session fails it (exception() waits as result() does,
-                oldest.exception(self.timeout)  # so a simulated client drives its cluster)
+                waited.exception(self.timeout)  # so a simulated client drives its cluster)
             except (TimeoutError, cf.CancelledError):
                 pass
 
@@ -558,7 +569,8 @@ def connect(address: str | None = None, dispatch: str = "parallel", timeout: flo
     directory the address names (``tcp://HOST:PORT?keys=DIR``, what local clusters report),
     else ``$PLAQUE_KEYS``. ``suspend_dir``: where the hosts write a suspended slice's arrays
     (default: the system's temporary directory). ``max_in_flight``: calls given and not
-    yet ended past which a new call waits for the oldest to end (as JAX's dispatch does).
+    yet ended past which a new call waits, until a quarter of them have ended (as JAX's
+    dispatch bounds its queue).
     A malformed address raises ``ValueError``; a directory without a key pair,
     ``FileNotFoundError``.
 

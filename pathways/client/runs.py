@@ -66,12 +66,13 @@ class RunBook:
                 out.append(run)
         return out
 
-    def oldest(self) -> cf.Future | None:
-        """The status of the run in flight the longest, or None if none is."""
+    def status_at(self, index: int) -> cf.Future | None:
+        """The status of the ``index``-th oldest run in flight (0: the oldest), or None if
+        fewer are."""
         try:
-            run = next(iter(self._runs.values()), None)
+            run = next(itertools.islice(self._runs.values(), index, None), None)
         except RuntimeError:  # a run ended on the loop thread meanwhile: look again
-            return self.oldest()
+            return self.status_at(index)
         return None if run is None else run.status
 
     def statuses(self) -> list[cf.Future]:

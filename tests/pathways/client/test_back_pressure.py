@@ -31,6 +31,22 @@ def test_calls_past_max_in_flight_wait_for_the_oldest_to_end(twin):
         np.testing.assert_array_equal(x.result(timeout=60), np.full(2, 6.0))
 
 
+def test_a_full_window_waits_until_a_quarter_has_ended_so_calls_leave_in_bursts(twin):
+    with pw.connect(twin.address, max_in_flight=8) as client:
+        mesh = client.mesh((2,), ("d",))
+        slow = pw.shard_map(lambda v: v + 1.0, mesh, P("d"), P("d"), cost=0.2)
+        x = client.put(np.zeros(2), mesh, P("d"))
+        after = []
+        for _ in range(12):
+            x = slow(x)
+            after.append(len(client.runs))
+        assert max(after) == 8  # the window fills...
+        i = after.index(8)
+        # ...and the next call waits until 6 (room_after(8)) are left, not just one fewer
+        assert after[i + 1] <= 7
+        np.testing.assert_array_equal(x.result(timeout=60), np.full(2, 12.0))
+
+
 def test_max_in_flight_is_checked_at_connect(twin):
     for bad in (0, -1, 2.5, True, "8"):
         with pytest.raises(ValueError, match="max_in_flight must be an int >= 1"):
