@@ -85,7 +85,7 @@ class Exchanges:
         self._parked: dict = {}  # (key, dst) -> shard
         self._failed_gangs: OrderedDict = OrderedDict()
         self._plans: dict = {}  # tree_plan's answers
-        self._groups: dict = {}  # (key, local member) -> its _Tree, for reductions
+        self._groups: dict = {}  # (key, its leader here) -> its _Tree, for reductions
         self._batches: dict = {}  # key -> its Batch, for batched segments
         self._boxes: dict = {}  # (id(devices), shape, names) -> (devices, Box or None)
         self._watchdog_armed = False  # one timer for every parked exchange's timeout
@@ -211,9 +211,9 @@ class Exchanges:
             group.like = value
         node, ps = plan.home[position]
         group.missing[node] -= 1
-        if not group.missing[node]:
+        if not group.missing[node]:  # (until then, nothing new for the steps above it)
             self._local_node(group, node, ps)
-        self._advance(group)
+            self._advance(group)
         if group.answer is None and group.error is None:
             shard.waiting = ["group", group]
             self._park(shard, key, me)
@@ -225,8 +225,7 @@ class Exchanges:
                 self._parked.pop((key, me), None)
         group.left -= 1
         if not group.left:
-            for m in plan.position:
-                self._groups.pop((key, m), None)
+            self._groups.pop((key, plan.leader), None)
         if group.error is not None:
             raise group.error
         self.ex.timeline.leave_collective(shard, at, max(group.done_at, at), self.ex.now())
@@ -238,9 +237,7 @@ class Exchanges:
     def _tree_of(self, key, plan: TreePlan, red) -> _Tree:
         group = self._groups.get((key, plan.leader))
         if group is None:
-            group = _Tree(key, plan, red)
-            for m in plan.position:
-                self._groups[(key, m)] = group
+            group = self._groups[(key, plan.leader)] = _Tree(key, plan, red)
             early = self._mail.pop((key, plan.leader), None)  # sent before any of us came
             for src, (value, at) in (early or {}).items():
                 self._remote_node(group, src, value, at)
