@@ -4,10 +4,10 @@
 own and runs ``bench/ab_cell.py`` against each side in turn, A (BASE), B (the working tree),
 A, B, ... for ``--rounds`` rounds: each round a fresh process per side, which starts its own
 local cluster over loopback TCP and times the Fig. 5 cells (``--cells``, hosts x devices per
-host; OpByOp and Chained). Alternating in one sitting cancels most of the machine's drift; what
-is left shows as the spread of the per-round ratios B/A, printed for each cell as the median
-and its interval (the min and max of the rounds' ratios, and a percentile bootstrap 90%
-interval of the median). ``--self`` compares the working tree with itself (A vs A): the gate's
+host; OpByOp, Chained and Stream, as ``bench/ab_cell.py`` says). Alternating in one sitting
+cancels most of the machine's drift; what is left shows as the spread of the per-round ratios
+B/A, printed for each cell as the median and its interval (the min and max of the rounds'
+ratios, and a percentile bootstrap 90% interval of the median). ``--self`` compares the working tree with itself (A vs A): the gate's
 own spread, the noise a real change must exceed.
 
 A loss is a cell whose ratio interval lies below 1: explain it or fix it before resolving an

@@ -7,8 +7,11 @@ the working tree and against an older commit (``PYTHONPATH`` and the working dir
 that commit's tree, so the hosts it starts import it too). A cell is the paper's trivial
 computation (psum of a replicated scalar over the mesh, plus 1; each output into the next
 call) on hosts x devices per host over plain loopback TCP: OpByOp is ``x = step(x)`` from
-Python, Chained one ``@pw.program`` of ``CHAIN`` steps run repeatedly. Its figure is
-computations per second over ``budget`` seconds after a warm-up.
+Python, waiting for the result every ``WAIT_EVERY`` calls; Stream the same loop waiting only
+every ``STREAM`` calls, a user's loop that never waits (a client's bound on runs in flight,
+where it has one, is reached and paces the calls); Chained one ``@pw.program`` of ``CHAIN``
+steps run repeatedly. Its figure is computations per second over ``budget`` seconds after a
+warm-up.
 
 Run: ``python bench/ab_cell.py CELLS BUDGET`` (CELLS: e.g. ``1x4,2x1``).
 """
@@ -25,7 +28,9 @@ import pathways as pw
 from pathways import P
 
 CHAIN = 32  # steps per chained run
-MODES = ("OpByOp", "Chained")
+WAIT_EVERY = 64  # computations between two waits for the result (OpByOp, Chained)
+STREAM = 4096  # computations between two waits in Stream (past a client's default bound)
+MODES = ("OpByOp", "Chained", "Stream")
 
 
 def _step(mesh):
@@ -43,15 +48,17 @@ def _chain(step):
     return pw.program(chain)
 
 
-def _rate(fn, steps_per_call: int, client, mesh, budget: float) -> float:
-    """Computations per second of ``fn`` over about ``budget`` seconds (after a warm-up)."""
+def _rate(fn, steps_per_call: int, client, mesh, budget: float,
+          wait_every: int = WAIT_EVERY) -> float:
+    """Computations per second of ``fn`` over about ``budget`` seconds (after a warm-up),
+    waiting for the result every ``wait_every`` computations."""
     x = client.put(np.zeros(()), mesh, P())
     for _ in range(max(1, 8 // steps_per_call)):
         x = fn(x)
     x.block_until_ready(60)
     calls, t0 = 0, time.perf_counter()
     while True:
-        for _ in range(max(1, 64 // steps_per_call)):
+        for _ in range(max(1, wait_every // steps_per_call)):
             x = fn(x)
             calls += 1
         x.block_until_ready(120)
@@ -65,8 +72,10 @@ def cell(hosts: int, per_host: int, budget: float) -> dict:
                           insecure=True) as cluster, pw.connect(cluster.address) as client:
         mesh = client.mesh((hosts * per_host,), ("d",))
         step = _step(mesh)
-        fns = {"OpByOp": (step, 1), "Chained": (_chain(step), CHAIN)}
-        return {mode: _rate(*fns[mode], client, mesh, budget) for mode in MODES}
+        fns = {"OpByOp": (step, 1, WAIT_EVERY), "Chained": (_chain(step), CHAIN, WAIT_EVERY),
+               "Stream": (step, 1, STREAM)}
+        return {mode: _rate(fn, k, client, mesh, budget, every)
+                for mode, (fn, k, every) in fns.items()}
 
 
 def main(argv: list[str]) -> int:
