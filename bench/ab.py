@@ -7,8 +7,8 @@ local cluster over loopback TCP and times the Fig. 5 cells (``--cells``, hosts x
 host; OpByOp, Chained and Stream, as ``bench/ab_cell.py`` says). Alternating in one sitting
 cancels most of the machine's drift; what is left shows as the spread of the per-round ratios
 B/A, printed for each cell as the median and its interval (the min and max of the rounds'
-ratios, and a percentile bootstrap 90% interval of the median). ``--self`` compares the working tree with itself (A vs A): the gate's
-own spread, the noise a real change must exceed.
+ratios, and a percentile bootstrap 90% interval of the median). ``--self`` compares the
+working tree with itself (A vs A): the gate's own spread, the noise a real change must exceed.
 
 A loss is a cell whose ratio interval lies below 1: explain it or fix it before resolving an
 issue that touches the client, coordinator, host or Plaque hot paths (DEVELOPERS.md). Each
