@@ -94,8 +94,6 @@ class HostBatch:
     def cuts(self, eqn) -> bool:
         """Whether the collective ``eqn`` runs through the exchange, outside a segment."""
         prim, p = eqn.primitive.name, eqn.params
-        if p.get("axis_index_groups") is not None:
-            return True  # the per-device path says it is not supported
         if prim == "axis_index":
             return False
         axes = axes_of(p, "axes" if prim in ("psum", "psum_invariant", "pmax", "pmin")

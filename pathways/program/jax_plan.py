@@ -193,7 +193,19 @@ def _shard_map_eqn(closed, name):
     outer = closed.jaxpr
     if len(outer.eqns) != 1 or outer.eqns[0].primitive.name != "shard_map":
         raise ProgramError(f"{name}: unexpected trace (equations outside the shard_map)")
+    _refuse_unsupported(outer.eqns[0].params["jaxpr"], name)
     return outer.eqns[0]
+
+
+def _refuse_unsupported(jaxpr, name) -> None:
+    """Refuse, when the body is traced (on the client, before anything runs), collectives
+    the plan cannot run: ``axis_index_groups`` (collectives here span whole mesh axes)."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in COLLECTIVES and eqn.params.get("axis_index_groups") is not None:
+            raise ProgramError(f"{name}: {eqn.primitive.name} with axis_index_groups is not"
+                               " supported (a collective spans whole mesh axes)")
+        for sub in sub_jaxprs(eqn):
+            _refuse_unsupported(sub, name)
 
 
 def plan_of(closed, name, batch=None) -> Plan:
@@ -491,9 +503,7 @@ def _run_collective(eqn, env) -> None:
         outs = args
     elif prim == "axis_index":
         outs = [collectives.axis_index(p["axis_name"])]
-    else:
-        if p.get("axis_index_groups") is not None:
-            raise ProgramError(f"{prim} with axis_index_groups is not supported")
+    else:  # axis_index_groups: refused when the body was traced (_refuse_unsupported)
         outs = [_collective(prim, p, x) for x in args]
     for var, value in zip(eqn.outvars, outs):
         if type(var).__name__ != "DropVar":
