@@ -290,7 +290,8 @@ class JaxBody:
             return (outs,) if single_output else tuple(outs)
 
         flat.__name__ = flat.__qualname__ = self.name  # JAX's errors name the function
-        mapped = jax.shard_map(_naming_missing_axes(self.name, self.axis_names)(flat), mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+        mapped = jax.shard_map(_naming_missing_axes(self.name, self.axis_names)(flat),
+                               mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                                check_vma=self.check_rep)
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals]
         with _traced(self.name, in_avals), jax.enable_x64(self.x64):

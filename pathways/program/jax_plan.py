@@ -468,9 +468,10 @@ def xla_cost(compiled) -> tuple[float, float]:
 
 
 def eval_eqns(eqns, env, collective=None) -> None:
-    """Bind ``eqns`` on the values in ``env`` (inside a jit trace): nested calls are inlined
-    and pvary is an identity, so nothing needs JAX's shard_map axis context. ``collective``:
-    what computes a collective equation, ``collective(eqn, args) -> outs`` (a batch's)."""
+    """Bind ``eqns`` on the values in ``env`` (inside a jit trace): nested calls are inlined,
+    loops and conds traced anew from their jaxprs (``_RETRACED``) and pvary is an identity,
+    so nothing needs JAX's shard_map axis context. ``collective``: what computes a
+    collective equation, ``collective(eqn, args) -> outs`` (a batch's)."""
     def read(v):
         return v.val if _is_literal(v) else env[v]
 
@@ -482,17 +483,78 @@ def eval_eqns(eqns, env, collective=None) -> None:
         elif collective is not None and prim in COLLECTIVES:
             outs = collective(eqn, args)
         elif prim in INLINED_CALLS:
-            sub, consts = _open(_call_jaxpr(eqn))
-            inner = dict(zip(sub.constvars, consts))
-            inner.update(zip(sub.invars, args))
-            eval_eqns(sub.eqns, inner, collective)
-            outs = [v.val if _is_literal(v) else inner[v] for v in sub.outvars]
+            outs = _as_function(_call_jaxpr(eqn), collective)(*args)
+        elif prim in _RETRACED:
+            with eqn.ctx.manager:
+                outs = _RETRACED[prim](eqn.params, args, collective)
         else:
             with eqn.ctx.manager:
                 outs = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(eqn.params))
             if not eqn.primitive.multiple_results:
                 outs = [outs]
         env.update(zip(eqn.outvars, outs))
+
+
+def _as_function(jaxpr_param, collective=None):
+    """A jaxpr param (closed or open) as a function of its arguments: its equations bound by
+    ``eval_eqns``; returns the list of its results."""
+    sub, consts = _open(jaxpr_param)
+
+    def run(*args):
+        inner = dict(zip(sub.constvars, consts))
+        inner.update(zip(sub.invars, args))
+        eval_eqns(sub.eqns, inner, collective)
+        return [v.val if _is_literal(v) else inner[v] for v in sub.outvars]
+
+    return run
+
+
+# Loops and conds are traced again from their jaxprs' equations, not bound with them: a body
+# traced with JAX's check of how values vary (check_rep) has jaxprs whose types name each
+# value's varying mesh axes, which a scan's or a while's carry and a cond's branches must
+# match exactly; bound outside a shard_map, on values that name none, a loop whose carry
+# starts replicated and comes out varying (a histogram's searchsorted) failed to compile.
+# Traced anew, the same operations run in the same order: the same computation.
+
+def _scan(p, args, collective):
+    from jax import lax
+
+    n_consts, n_carry = p["num_consts"], p["num_carry"]
+    consts, init, xs = args[:n_consts], args[n_consts:n_consts + n_carry], \
+        args[n_consts + n_carry:]
+    body = _as_function(p["jaxpr"], collective)
+
+    def step(carry, x):
+        outs = body(*consts, *carry, *x)
+        return outs[:n_carry], outs[n_carry:]
+
+    carry, ys = lax.scan(step, list(init), list(xs), length=p["length"], reverse=p["reverse"],
+                         unroll=p["unroll"])
+    return [*carry, *ys]
+
+
+def _while(p, args, collective):
+    from jax import lax
+
+    n_cond, n_body = p["cond_nconsts"], p["body_nconsts"]
+    cond_consts, body_consts = args[:n_cond], args[n_cond:n_cond + n_body]
+    test = _as_function(p["cond_jaxpr"], collective)
+    body = _as_function(p["body_jaxpr"], collective)
+    out = lax.while_loop(lambda c: test(*cond_consts, *c)[0],
+                         lambda c: tuple(body(*body_consts, *c)),
+                         tuple(args[n_cond + n_body:]))
+    return list(out)
+
+
+def _cond(p, args, collective):
+    from jax import lax
+
+    branches = [_as_function(b, collective) for b in p["branches"]]
+    return list(lax.switch(args[0], [lambda *ops, b=b: tuple(b(*ops)) for b in branches],
+                           *args[1:]))
+
+
+_RETRACED = {"scan": _scan, "while": _while, "cond": _cond}
 
 
 def _run_collective(eqn, env) -> None:

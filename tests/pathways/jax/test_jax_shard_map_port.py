@@ -310,9 +310,24 @@ X4I = np.arange(4, dtype=np.int32)
 
 
 class TestControlFlow:
-    def test_loop_carrying_values_of_different_variation(self, client):
-        # JAX: test_while_rep_rule (test_scan_rep_rule's scan of the same: see README)
-        same(client, _rotate_while, XYZ_IN, P(("x", "y")), X4I, X4I, X4I, mesh=X22)
+    @pytest.mark.parametrize("body", [_rotate_scan, _rotate_while])
+    def test_loop_carrying_values_of_different_variation(self, client, body):
+        # JAX: test_scan_rep_rule, test_while_rep_rule (the scan failed to compile on the
+        # hosts when plans were made of a trace that kept JAX's varying-axes types)
+        same(client, body, XYZ_IN, P(("x", "y")), X4I, X4I, X4I, mesh=X22)
+
+    def test_cond_on_a_constant_branch_varying(self, client):
+        # JAX: test_cond_rep_rule (failed to compile for a host's batch of devices when the
+        # branches' types disagreed on the varying axes)
+        same(client, lambda x: lax.cond(True, lambda x: x, lambda x: x + 1, x), P("x"),
+             P("x"), X4I, mesh=X4)
+
+    def test_histogram_of_each_shard(self, client):
+        # JAX: test_jnp_histogram (searchsorted inside: a scan whose carry varies)
+        x = np.arange(64, dtype=np.float32).reshape(8, 4, 2)
+        edges = np.asarray(jnp.histogram_bin_edges(x, bins=100))
+        same(client, lambda x, e: jax.vmap(lambda q: jnp.histogram(q, bins=e))(x)[0],
+             (P("x"), P()), P("x"), x, edges, mesh=X2)
 
     @pytest.mark.parametrize("body", [_keep_scan, _keep_while])
     def test_loop_keeping_each_value_where_it_was(self, client, body):
