@@ -20,6 +20,7 @@ travels with it to the hosts.
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import functools
 import os
 import sys
@@ -90,11 +91,28 @@ def require():
         import jax
     except ImportError as exc:
         raise ProgramError(INSTALL_HINT) from exc
-    global _on_host
+    global _on_host, _pickles_custom_vjp
     if _on_host:
         jax.config.update("jax_cpu_enable_async_dispatch", False)
         _on_host = False  # done
+    if not _pickles_custom_vjp:
+        copyreg.pickle(jax.custom_vjp, _reduce_custom_vjp)
+        _pickles_custom_vjp = True
     return jax
+
+
+_pickles_custom_vjp = False
+
+
+def _reduce_custom_vjp(f):
+    """How a ``jax.custom_vjp`` function pickles (a body's closure ships it to the hosts):
+    made again from its function, then given its rules. Its class needs the function to be
+    made at all, so pickle's default (an empty object, then its attributes) cannot."""
+    return _custom_vjp, (f.fun, f.nondiff_argnums), dict(vars(f))
+
+
+def _custom_vjp(fun, nondiff_argnums):
+    return require().custom_vjp(fun, nondiff_argnums=nondiff_argnums)
 
 
 # ---- which bodies are JAX bodies ---------------------------------------------------------------

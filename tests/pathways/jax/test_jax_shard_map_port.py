@@ -433,6 +433,20 @@ class TestTransformationsInside:
 
         same(client, body, P("x"), P("x"), np.arange(4.0, dtype=np.float32))
 
+    def test_grad_of_a_custom_vjp(self, client):  # JAX: test_eager_custom_vjp_basic
+        # the body closes over a custom_vjp function, which did not unpickle on the hosts
+        @jax.custom_vjp
+        def double(x):
+            return 2.0 * x
+
+        double.defvjp(lambda x: (double(x), None), lambda _, g: (3.0 * g,))
+
+        def body(x):
+            loss, grad = jax.value_and_grad(lambda x: double(x).sum())(x)
+            return jnp.atleast_1d(loss), grad
+
+        same(client, body, P("x"), P("x"), np.arange(4.0, dtype=np.float32))
+
     def test_jit_of_a_custom_jvp_as_the_body(self, client):  # JAX: test_custom_jvp_inside_jit
         same(client, jax.jit(jax.nn.relu), P("x"), P("x"), np.arange(-8.0, 8.0, dtype=np.float32))
 
