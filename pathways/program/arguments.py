@@ -15,9 +15,12 @@ __all__ = ["check_arguments", "describe"]
 def check_arguments(name: str, args, client=None) -> None:
     """A call's arguments outside a program, checked before anything is traced or sent:
     every leaf (of tuples, lists, dicts and dataclasses too) a live ``pw.Array`` of one
-    client (``client``, the function's, when known). Else ``ProgramError`` naming the
+    client (``client``, the function's, when known; a call of no arguments runs there, as
+    JAX's shard_map of no arguments runs on its mesh). Else ``ProgramError`` naming the
     argument and the leaf ("argument 0[3]"), and what to do instead."""
     if not args:
+        if client is not None:  # a function of no arguments: its mesh says where it runs
+            return
         raise ProgramError(f"{name}: call with pw.Array arguments (client.put(...)); for"
                            " numpy use pw.reference(f)")
     owner = client

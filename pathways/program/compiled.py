@@ -393,6 +393,6 @@ def shard_map(body, mesh: Mesh, in_specs, out_specs, cost=None, name=None,
 def run_op_by_op(fn: CompiledFunction, args):
     """A compiled-function call outside a program: a one-equation program, run at once
     (``args`` as ``check_arguments`` passed them)."""
-    client = args[0].client
+    client = args[0].client if args else fn.mesh.client
     program = client.op_program(fn, [Aval(a.shape, a.dtype) for a in args])
     return client.run_program(program, args)

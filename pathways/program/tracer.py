@@ -137,11 +137,23 @@ class ProgramFunction:
     def __call__(self, *arrays):
         if current_trace() is not None:  # called while tracing another program: inlined
             return self.fn(*arrays)      # into it, as nested jax.jit calls are
-        check_arguments(self.__name__, arrays)
+        if arrays:  # (a program of no arguments runs where the functions it calls do)
+            check_arguments(self.__name__, arrays)
         leaves, in_def = tree.flatten(arrays)
         program, out_def = self.trace_tree(in_def, [Aval(a.shape, a.dtype) for a in leaves])
-        outs = leaves[0].client.run_program(self.runnable(program), leaves)
+        client = leaves[0].client if leaves else _client_of(program)
+        outs = client.run_program(self.runnable(program), leaves)
         return tree.unflatten(out_def, outs)
+
+
+def _client_of(program: Program):
+    """The client a program of no arguments runs on: its functions' meshes'."""
+    for eqn in program.eqns:
+        client = getattr(getattr(eqn.fn, "mesh", None), "client", None)
+        if client is not None:
+            return client
+    raise ProgramError(f"program {program.name} has no arguments and calls no function on a"
+                       " mesh: nothing says which client runs it")
 
 
 def program(fn) -> ProgramFunction:

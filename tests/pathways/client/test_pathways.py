@@ -312,6 +312,21 @@ def test_nested_programs_are_inlined_as_nested_jit_is(client):
     np.testing.assert_array_equal(want_y, pw.reference(twice)(x0))
 
 
+def test_functions_and_programs_of_no_arguments_run_on_their_mesh(client):
+    mesh = client.mesh((4,), ("d",))
+    ones = pw.shard_map(lambda: np.ones(2), mesh, (), P("d"))  # JAX's shard_map takes none too
+    np.testing.assert_array_equal(ones().result(60), np.ones(8))
+
+    @pw.program
+    def made():
+        return ones()
+
+    np.testing.assert_array_equal(made().result(60), np.ones(8))
+    np.testing.assert_array_equal(pw.reference(made)(), np.ones(8))
+    with pytest.raises(pw.ProgramError, match="calls no function on a mesh"):
+        pw.program(lambda: ())()
+
+
 @dataclasses.dataclass
 class Layer:
     w: object
