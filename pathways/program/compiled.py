@@ -94,6 +94,7 @@ class CompiledFunction:
         self.in_specs, self.out_specs, self.single_output = flat_in, flat_out, single
         self._spec_trees = (in_specs, out_specs)  # as given: JAX's tree prefixes
         self._flat: dict[tuple, tuple] = {}  # per argument structure and avals: see twin
+        self._statics: dict[tuple, CompiledFunction] = {}  # see without_statics
         self.check_rep = bool(check_rep)
         if limit is not None and not (isinstance(limit, (int, float)) and limit > 0):
             raise ProgramError(f"shard_map limit must be a number of seconds > 0, got {limit!r}")
@@ -295,6 +296,9 @@ class CompiledFunction:
         return seconds
 
     def __call__(self, *args):
+        fn, args = self.without_statics(args)
+        if fn is not self:
+            return fn(*args)
         trace = current_trace()
         if trace is not None:
             trace.check_arguments(self.name, args)
@@ -303,6 +307,32 @@ class CompiledFunction:
         flat, leaves, out_def = self.twin(args)
         outs = trace.record(flat, leaves) if trace is not None else run_op_by_op(flat, leaves)
         return outs if out_def is None else tree.unflatten(out_def, outs)
+
+    def without_statics(self, args) -> tuple[CompiledFunction, tuple]:
+        """(the function to call, its arguments): this one and ``args``, or, when some are
+        static (non-arrays under a ``None`` in_spec, as JAX's shard_map takes them), a
+        function of the others that hands every device the static ones as they are: made
+        once per static values, which must be hashable (as JAX's static arguments)."""
+        positions = flat_call.static_positions(self._spec_trees[0], args)
+        if not positions:
+            return self, args
+        statics = tuple(args[i] for i in positions)
+        key = (positions, statics)
+        try:
+            fn = self._statics.get(key)
+        except TypeError:
+            raise ProgramError(f"{self.name}: argument {positions[0]} has a None in_spec, so it"
+                               " is handed to every device as it is (a static argument) and"
+                               " must be hashable, as JAX's static arguments; pass an array"
+                               " as a pw.Array with a spec instead") from None
+        if fn is None:
+            specs = tuple(s for i, s in enumerate(self._spec_trees[0]) if i not in positions)
+            fn = CompiledFunction(flat_call.WithStatics(self.body, positions, statics, self.name),
+                                  self.mesh, specs, self._spec_trees[1], cost=self.cost,
+                                  name=self.name, check_rep=self.check_rep, limit=self.limit)
+            if len(self._statics) < STATICS_KEPT:
+                self._statics[key] = fn
+        return fn, tuple(a for i, a in enumerate(args) if i not in positions)
 
     # ---- pytrees: a flat function per argument structure -----------------------------------
 
@@ -360,6 +390,7 @@ class CompiledFunction:
 
 
 _LEAVES = object()  # marks a ``twin`` key of arguments that are all arrays
+STATICS_KEPT = 256  # static argument values a function keeps its function of the rest for
 
 
 def _leaves_key(args) -> tuple | None:

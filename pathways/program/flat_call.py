@@ -33,6 +33,31 @@ class FlatBody:
         return tuple(out_leaves)
 
 
+class WithStatics:
+    """The user's ``body`` called on the arguments that are arrays, with its static ones put
+    back at their ``positions``: non-arrays under a ``None`` in_spec, which JAX's shard_map
+    hands every device as they are (``static_positions``). ``func`` and ``args`` as in
+    ``functools.partial``, so ``jax_body.uses_jax`` looks into them."""
+
+    def __init__(self, body, positions: tuple, statics: tuple, name: str):
+        self.func, self.positions, self.args, self.__name__ = body, positions, statics, name
+
+    def __call__(self, *arrays):
+        args = list(arrays)
+        for i, value in zip(self.positions, self.args):
+            args.insert(i, value)
+        return self.func(*args)
+
+
+def static_positions(specs, args) -> tuple:
+    """The positions of a call's static arguments: those whose in_spec is ``None`` (``specs``
+    a tuple of one entry per argument) and that hold nothing with a shape and dtype."""
+    if type(specs) is not tuple or len(specs) != len(args) or None not in specs:
+        return ()
+    return tuple(i for i, (spec, arg) in enumerate(zip(specs, args)) if spec is None and not any(
+        hasattr(leaf, "shape") and hasattr(leaf, "dtype") for leaf in tree.flatten(arg)[0]))
+
+
 def in_leaf_specs(name: str, specs, args) -> list:
     """One spec per leaf of ``args`` (the call's tuple): ``specs`` is one spec for all, or a
     tuple (or list) with one entry, itself a prefix, per argument."""

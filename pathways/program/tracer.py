@@ -187,13 +187,16 @@ def reference(f):
         raise ProgramError(f"pw.reference needs a @pw.program or shard_map, got {f!r}")
 
     def run(*args):
+        fn = f
+        if isinstance(f, CompiledFunction):  # static arguments: as a call hands them over
+            fn, args = f.without_statics(args)
         leaves, in_def = tree.flatten(args)
         leaves = [np.asarray(a) for a in leaves]
         avals = [Aval.of(a) for a in leaves]
-        if isinstance(f, ProgramFunction):
-            prog, out_def = f.trace_tree(in_def, avals)
+        if isinstance(fn, ProgramFunction):
+            prog, out_def = fn.trace_tree(in_def, avals)
         else:
-            flat, _, out_def = f.twin(tree.unflatten(in_def, leaves))
+            flat, _, out_def = fn.twin(tree.unflatten(in_def, leaves))
             prog = single_call_program(flat, avals)
         outs = evaluate(prog, *leaves)
         return outs if out_def is None else tree.unflatten(out_def, outs)

@@ -22,6 +22,8 @@ from pathways import P
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 lax = jax.lax
+from jax.sharding import Mesh as JaxMesh  # noqa: E402
+from jax.sharding import PartitionSpec as JaxP  # noqa: E402
 from jax_cases import plain_jax, put, results, same_as_jax  # noqa: E402
 
 X3 = ((2, 2, 2), ("x", "y", "z"))
@@ -69,6 +71,10 @@ def refused(client, body, in_specs, out_specs, *args, mesh=X4, match):
     for call in (lambda: fn(*arrays), lambda: pw.program(lambda *a: fn(*a))(*arrays)):
         with pytest.raises(pw.ProgramError, match=match):
             call()
+
+
+def jax_mesh(shape, names):
+    return JaxMesh(np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape), names)
 
 
 def iota(*shape, dtype=np.float32):
@@ -545,19 +551,34 @@ class TestSpecsAndArguments:
         for spec in (P(), P("x"), P(("x", "y"))):
             same(client, body, spec, spec, np.arange(4.0, dtype=np.float32), mesh=X22)
 
-    # A non-array argument under a None in_spec is refused (issue 46 item 6), naming it.
+    # A non-array argument under a None in_spec is static: every device gets it as it is.
     def test_static_argument(self, client):  # JAX: test_with_static_arg
+        def body(x, s):
+            return x + jnp.ones(s, x.dtype)
+
         mesh = client.mesh(*X22)
-        fn = pw.shard_map(lambda x, s: x + jnp.ones(s, x.dtype), mesh, (P("x", "y"), None),
-                          P("x", "y"))
-        with pytest.raises(pw.ProgramError, match=r"argument 1\[0\] is an int \(4\), not a pw"):
-            fn(client.put(A88, mesh, P("x", "y")), (4, 4))
+        want = jax.jit(jax.shard_map(body, mesh=jax_mesh(*X22), in_specs=(JaxP("x", "y"), None),
+                                     out_specs=JaxP("x", "y")), static_argnums=1)(A88, (4, 4))
+        fn = pw.shard_map(body, mesh, (P("x", "y"), None), P("x", "y"))
+        x = client.put(A88, mesh, P("x", "y"))
+        for got in (fn(x, (4, 4)).result(), pw.program(lambda x: fn(x, (4, 4)))(x).result(),
+                    pw.reference(fn)(A88, (4, 4))):
+            np.testing.assert_array_equal(got, want)
+        with pytest.raises(pw.ProgramError, match="argument 1 has a None in_spec.*hashable"):
+            fn(x, [4, 4])  # a list: JAX's static arguments must be hashable too
 
     def test_none_in_spec_for_an_object(self, client):  # JAX: test_in_spec_none
+        def body(o, x):
+            return jnp.sin(x)
+
         mesh = client.mesh(*I42)
-        fn = pw.shard_map(lambda o, x: jnp.sin(x), mesh, (None, P("i")), P("i"))
-        with pytest.raises(pw.ProgramError, match="argument 0 is an object .*not a pw.Array"):
-            fn(object(), client.put(iota(4, 2), mesh, P("i")))
+        thing = object()
+        want = jax.jit(jax.shard_map(body, mesh=jax_mesh(*I42), in_specs=(None, JaxP("i")),
+                                     out_specs=JaxP("i")), static_argnums=0)(thing, iota(4, 2))
+        fn = pw.shard_map(body, mesh, (None, P("i")), P("i"))
+        x = client.put(iota(4, 2), mesh, P("i"))
+        for got in (fn(thing, x).result(), pw.reference(fn)(thing, iota(4, 2))):
+            np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 # ----------------------------------------------------------------------------- dtypes and ops
