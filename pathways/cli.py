@@ -36,9 +36,17 @@ def _coordinator(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    while not stop.wait(SIGNAL_POLL):
+        pass
     coord.close()
     return 0
+
+
+# Seconds between two looks of a main thread that waits for a signal. A signal may be taken
+# by any thread of the process, and Python runs its handler on the main thread only when that
+# thread next runs: one blocked in a wait without an end (Event.wait(), signal.pause()) never
+# does, so a SIGTERM taken by the coordinator's own thread left it running for good.
+SIGNAL_POLL = 0.5
 
 
 def _die_with_parent() -> None:
@@ -141,8 +149,8 @@ def _wait_for_stop(ended=None, every: float = 0.5):
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        while not stop.wait(every if ended is not None else None):
-            how = ended()
+        while not stop.wait(min(every, SIGNAL_POLL)):
+            how = ended() if ended is not None else None
             if how is not None:
                 return how
     except KeyboardInterrupt:

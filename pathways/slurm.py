@@ -22,6 +22,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,8 +156,8 @@ def run(args, environ=os.environ) -> int:
             address_file.write_text(cluster.address + "\n")
         command = args.run[1:] if args.run[:1] == ["--"] else args.run
         if not command:
-            signal.pause()  # until Slurm's SIGTERM at the job's end, or Ctrl-C
-            return 0
+            while True:  # until Slurm's SIGTERM at the job's end, or Ctrl-C (not pause():
+                time.sleep(0.5)  # the signal may go to another thread; see cli.SIGNAL_POLL)
         return _run_command(command, command_env(environ, cluster.address))
     except KeyboardInterrupt:
         return 130
