@@ -87,6 +87,29 @@ def procs():
     stop_processes(started, grace=10.0)
 
 
+def coordinator_only(devices: int, coordinator_timeout: float, procs: list):
+    """A ``LocalCluster`` of its coordinator alone, and one ``pathways host`` of ``devices``
+    started by hand to join it (listening next to it, stopped with ``procs``) with
+    ``--coordinator-timeout``, which local clusters leave at its default (10 s); ready."""
+    import subprocess
+    import sys
+
+    from pathways.cluster import LocalCluster
+
+    cluster = LocalCluster(islands=1, hosts_per_island=1, devices_per_host=devices,
+                           hosts=False)
+    try:
+        host = subprocess.Popen([sys.executable, "-m", "pathways", "host", "--coordinator",
+                                 cluster.address, "--devices", str(devices),
+                                 "--coordinator-timeout", str(coordinator_timeout)])
+        procs.append(host)
+        cluster.wait_ready(devices)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster, host
+
+
 def read_until(proc, needle: str, timeout: float = 60.0) -> list[str]:
     """Lines of ``proc``'s text stdout up to the one containing ``needle``; fails, never
     hangs, if that line does not come within ``timeout`` (a reader thread does the waiting)."""

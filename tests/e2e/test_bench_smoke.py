@@ -13,6 +13,21 @@ BENCHES = ["plaque_bench", "dispatch", "pipeline", "islands", "gpipe", "moe", "m
 
 PLOTS = {"dispatch", "multitenancy"}  # sweeps that can draw themselves
 
+# smaller than --quick where a bench's figures need not mean anything here: every part of it
+# (each side, mode and cluster shape, its own checks of results) still runs, on fewer steps,
+# rows or seconds per cell. jax_steps: 55 -> 31 s (most of it is compiling each side's first
+# step), dataflow 14 -> 2 s, dispatch 15 -> 9 s, scale 12 -> 5 s (two sizes still, so the
+# growth of its controller's CPU is still worked out), islands 9 -> 6 s, multitenancy 10 ->
+# 7.5 s.
+SMALLER = {
+    "jax_steps": ["--chain", "2", "--runs", "1", "--steps", "1", "--warmup", "1"],
+    "dataflow": ["--words", "20000", "--events", "50000", "--records", "50"],
+    "dispatch": ["--budget", "0.05"],
+    "scale": ["--sizes", "2x4,4x4", "--budget", "0.1", "--idle", "0.2"],
+    "islands": ["--steps", "3"],
+    "multitenancy": ["--programs", "10"],
+}
+
 
 @pytest.mark.parametrize("script", BENCHES)
 def test_benchmark_runs_quickly(script, tmp_path):
@@ -20,7 +35,8 @@ def test_benchmark_runs_quickly(script, tmp_path):
     before = results.read_bytes() if results.exists() else b""
     png = tmp_path / "sweep.png"
     extra = ["--plot", str(png)] if script in PLOTS else []
-    out = subprocess.run([sys.executable, "-m", f"bench.{script}", "--quick", *extra],
+    out = subprocess.run([sys.executable, "-m", f"bench.{script}", "--quick",
+                          *SMALLER.get(script, []), *extra],
                          capture_output=True, text=True, timeout=110, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "nothing appended" in out.stdout

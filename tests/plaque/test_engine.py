@@ -1,7 +1,8 @@
 """End-to-end behaviour of the engine: graphs run on real clusters and give the right answers.
 
 Each test runs on the in-process transport and on worker processes over tcp loopback (the
-``cluster`` fixture); failure tests use real processes only.
+``cluster`` fixture, one per transport for the module); failure tests use real processes only,
+each its own cluster.
 """
 
 import os
@@ -22,6 +23,16 @@ from plaque.testing.operators import (
     expected_sparse,
     sparse_graph,
 )
+
+
+@pytest.fixture(scope="module", params=["inproc", "tcp"])
+def cluster(request):
+    """A 2-worker cluster per transport, shared by this module's tests: each installs graphs
+    of its own and none stops or kills a worker of it; one whose graph fails leaves it usable
+    (what test_operator_error_names_where_and_cluster_stays_usable checks). A cluster per
+    test started 11 tcp clusters, ~13 s of start-ups and shut-downs."""
+    with plaque.local_cluster(workers=2, transport=request.param) as c:
+        yield c
 
 
 def test_graph_is_compact_whatever_the_shard_count():
@@ -310,21 +321,24 @@ def test_held_capability_delays_completion_until_released(cluster):
     assert ig.run(None).result(30).values("collect") == [[(0, 2), (1, 2), (2, 2)]]
 
 
-def test_aligned_chains_send_no_progress_between_workers(cluster):
+@pytest.mark.parametrize("transport", ["inproc", "tcp"])
+def test_aligned_chains_send_no_progress_between_workers(transport):
     """Shard i of every node on the same worker: nothing another worker does can matter, so
-    no progress message crosses workers (the coordinator still hears the end of each run)."""
+    no progress message crosses workers (the coordinator still hears the end of each run).
+    A cluster of its own: the counters are its whole life's."""
     g = Graph("aligned")
     s = g.node("src", Source, 2, placement=[0, 1])
     f = g.node("fwd", Forward, 2, placement=[0, 1])
     c = g.node("collect", Collect, 2, placement=[0, 1])
     g.edge(s, f)
     g.edge(f, c)
-    ig = cluster.install(g)
-    for n in range(3):
-        assert ig.run(n).result(30).values("collect") == [
-            [(0, i) for i in range(n)], [(1, i) for i in range(n)]]
-    counters = cluster.counters()
-    w0, w1 = cluster.workers()
+    with plaque.local_cluster(workers=2, transport=transport) as cluster:
+        ig = cluster.install(g)
+        for n in range(3):
+            assert ig.run(n).result(30).values("collect") == [
+                [(0, i) for i in range(n)], [(1, i) for i in range(n)]]
+        counters = cluster.counters()
+        w0, w1 = cluster.workers()
     assert counters[w0].get(w1, {}).get("progress_sent", 0) == 0
     assert counters[w1].get(w0, {}).get("progress_sent", 0) == 0
 

@@ -2,9 +2,9 @@
 computations, chained programs, fetches, deletes, saves, loads, suspend and resume), with random
 faults (a host killed, a role frozen, messages late), checked against invariants. A failing
 seed is printed with its plan and replays bit for bit (``cpu="fixed"``): run ``replay(seed)``.
-Each seed runs twice in this one process and the two runs must deliver the same messages at
-the same virtual times (issue 45: the process's history, its garbage collector's among it,
-must not leak into a run).
+The seeds of ``REPLAYED`` run twice in this one process and the two runs must deliver the same
+messages at the same virtual times (issue 45: the process's history, its garbage collector's
+among it, must not leak into a run); every other seed runs once.
 
 Invariants: every value equals ``pw.reference`` (or the numpy it stands for) or the call fails
 with a clear ``PathwaysError``; no wait lasts past its (virtual) bound; once the clients close,
@@ -23,6 +23,11 @@ from pathways import P
 from pathways.errors import PathwaysError
 
 SEEDS = range(30)
+# seeds run a second time for the replay check, between them every kind of fault: 1 kills a
+# host, freezes the coordinator and delays messages; 10 freezes a host past the heartbeat
+# timeout (it is lost, then leaves by itself); 16 kills one host and freezes another.
+# Replaying all 30 doubled the module's time (33 -> 66 s); each of them still runs once.
+REPLAYED = {1, 10, 16}
 OPS = 40
 WAIT = 30.0  # virtual seconds any one wait may last
 ZOMBIE = 35.0  # virtual seconds a host the coordinator lost may take to leave by itself
@@ -168,11 +173,12 @@ def same_run(first, again) -> None:
 def test_random_work_under_random_faults_keeps_the_invariants(seed, tmp_path):
     runs = []
     try:
-        for _ in range(2):  # the same checkpoint paths both times: they are in the messages
-            shutil.rmtree(tmp_path)
+        for _ in range(2 if seed in REPLAYED else 1):
+            shutil.rmtree(tmp_path)  # the same checkpoint paths both times: in the messages
             tmp_path.mkdir()
             runs.append(replay(seed, tmp_path))
-        same_run(*runs)
+        if len(runs) == 2:
+            same_run(*runs)
     except BaseException:
         print(f"fault simulation: seed {seed} failed (plan"
               f" {plan_for(random.Random(seed))!r}); replay(seed) reproduces it")

@@ -1,7 +1,7 @@
 """A seed replays bit for bit in one process, whatever ran in it before (issue 45, item 10):
 Python's garbage collector, whose passes follow the process's history, is an event of the
-simulation while one runs. (The fault simulation replays each of its seeds twice too:
-``test_sim_faults``.)"""
+simulation while one runs. (The fault simulation replays some of its seeds too, faults and
+all: ``test_sim_faults.REPLAYED``.)"""
 
 import gc
 
