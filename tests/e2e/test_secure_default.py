@@ -457,7 +457,12 @@ def test_a_coordinator_started_by_hand_listens_with_keys_in_a_private_directory_
                     wait_until(marker.exists, timeout=30, interval=0.05)
             finally:
                 coord.terminate()
-                err = coord.communicate(timeout=30)[1]
+                try:
+                    err = coord.communicate(timeout=30)[1]
+                except subprocess.TimeoutExpired:  # it must not outlive the test
+                    coord.kill()
+                    coord.communicate()
+                    raise
             assert (security.INSECURE_WARNING in err) == warned, err
         out = subprocess.run([sys.executable, "-m", "pathways", "coordinator", "--bind",
                               f"ipc://{shared}/"], env=env, capture_output=True, text=True,
