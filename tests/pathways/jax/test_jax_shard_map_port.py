@@ -49,28 +49,27 @@ def same(client, body, in_specs, out_specs, *args, mesh=X4):
 def jax_refuses_too(client, body, in_specs, out_specs, *args, mesh=X4, match=None):
     """JAX refuses ``body`` with a ValueError when it traces it; so does pathways, called
     directly and inside a program, with a ProgramError (a ValueError) matching ``match``."""
-    shape, names = mesh
     with pytest.raises((ValueError, TypeError)):
-        plain_jax(body, shape, names, in_specs, out_specs, *args)
-    pw_mesh = client.mesh(shape, names)
-    fn = pw.shard_map(body, pw_mesh, in_specs, out_specs)
-    arrays = put(client, pw_mesh, args, in_specs)
-    for call in (lambda: fn(*arrays), lambda: pw.program(lambda *a: fn(*a))(*arrays)):
-        with pytest.raises(pw.ProgramError, match=match):
-            results(call())
+        plain_jax(body, *mesh, in_specs, out_specs, *args)
+    pathways_refuses(client, body, in_specs, out_specs, args, mesh, match, fetch=results)
 
 
 def refused(client, body, in_specs, out_specs, *args, mesh=X4, match):
     """JAX runs ``body``; pathways refuses it with a ProgramError matching ``match`` when the
     call is made (nothing runs), called directly and when a program is traced."""
-    shape, names = mesh
-    plain_jax(body, shape, names, in_specs, out_specs, *args)
-    pw_mesh = client.mesh(shape, names)
+    plain_jax(body, *mesh, in_specs, out_specs, *args)
+    pathways_refuses(client, body, in_specs, out_specs, args, mesh, match, fetch=lambda r: r)
+
+
+def pathways_refuses(client, body, in_specs, out_specs, args, mesh, match, fetch):
+    """``body`` called directly and inside a program fails with a ProgramError matching
+    ``match`` (by the time ``fetch`` has its results)."""
+    pw_mesh = client.mesh(*mesh)
     fn = pw.shard_map(body, pw_mesh, in_specs, out_specs)
     arrays = put(client, pw_mesh, args, in_specs)
     for call in (lambda: fn(*arrays), lambda: pw.program(lambda *a: fn(*a))(*arrays)):
         with pytest.raises(pw.ProgramError, match=match):
-            call()
+            fetch(call())
 
 
 def jax_mesh(shape, names):
