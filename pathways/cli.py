@@ -15,7 +15,8 @@ from pathlib import Path
 
 import uvloop
 
-from plaque.cli import add_worker_options, address_arg, bind_near, settle_collector
+from plaque.cli import (SIGNAL_POLL, add_worker_options, address_arg, bind_near,
+                        settle_collector, wait_for_signal)
 
 from .errors import PathwaysError
 
@@ -36,17 +37,9 @@ def _coordinator(args) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(SIGNAL_POLL):
-        pass
+    wait_for_signal(stop)
     coord.close()
     return 0
-
-
-# Seconds between two looks of a main thread that waits for a signal. A signal may be taken
-# by any thread of the process, and Python runs its handler on the main thread only when that
-# thread next runs: one blocked in a wait without an end (Event.wait(), signal.pause()) never
-# does, so a SIGTERM taken by the coordinator's own thread left it running for good.
-SIGNAL_POLL = 0.5
 
 
 def _die_with_parent() -> None:

@@ -22,11 +22,12 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from plaque import security
+from plaque.cli import wait_for_signal
 
 from .cluster import LocalCluster, hosts_per_island, stop_processes
 from .errors import PathwaysError
@@ -156,8 +157,8 @@ def run(args, environ=os.environ) -> int:
             address_file.write_text(cluster.address + "\n")
         command = args.run[1:] if args.run[:1] == ["--"] else args.run
         if not command:
-            while True:  # until Slurm's SIGTERM at the job's end, or Ctrl-C (not pause():
-                time.sleep(0.5)  # the signal may go to another thread; see cli.SIGNAL_POLL)
+            # until Slurm's SIGTERM at the job's end (its handler raises), or Ctrl-C
+            wait_for_signal(threading.Event())
         return _run_command(command, command_env(environ, cluster.address))
     except KeyboardInterrupt:
         return 130

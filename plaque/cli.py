@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 
 import uvloop
 
@@ -53,6 +54,21 @@ def settle_collector() -> None:
     gc.freeze()
     _, middle, oldest = gc.get_threshold()
     gc.set_threshold(COLLECT_EVERY, middle, oldest)
+
+
+# Seconds between two looks of a main thread that waits for a signal. A signal may be taken
+# by any thread of the process, and Python runs its handler on the main thread only when that
+# thread next runs: one blocked in a wait without an end (Event.wait(), signal.pause()) never
+# does, so a SIGTERM taken by another thread was lost and the process ran on for good.
+SIGNAL_POLL = 0.5
+
+
+def wait_for_signal(stop: threading.Event) -> None:
+    """On the main thread: return once ``stop`` is set (by a signal handler), looking every
+    ``SIGNAL_POLL`` seconds so that the handler runs whichever thread took the signal. A
+    handler that raises ends the wait with its exception."""
+    while not stop.wait(SIGNAL_POLL):
+        pass
 
 
 def address_arg(text: str) -> str:
