@@ -394,11 +394,11 @@ def main(argv=None) -> int:
         " the host's CPU seconds over the run's wall.",
         f"Where the time goes: the host process spends {host_ms:.2f} ms of CPU per program"
         f" (4 kernels: dequeue, execute, record, publish, plus the run's messages), the"
-        f" coordinator {coord_ms:.2f} ms (it alone could sequence ~{1e3 / coord_ms:,.0f}"
+        f" coordinator {coord_ms:.2f} ms (it alone could sequence ~{_per_s(coord_ms)}"
         " programs/s). One host process holds one GIL, so it sequences at"
-        f" most ~{1e3 / host_ms:,.0f} programs/s, i.e. device utilization <="
-        f" {COST * 1e3 / host_ms:.0%} with {COST * 1e3:g} ms computations, whatever the number"
-        " of clients: the island is host-CPU-bound, not device-bound. Submitting is not the"
+        f" most ~{_per_s(host_ms)} programs/s, i.e. device utilization <="
+        f" {COST * 1e3 / max(host_ms, 1e-9):.0%} with {COST * 1e3:g} ms computations, whatever"
+        " the number of clients: the island is host-CPU-bound, not device-bound. Submitting is not the"
         f" limit: a client issues a call in <= {submit_us:.0f} us (slowest client, any run).",
         f"Shares (policy \"share\", window {WINDOW}, {len(WEIGHTS)} clients x {share_k}"
         f" programs, started together; device time while all were running, {interval:.2f} s):"
@@ -422,6 +422,12 @@ def main(argv=None) -> int:
                                             for n, (_, single) in cells.items()]},
                    target=UTIL_TARGET)
     return 0
+
+
+def _per_s(ms: float) -> str:
+    """Programs per second at ``ms`` of CPU each; a run too short for the CPU clock's ticks
+    (10 ms) may have measured none."""
+    return f"{1e3 / ms:,.0f}" if ms > 0 else "(unmeasured: too little CPU for its clock)"
 
 
 if __name__ == "__main__":
