@@ -399,7 +399,8 @@ def main(argv=None) -> int:
         f" most ~{_per_s(host_ms)} programs/s, i.e. device utilization <="
         f" {COST * 1e3 / max(host_ms, 1e-9):.0%} with {COST * 1e3:g} ms computations, whatever"
         " the number of clients: the island is host-CPU-bound, not device-bound. Submitting is"
-        f" not the limit: a client issues a call in <= {submit_us:.0f} us (slowest client, any run).",
+        f" not the limit: a client issues a call in <= {submit_us:.0f} us (slowest client, any"
+        " run).",
         f"Shares (policy \"share\", window {WINDOW}, {len(WEIGHTS)} clients x {share_k}"
         f" programs, started together; device time while all were running, {interval:.2f} s):"
         f" {share_text}.",
