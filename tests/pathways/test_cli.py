@@ -133,6 +133,28 @@ def test_a_host_added_by_hand_hashes_text_as_the_clusters_hosts(procs):
     assert "PYTHONHASHSEED" not in rest and "WARNING" not in rest, rest
 
 
+def _collector(v):
+    """A kernel body: this host's young-generation threshold and whether it froze anything."""
+    import gc
+
+    return v * 0 + gc.get_threshold()[0] + (gc.get_freeze_count() > 0)
+
+
+def test_the_hosts_of_a_local_cluster_run_the_settled_collector():
+    """Every host process ``local_cluster`` starts settles its collector
+    (``plaque.cli.settle_collector``) before serving: at Python's default threshold a host
+    holding its kept kernel records ran full collections of 100-200 ms every few seconds,
+    each an idle gap on every device of the mesh (issue 47)."""
+    from plaque.cli import COLLECT_EVERY
+
+    with pw.local_cluster(hosts_per_island=2, devices_per_host=1) as cluster, \
+            pw.connect(cluster.address) as client:
+        mesh = client.mesh((2,), ("d",))
+        probe = pw.shard_map(_collector, mesh, P("d"), P("d"))
+        seen = probe(client.put(np.zeros(2), mesh, P("d"))).result(timeout=30)
+    assert list(seen) == [COLLECT_EVERY + 1] * 2, seen
+
+
 def run_cli(*args, timeout):
     """(exit code, stdout + stderr) of ``python -m pathways ARGS``; ``timeout`` is the hang
     guard (a command slower than that fails the test with TimeoutExpired)."""
