@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copyreg
 import functools
+import gc
 import os
 import sys
 import threading
@@ -95,6 +96,11 @@ def require():
     if _on_host:
         jax.config.update("jax_cpu_enable_async_dispatch", False)
         _on_host = False  # done
+        # what JAX brought (~100k objects: modules, classes, its caches) came after the
+        # host's collector was settled (plaque.cli.settle_collector): freeze it too, or each
+        # full collection rescans it (200-340 ms on a host that keeps its kernel records)
+        gc.collect()
+        gc.freeze()
     if not _pickles_custom_vjp:
         copyreg.pickle(jax.custom_vjp, _reduce_custom_vjp)
         _pickles_custom_vjp = True

@@ -490,6 +490,26 @@ def test_compilation_is_the_hosts_work_not_device_time(pw_process_cluster, tmp_p
             assert busy[label] == pytest.approx(kernels / span)
 
 
+def _frozen(v):
+    import gc
+    return v * 0 + gc.get_freeze_count()
+
+
+def test_a_host_freezes_what_jax_brought():
+    """A host process loads JAX with its first JAX body, after its collector was settled:
+    what JAX brought (~100k objects) is frozen then too, so a full collection does not
+    rescan it (issue 47: 200-340 ms each on a host that keeps its kernel records)."""
+    with pw.local_cluster(hosts_per_island=1, devices_per_host=1) as cluster, \
+            pw.connect(cluster.address) as client:
+        mesh = client.mesh((1,), ("d",))
+        x = client.put(np.zeros(1, np.float32), mesh, P("d"))
+        probe = pw.shard_map(_frozen, mesh, P("d"), P("d"))
+        before = int(probe(x).result(timeout=30)[0])
+        pw.shard_map(jnp.tanh, mesh, P("d"), P("d"))(x).block_until_ready(60)
+        after = int(probe(x).result(timeout=30)[0])
+    assert after > before + 10_000, (before, after)
+
+
 def test_hosts_compilation_cache_is_private_or_not_used(tmp_path, monkeypatch):
     from pathways.program.jax_body import compilation_cache
 
