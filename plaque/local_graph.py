@@ -40,6 +40,14 @@ class LocalGraph:
                     ctx = Context(node.name, shard, node.shards, worker_id, core, self,
                                   node.index, node.notify, services)
                     self.ops[(node.index, shard)] = (node.factory(), ctx)
+        # what START calls, by node: (node, [(shard, op, ctx)], [(op, ctx)] if its
+        # operator starts its shards together (``on_start_shards``) else None)
+        by_node: dict[int, list] = {}
+        for (node, shard), (op, ctx) in self.ops.items():
+            by_node.setdefault(node, []).append((shard, op, ctx))
+        self.starts = [(node, shards, [(op, ctx) for _, op, ctx in shards]
+                        if hasattr(shards[0][1], "on_start_shards") else None)
+                       for node, shards in by_node.items()]
         self.pending: dict[tuple[int, int], list] = {}  # shard -> timestamps awaiting completion
         # completion tests: a shard that is not complete waits on a witness (a positive
         # pointstamp that can reach it) and is tested again only when that one goes

@@ -16,6 +16,12 @@ class Operator:
     it received nothing). A source is a node without inputs: it gets ``on_complete`` as soon as
     run t starts and emits from there, usually from ``ctx.arg``.
 
+    ``on_start_shards(shards, t)``, if an operator class has it, is called instead of
+    ``on_start`` when run t starts, once for all of a node's shards on this worker: ``shards``
+    is ``[(operator, ctx), ...]`` in shard order, and it is called on the first one's
+    operator. A worker that runs several shards of a node can then do their shared start
+    work once (a host launching one gang on all of its devices).
+
     Runs overlap: keep what belongs to one run in ``ctx.state`` (a dict for run t, dropped once
     this shard completed t), not in attributes of the operator.
 

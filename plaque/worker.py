@@ -216,15 +216,23 @@ class WorkerCore:
             if g.graph.nodes[shard[0]].notify:
                 g.pending.setdefault(shard, []).append(t)
                 g.unchecked.add(shard)
-        for (node, shard), (op, ctx) in g.ops.items():
-            on_start = getattr(op, "on_start", None)
-            if on_start is None:
+        for node, shards, together in g.starts:
+            for _, _, ctx in shards:
+                ctx.arg, ctx.t = arg, t
+            if together is not None:  # the node's shards here start as one
+                try:
+                    together[0][0].on_start_shards(together, t)
+                except Exception as exc:  # the run fails: one report says so
+                    self.report(g, node, shards[0][0], t, exc)
                 continue
-            ctx.arg, ctx.t = arg, t
-            try:
-                on_start(ctx, t)
-            except Exception as exc:
-                self.report(g, node, shard, t, exc)
+            for shard, op, ctx in shards:
+                on_start = getattr(op, "on_start", None)
+                if on_start is None:
+                    continue
+                try:
+                    on_start(ctx, t)
+                except Exception as exc:
+                    self.report(g, node, shard, t, exc)
         for node, shard, port, values in g.early.pop(t, ()):
             self._deliver(g, node, shard, port, t, values)
         for node, shard in [k for k in g.ops if not g.graph.nodes[k[0]].notify]:

@@ -151,19 +151,24 @@ class EmulatedDevice:
         A kernel whose ``seq`` was skipped already (its run failed, and the coordinator's skip
         overtook the kernel's late dispatch) is dropped and told via ``on_error``, as one
         queued when the skip came is."""
+        enqueue_all([(self, seq, kernel)])
+
+    def _check(self, seq: int, kernel) -> None:
+        """Under the executor's lock: ``kernel`` may be queued at ``seq`` (or was skipped)."""
         if not isinstance(kernel, DeviceWork):
             raise TypeError(f"kernel {kernel!r} is not DeviceWork")
-        with self._lock:
-            late = self._skips.pop(seq, None)  # why it was skipped, if it was
-            if late is None:
-                self._check_new_seq(seq)
-                self.lane.dispatch(seq, kernel, self._clock())
-                if seq > self._max_enqueued:
-                    self._max_enqueued = seq
-        if late is not None:
-            report_error(kernel, self._skipped_error(seq, late))
-        elif seq == self.lane.next_seq:
-            self.executor.wake()
+        if seq not in self._skips:
+            self._check_new_seq(seq)
+
+    def _queue(self, seq: int, kernel, now: float) -> str | None:
+        """Under the executor's lock: queue ``kernel`` at ``seq`` (checked); why it was
+        skipped instead, if it was."""
+        late = self._skips.pop(seq, None)
+        if late is None:
+            self.lane.dispatch(seq, kernel, now)
+            if seq > self._max_enqueued:
+                self._max_enqueued = seq
+        return late
 
     def skip(self, seq: int, reason: str = "") -> bool:
         """Cancel ``seq`` so the device does not wait for it; False if it already ran or was
@@ -316,3 +321,27 @@ def report_error(kernel, error: BaseException) -> None:
         kernel.on_error(error)
     except Exception:
         log.exception("on_error of kernel %r raised", kernel)
+
+
+def enqueue_all(items) -> None:
+    """Queue each ``(device, seq, kernel)`` of ``items`` (devices of one executor: a gang's
+    kernels on one host) under one lock, read of the clock and wake. Any thread. Every item
+    is checked before any is queued (a bad seq raises and queues nothing); kernels whose seq
+    was skipped already are dropped and told via ``on_error`` (``EmulatedDevice.enqueue``)."""
+    executor = items[0][0].executor
+    late = []
+    wake = False
+    with executor.lock:
+        for device, seq, kernel in items:
+            device._check(seq, kernel)
+        now = executor.now()
+        for device, seq, kernel in items:
+            reason = device._queue(seq, kernel, now)
+            if reason is not None:
+                late.append((device, seq, kernel, reason))
+            elif seq == device.lane.next_seq:
+                wake = True
+    for device, seq, kernel, reason in late:
+        report_error(kernel, device._skipped_error(seq, reason))
+    if wake:
+        executor.wake()

@@ -20,7 +20,7 @@ from .. import protocol
 from ..errors import ClientGone, RemoteError
 from ..program.cost import DeviceSpec
 from .clock import MONOTONIC, Clock
-from .device import EmulatedDevice
+from .device import EmulatedDevice, enqueue_all
 from .exchange import ExecutorEnv
 from .executor import KERNEL_LIMIT, Executor
 from .hbm import no_room
@@ -72,9 +72,11 @@ class Host:
         self._room_waits: dict = {}  # key -> its _RoomWait, while a buffer waits for HBM
 
     # ---- devices and kernels (called from the loop or the executor thread) ---------------
-    def enqueue(self, device: int, seq: int, kernel) -> None:
-        """Queue ``kernel`` as ``device``'s ``seq``-th. Any thread."""
-        self.devices[device].enqueue(seq, kernel)
+    def enqueue(self, items) -> None:
+        """Queue each ``(device, seq, kernel)`` of ``items`` (``device``'s ``seq``-th): a
+        gang's kernels on this host at once. Any thread."""
+        devices = self.devices
+        enqueue_all([(devices[d], seq, kernel) for d, seq, kernel in items])
 
     def kernel_env(self, mesh, flat_index: int, gang_key, device) -> ExecutorEnv:
         """Executor thread: where the collectives of the kernel running on ``device`` go."""

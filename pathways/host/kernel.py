@@ -99,17 +99,48 @@ class KernelOp(DispatchedOp):
     def on_input(self, ctx, t, port, piece):
         self.assembler.on_piece(ctx, t, port, piece)
 
+    def on_start_shards(self, shards, t):
+        """Run t starts on this host's shards of the node (``[(op, ctx)]``): in parallel
+        dispatch, their kernels are made and queued as one gang (one lock, one wake); in
+        sequential dispatch each waits for its own producers (``on_complete``)."""
+        if self.sequential or shards[0][1].arg.mode == "sequential":
+            for op, ctx in shards:
+                op.on_start(ctx, t)
+            return
+        caps = []
+        try:
+            for _, ctx in shards:
+                caps.append(ctx.hold())
+            spec, arg, host = self.spec, shards[0][1].arg, self.host
+            gang = self._gang(arg)
+            ids, seqs = spec.fn.mesh.ids, arg.seqs[spec.index]
+            items = []
+            for (_, ctx), cap in zip(shards, caps):
+                device = ids[ctx.shard]
+                items.append((device, seqs[device], Kernel(gang, ctx.shard, device, host, cap)))
+            host.enqueue(items)  # all or nothing: then the kernels hold the capabilities
+        except BaseException:
+            for cap in caps:
+                cap.release()
+            raise
+
     def dispatch(self, ctx, t, cap):
         spec, arg = self.spec, ctx.arg
+        device = spec.fn.mesh.ids[ctx.shard]
+        self.host.enqueue([(device, arg.seqs[spec.index][device],
+                            Kernel(self._gang(arg), ctx.shard, device, self.host, cap))])
+
+    def _gang(self, arg) -> KernelGang:
+        """What the node's shards share in the run of ``arg`` (made once per run and
+        process: a shard dispatched on its own finds its gang's)."""
+        spec = self.spec
         gang = _GANGS.get(id(spec))
         if gang is None or gang.spec is not spec or gang.arg is not arg:
             gang = KernelGang(spec, arg, self.input_avals)
             if len(_GANGS) >= GANGS_KEPT:
                 _GANGS.clear()
             _GANGS[id(spec)] = gang  # (the gang keeps its spec, so the id stays its own)
-        device = spec.fn.mesh.ids[ctx.shard]
-        self.host.enqueue(device, arg.seqs[spec.index][device],
-                          Kernel(gang, ctx.shard, device, self.host, cap))
+        return gang
 
 
 GANGS_KEPT = 4096  # kernel nodes whose latest gang a process keeps for their next shard

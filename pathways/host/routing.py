@@ -121,8 +121,8 @@ class ExpertOp(DispatchedOp):
                 "bytes": sum(r.nbytes for p in received for r in p[3]),
                 "rows": sum(len(p[1]) for p in received)},
                 min(p[5] for p in received), max(p[4] for p in received))
-        host.enqueue(device, seq, ExpertKernel(self.spec, ctx.shard, device, arg, host, cap,
-                                               received))
+        host.enqueue([(device, seq, ExpertKernel(self.spec, ctx.shard, device, arg, host,
+                                                 cap, received))])
 
 
 class ExpertKernel(DeviceWork):

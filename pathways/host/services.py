@@ -29,9 +29,10 @@ class HostServices(Protocol):
     store: ObjectStore
     clock: Clock  # the host's clock: when data arrives, in the time its kernels run in
 
-    def enqueue(self, device: int, seq: int, work) -> None:
-        """Queue ``work`` (a ``pathways.host.device.DeviceWork``) as ``device``'s ``seq``-th
-        kernel. Any thread."""
+    def enqueue(self, items) -> None:
+        """Queue each ``(device, seq, work)`` of ``items`` (``work``: a
+        ``pathways.host.device.DeviceWork``) as ``device``'s ``seq``-th kernel, all at once
+        (a gang's kernels on this host). Any thread."""
 
     def kernel_env(self, mesh, flat_index: int, gang_key, device) -> ExecutorEnv:
         """Executor thread: where the collectives of the kernel running on ``device`` go."""

@@ -55,6 +55,20 @@ class HostNode(plaque.Operator):
     def on_start(self, ctx, t):
         (self.op or self._made(ctx)).on_start(ctx, t)
 
+    def on_start_shards(self, shards, t):
+        """The node's shards on this worker start run t: together if the host's operator
+        of this kind starts them so (a kernel's gang), else one by one."""
+        ops = [(node.op or node._made(ctx), ctx) for node, ctx in shards]
+        together = getattr(ops[0][0], "on_start_shards", None)
+        if together is not None:
+            together(ops, t)
+            return
+        for op, ctx in ops:
+            try:
+                op.on_start(ctx, t)
+            except Exception as exc:  # as the worker does for one shard: fail the run
+                ctx.fail(exc)
+
     def on_batch(self, ctx, t, port, values):
         (self.op or self._made(ctx)).on_batch(ctx, t, port, values)
 
