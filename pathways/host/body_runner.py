@@ -38,7 +38,7 @@ class Shard(Slot):
     running its body needs: waiting for inputs, running, parked or finishing."""
 
     __slots__ = ("device", "kernel", "keys", "pending", "glet", "error", "nbytes", "waiting",
-                 "deadline", "done", "limit_at", "cpu_left", "grant")
+                 "deadline", "done", "ended_at", "limit_at", "cpu_left", "grant")
 
     def __init__(self, device, lane: Lane, seq: int, kernel: DeviceWork, arrived: float):
         super().__init__(lane, seq, kernel, arrived)
@@ -52,6 +52,7 @@ class Shard(Slot):
         self.waiting = None  # [mailbox key, sources, how many missing] while parked
         self.deadline = 0.0  # when a parked exchange times out
         self.done = False  # the body has returned or raised
+        self.ended_at = 0.0  # when it did (real time)
         self.limit_at = 0.0  # time.monotonic() past which the body is interrupted (0: never)
         self.cpu_left = 0.0  # on a simulated host instead: CPU seconds it may still use
         self.grant = None  # the HBM taken for its outputs, once admitted
@@ -75,9 +76,10 @@ class BodyRunner:
         """In a shard's greenlet: give the thread back until ``resume``."""
         self.main.switch()
 
-    def begin(self, shard: Shard) -> None:
-        """Real time has reached ``shard``'s start: run its body until it parks or ends."""
-        self.ex.timeline.begin(shard, self.ex.now())
+    def begin(self, shard: Shard, now: float) -> None:
+        """Real time (``now``, as the caller just read it) has reached ``shard``'s start:
+        run its body until it parks or ends."""
+        self.ex.timeline.begin(shard, now)
         limit = self.limit(shard.kernel)
         if limit and self._watcher() is self._cpu_watchdog:
             shard.cpu_left = limit  # simulated: the body's own CPU seconds
@@ -153,7 +155,8 @@ class BodyRunner:
         self._ended(shard, modelled)
 
     def _ended(self, shard: Shard, modelled: float) -> None:
-        self.ex.timeline.ended(shard, self.ex.now(), modelled)
+        shard.ended_at = now = self.ex.now()
+        self.ex.timeline.ended(shard, now, modelled)
         shard.done = True
 
     def _timed_out(self, shard: Shard) -> KernelTimeout:

@@ -243,7 +243,7 @@ class Executor:
 
     def body_done(self, shard: Shard) -> None:
         """``shard``'s body returned or raised: finish it at its modelled end."""
-        if self.timeline.finish(shard, self.now()):
+        if self.timeline.finish(shard, shard.ended_at):
             self._finish(shard)
         else:
             self._changed()
@@ -262,13 +262,13 @@ class Executor:
             heapq.heappop(self._timers)[2]()
             fired = True
         for action in self.timeline.due(now):
-            self._act(action)
+            self._act(action, now)
             fired = True
         return fired
 
-    def _act(self, action: Start | End) -> None:
+    def _act(self, action: Start | End, now: float) -> None:
         if type(action) is Start:
-            self.bodies.begin(action.slot)
+            self.bodies.begin(action.slot, now)
         else:
             self._finish(action.slot)
 
@@ -315,8 +315,9 @@ class Executor:
         if inputs_at is None:
             inputs_at = max((self.store.arrival(k) for k in shard.keys), default=0.0)
         at = max(inputs_at, shard.kernel.not_before or 0.0)
-        if self.timeline.ready(shard, at, self.now()):
-            self.bodies.begin(shard)
+        now = self.now()
+        if self.timeline.ready(shard, at, now):
+            self.bodies.begin(shard, now)
         else:
             self._changed()
 
@@ -364,7 +365,8 @@ class Executor:
             shard.error = got
         else:
             shard.grant = got
-            self.timeline.admitted(shard, self.now())
+            if shard.held:  # it kept its device while it waited: until now
+                self.timeline.admitted(shard, self.now())
         self._publish(shard)
 
     def _publish(self, shard: Shard) -> None:
