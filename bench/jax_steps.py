@@ -447,6 +447,9 @@ def main(argv=None) -> int:
     ap.sized("--warmup", int, 2, 5, "untimed steps after the first")
     ap.sized("--runs", int, 2, 30, "program runs timed, after the first and one warm-up")
     ap.sized("--chain", int, 4, 10, "steps per @pw.program (K)")
+    ap.add_argument("--backend", choices=("emulated", "jax"), default="emulated",
+                    help="pw's hosts: emulated TPUs (the default), or their own JAX devices"
+                         " (pw.local_cluster(backend=...))")
     args = ap.parse_args(argv)
     if jax is None:
         raise SystemExit(pw.jax_body.INSTALL_HINT)
@@ -466,6 +469,7 @@ def main(argv=None) -> int:
     os.environ["PATHWAYS_JAX_CACHE"] = "off"  # hosts compile every first step, as JAX does
     try:
         with security_for_all(args.insecure, args.curve) as security:
+            security = {**security, "backend": args.backend}
             for shape in SHAPES:
                 pw_figs[shape], prof = run_pw(shape, cfg, security,
                                               args.profile and shape == "1x8")
@@ -487,7 +491,7 @@ def main(argv=None) -> int:
         f" to its outputs ready, nothing fetched) after {args.warmup} warm-up steps; program"
         f" mode: median of {args.runs} runs / {args.chain}. Plain JAX runs in a subprocess"
         " with --xla_force_host_platform_device_count=8 (JAX's default CPU threading); pw's"
-        " hosts run XLA single-threaded. CPU ms/step: this process (the client), the"
+        f" hosts ({args.backend} devices) run XLA single-threaded. CPU ms/step: this process (the client), the"
         " coordinator, the hosts summed (/proc, all threads) over the timed steps; for JAX,"
         f" its process. Losses: pw's equal JAX's at every step within rtol {LOSS_RTOL:g}"
         f" (largest seen {worst:.1e}). Before timing, each cluster's hosts start JAX with a"

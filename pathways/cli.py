@@ -100,9 +100,14 @@ def _host(args) -> int:
 
     spec = DeviceSpec(hbm_bytes=int(args.hbm_gib * 2**30))
     settle_collector()
-    reason = uvloop.run(serve_host(coordinator, args.island, args.devices, bind,
-                                   spec=spec, coordinator_timeout=args.coordinator_timeout,
-                                   kernel_limit=args.kernel_limit or None))
+    try:
+        reason = uvloop.run(serve_host(coordinator, args.island, args.devices, bind,
+                                       spec=spec, coordinator_timeout=args.coordinator_timeout,
+                                       kernel_limit=args.kernel_limit or None,
+                                       backend=args.backend))
+    except PathwaysError as exc:  # e.g. --devices that --backend jax does not have
+        print(f"pathways host: {exc}", file=sys.stderr)
+        return 2
     logging.getLogger("pathways.host.process").info("exited: %s", reason)
     return 0
 
@@ -403,6 +408,10 @@ def parser() -> argparse.ArgumentParser:
     ho.add_argument("--island", type=int, default=0, help="the island this host's devices join")
     ho.add_argument("--devices", type=int, default=4, help="emulated TPUs on this host")
     ho.add_argument("--hbm-gib", type=float, default=16.0, help="HBM per emulated device, GiB")
+    ho.add_argument("--backend", choices=("emulated", "jax"), default="emulated",
+                    help="emulated: modelled TPUs (the default); jax: this process's own JAX"
+                         " devices (GPUs or TPUs where there are, else --devices XLA CPU"
+                         " devices), whose kernels take their real time")
     ho.add_argument("--kernel-limit", type=float, default=30.0, metavar="SECONDS",
                     help="a kernel body running longer is stopped and its call fails with"
                          " KernelTimeout (0: no limit; shard_map(limit=) sets one function's)")

@@ -55,7 +55,14 @@ class LocalCluster:
     def __init__(self, islands=1, hosts_per_island=2, devices_per_host=4,
                  heartbeat_timeout=3.0, verbose=0, policy="fifo", window=8,
                  client_timeout=5.0, hbm_gib=16.0, keys=None, insecure=False,
-                 kernel_limit=30.0, bind=None, port=0, processes=True, hosts=True):
+                 kernel_limit=30.0, bind=None, port=0, processes=True, hosts=True,
+                 backend="emulated"):
+        if backend not in ("emulated", "jax"):
+            raise ValueError(f"backend must be 'emulated' or 'jax', not {backend!r}")
+        if backend != "emulated" and not processes:
+            raise ValueError("backend='jax' runs hosts as processes, each with its own JAX"
+                             " devices: not with processes=False")
+        self.backend = backend
         if keys is not None and insecure:
             raise ValueError("keys=DIR and insecure=True contradict each other: choose one")
         if keys is not None and not processes:
@@ -165,7 +172,7 @@ class LocalCluster:
         return [sys.executable, "-m", "pathways", *self._v, "host", "--coordinator",
                 self.address, "--devices", str(devices), "--hbm-gib", str(self.hbm_gib),
                 "--kernel-limit", str(self.kernel_limit or 0), "--bind", self.bind,
-                *self._insecure_flag()]
+                "--backend", self.backend, *self._insecure_flag()]
 
     def _insecure_flag(self) -> list[str]:
         """``--insecure`` for the processes it starts, when it was told ``insecure=True``
@@ -228,7 +235,7 @@ def stop_processes(processes, grace: float = 5.0) -> None:
 def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_timeout=3.0,
                   verbose=0, timeout=60.0, policy="fifo", window=8, client_timeout=5.0,
                   hbm_gib=16.0, keys=None, insecure=False, kernel_limit=30.0,
-                  processes=True, simulate=None, seed=None, **simulation):
+                  processes=True, simulate=None, seed=None, backend="emulated", **simulation):
     """Start a coordinator and ``islands * hosts_per_island`` host processes on this machine.
 
     ``policy`` orders the gangs of several clients on each island: "fifo", "share" (device
@@ -238,6 +245,9 @@ def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_t
     its runs dropped. ``hbm_gib``: each emulated device's HBM. ``kernel_limit``: seconds a
     kernel body may run on its host before it is stopped and its call fails with
     ``KernelTimeout`` (None: no limit; ``shard_map(..., limit=)`` overrides it per function).
+    ``backend="jax"``: each host's devices are its process's own JAX devices (GPUs or TPUs
+    where there are, else ``devices_per_host`` XLA CPU devices), whose kernels take their
+    real time; "emulated" (the default): modelled TPUs (``pathways host --backend``).
 
     By default every socket of the cluster is a Unix socket (``ipc://``) in a private
     temporary directory, removed when the cluster stops: the kernel lets no other user
@@ -270,6 +280,9 @@ def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_t
         simulate, simulation = True, {**simulation_defaults, **simulation}
         keys, insecure = None, False
     if simulate:
+        if backend != "emulated":
+            raise ValueError("a simulated cluster's devices are modelled: backend='jax' runs"
+                             " real hosts")
         if keys is not None or insecure or not processes:
             raise ValueError("a simulated cluster takes no keys, insecure or processes: it has"
                              " no socket outside this process")
@@ -295,7 +308,7 @@ def local_cluster(islands=1, hosts_per_island=2, devices_per_host=4, heartbeat_t
                         " given without simulate=True")
     cluster = LocalCluster(islands, hosts_per_island, devices_per_host, heartbeat_timeout,
                            verbose, policy, window, client_timeout, hbm_gib, keys, insecure,
-                           kernel_limit, processes=processes)
+                           kernel_limit, processes=processes, backend=backend)
     try:
         cluster.wait_ready(islands * hosts_per_island * devices_per_host, timeout)
         yield cluster

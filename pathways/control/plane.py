@@ -27,7 +27,7 @@ from plaque.logutil import dropped
 from .. import protocol as m
 from ..errors import ClientGone, HostLost, RemoteError, ResourceError
 from .preemption import Preemptions
-from .resource_manager import ResourceManager
+from .resource_manager import DEFAULT_KIND, ResourceManager
 from .scheduler import FifoPolicy, Gang, IslandScheduler, PriorityPolicy, ProportionalSharePolicy
 
 log = logging.getLogger("pathways.control.plane")
@@ -191,8 +191,10 @@ class ControlPlane:
                 if not isinstance(info, dict) or not all(
                         isinstance(info.get(k), str) for k in ("data", "ici")):
                     raise ValueError("its hello does not describe a host")
+                kind = getattr(info.get("spec"), "kind", None)  # e.g. a --backend jax GPU's
                 devs = self.rm.add_host(w, int(info.get("island", 0)),
-                                        int(info.get("devices", 0)))
+                                        int(info.get("devices", 0)),
+                                        str(kind) if kind else DEFAULT_KIND)
             except Exception as exc:  # a stranger or a broken host: keep it out
                 log.warning("worker %d refused as a host: %r", w, exc)
                 self._out.append(RefuseHost(w, f"not a valid host: {exc!r}"))

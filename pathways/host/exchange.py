@@ -484,14 +484,15 @@ class ExecutorEnv(KernelEnv):
     """Where a kernel shard's collectives go: its executor's mailboxes and ICI link.
 
     ``devices`` maps the mesh's flat index to the physical device id; exchange keys are
-    ``(gang_key, sequence number)``. For the ICI cost model, ``bytes_sent_remote`` counts
+    ``(gang_key, sequence number)``; ``jax_device``: the JAX device the kernel's device is,
+    on a host whose devices are JAX's own (its JAX segments run there). For the ICI cost model, ``bytes_sent_remote`` counts
     array bytes an exchange sent to other hosts (its time is ``cost.transfer_time`` of them)
     and ``link_seconds`` the modelled time of the hierarchical reductions' rounds between
     hosts (``hierarchy.TreePlan.link_time``).
     """
 
     def __init__(self, mesh_shape, axis_names, flat_index: int, devices, gang_key, executor,
-                 shard):
+                 shard, jax_device=None):
         # the mesh was checked when it was made: no KernelEnv checks per kernel
         self.mesh_shape, self.axis_names, self.flat_index = mesh_shape, axis_names, flat_index
         self._seq = 0
@@ -501,6 +502,7 @@ class ExecutorEnv(KernelEnv):
         self.link_seconds = 0.0
         self._batches = 0  # batched segments reached so far
         self._box = None  # local_batch's answer
+        self.jax_device = jax_device  # the JAX device this one is (--backend jax), or None
 
     def reduce_all(self, members, position, x, op="sum"):
         exchanges = self.executor.exchanges
@@ -517,6 +519,8 @@ class ExecutorEnv(KernelEnv):
         return HostWork(self.executor, self.shard)
 
     def local_batch(self):
+        if self.jax_device is not None:  # a real device runs its own segments, on itself
+            return None
         self._box = self.executor.exchanges.box(self.devices, self.mesh_shape,
                                                 self.axis_names)
         return None if self._box is None else self._box.batch

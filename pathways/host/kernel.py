@@ -203,7 +203,7 @@ class Assembler:
                                                          inc.expect[ctx.shard], started=now)
         # The modelled link time of this piece: the consuming kernel waits until the last
         # piece would have arrived (event-loop timers are too coarse for microseconds).
-        got.arrival = max(got.arrival, now + link_time(link, block.nbytes))
+        got.arrival = max(got.arrival, now + link_time(link, block.nbytes, host))
         got.nbytes += block.nbytes
         got.links.add(link)
         try:
@@ -342,8 +342,11 @@ def poison(host: HostServices, keys, err: Exception, owner) -> None:
             log.exception("could not poison output %s", key)
 
 
-def link_time(link: str, nbytes: int) -> float:
-    """Modelled seconds ``nbytes`` take over ``link`` ("dcn", "ici", or in memory)."""
+def link_time(link: str, nbytes: int, host: HostServices) -> float:
+    """Modelled seconds ``nbytes`` take over ``link`` ("dcn", "ici", or in memory) to
+    ``host``: none to real devices (``--backend jax``), where the data took its real time."""
+    if host.spec.real:
+        return 0.0
     if link == "dcn":
         return cost_model.transfer_time(nbytes, cost_model.DCN)
     if link == "ici":

@@ -10,6 +10,7 @@ operator table (``pathways.host.operators``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import socket
 import sys
@@ -24,6 +25,7 @@ from plaque.worker import WorkerCore
 from plaque.zmq_transport import ZmqTransport, context_for
 
 from .. import protocol
+from ..errors import PathwaysError
 from ..lowering.specs import OPERATORS_SERVICE
 from ..program import jax_body
 from ..program.cost import DeviceSpec
@@ -35,7 +37,7 @@ from .host import Host
 from .ici import IciLink
 from .operators import operator_table
 
-__all__ = ["build_host", "serve_host", "SWITCH_INTERVAL"]
+__all__ = ["BACKENDS", "build_host", "jax_devices", "serve_host", "SWITCH_INTERVAL"]
 
 SWITCH_INTERVAL = 0.0005
 
@@ -87,23 +89,56 @@ def build_host(island: int, num_devices: int, spec: DeviceSpec | None,
     return host, data, core
 
 
+BACKENDS = ("emulated", "jax")
+
+
+def jax_devices(num_devices: int, spec: DeviceSpec) -> tuple[list, DeviceSpec]:
+    """The devices of a host whose devices are JAX's own (``--backend jax``): this process's
+    ``jax.local_devices()`` (GPUs or TPUs where there are, else ``num_devices`` XLA CPU
+    devices), and their spec: real (kernels take their real time), of their kind, with the
+    HBM their memory statistics give (``spec``'s where they give none, as on CPU).
+    PathwaysError if there are not ``num_devices`` of them."""
+    jax = jax_body.require()
+    local = jax.local_devices()
+    if len(local) != num_devices:
+        raise PathwaysError(
+            f"--devices {num_devices}, but JAX has {len(local)} local"
+            f" {local[0].platform if local else ''} device(s) in this process: give --devices"
+            f" {len(local)}, or make {num_devices} visible to it (CUDA_VISIBLE_DEVICES for"
+            " GPUs)")
+    stats = local[0].memory_stats() or {}
+    hbm = int(stats.get("bytes_limit") or spec.hbm_bytes)
+    kind = str(getattr(local[0], "device_kind", "") or local[0].platform)
+    return local, dataclasses.replace(spec, hbm_bytes=hbm, kind=kind, real=True)
+
+
 async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
                      spec: DeviceSpec | None = None, coordinator_timeout: float = 10.0,
-                     kernel_limit: float | None = KERNEL_LIMIT) -> str:
+                     kernel_limit: float | None = KERNEL_LIMIT,
+                     backend: str = "emulated") -> str:
     """Serve a host until the coordinator stops it (or it is lost); returns why it stopped.
 
     A coordinator at an ``inproc://`` address is the in-process twin's: the host then runs
     in a thread of that process, on its Plaque in-process transport and ``inproc://``
     sockets (``bind`` should be ``inproc://``), and leaves JAX's process-wide settings alone.
+    ``backend``: "emulated" (modelled devices) or "jax" (JAX's local devices, ``jax_devices``).
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
     loop = asyncio.get_running_loop()
     # Threads and the event loop take turns on the GIL; Python's default 5 ms switch
     # interval would add up to 5 ms to every hand-off between them (a dispatch arriving, a
     # kernel finishing), so hand over far more often.
     sys.setswitchinterval(SWITCH_INTERVAL)
     in_process = security.in_process(coordinator)
+    if in_process and backend != "emulated":
+        raise ValueError("an in-process host is emulated: backend='jax' runs hosts as"
+                         " processes, each with its own JAX devices")
+    local = None
     if not in_process:
-        jax_body.on_host()
+        jax_body.on_host(cpu_devices=num_devices if backend == "jax" else None)
+    if backend == "jax":
+        local, spec = jax_devices(num_devices, spec or DeviceSpec())
     ctx, own_ctx = context_for(coordinator)
     info = await loop.run_in_executor(None, _coordinator_info, coordinator, ctx)
     transport = InprocTransport() if in_process else ZmqTransport(bind, context=ctx)
@@ -113,6 +148,7 @@ async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
         serve=lambda handle: RouterService(ctx, bind, handle),
         address=transport.address, plaque=info["plaque"],
         coordinator_timeout=coordinator_timeout)
+    host.jax_devices = local
     try:
         # the moment the core exits (coordinator lost or stopping), the queued kernels are
         # dropped, not run: nobody is left to use their results

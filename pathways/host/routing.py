@@ -108,7 +108,7 @@ class ExpertOp(DispatchedOp):
             rows = [unwrap(r) for r in rows]
             nbytes = sum(r.nbytes for r in rows)  # modelled arrival: now + link time
             now = self.host.clock.time()
-            got.append((src, slots, local, rows, now + link_time(link, nbytes), now))
+            got.append((src, slots, local, rows, now + link_time(link, nbytes, self.host), now))
 
     def dispatch(self, ctx, t, cap):
         host, arg = self.host, ctx.arg
@@ -252,7 +252,7 @@ class GatherOp(DispatchedOp):
             _, slots, rows, link = piece
             rows = [unwrap(r) for r in rows]
             nbytes = sum(r.nbytes for r in rows)
-            got.append((slots, rows, self.host.clock.time() + link_time(link, nbytes)))
+            got.append((slots, rows, self.host.clock.time() + link_time(link, nbytes, self.host)))
 
     def dispatch(self, ctx, t, cap):
         host, arg = self.host, ctx.arg

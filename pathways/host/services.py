@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from ..program.cost import DeviceSpec
     from .clock import Clock
     from .exchange import ExecutorEnv
     from .object_store import Key, ObjectStore, Owner
@@ -28,6 +29,7 @@ class HostServices(Protocol):
 
     store: ObjectStore
     clock: Clock  # the host's clock: when data arrives, in the time its kernels run in
+    spec: DeviceSpec  # its devices' (real ones take no modelled time: --backend jax)
 
     def enqueue(self, items) -> None:
         """Queue each ``(device, seq, work)`` of ``items`` (``work``: a

@@ -115,6 +115,7 @@ class KernelEnv:
     """Where one device runs one kernel: the mesh, the device's flat index, and a way to talk."""
 
     tracks_rep = False  # True in the replication analysis (pathways.program.replication)
+    jax_device = None  # the JAX device a real device is (pathways host --backend jax)
 
     def __init__(self, mesh_shape, axis_names, flat_index: int):
         self.mesh_shape, self.axis_names = check_mesh(mesh_shape, axis_names)

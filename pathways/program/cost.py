@@ -27,6 +27,8 @@ import numpy as np
 @dataclass(frozen=True)
 class DeviceSpec:
     """One emulated accelerator: HBM capacity (bytes), peak FLOP/s, HBM bandwidth (bytes/s).
+    ``real``: a real device (``pathways host --backend jax``), whose kernels take the time
+    they really take: no modelled time (``flops`` and ``hbm_bandwidth`` are not used).
 
     >>> spec = pw.DeviceSpec(hbm_bytes=32 << 30, flops=200e12)
     >>> seconds = 2 * 4096**3 / spec.flops    # a 4096-square matmul at peak, for cost=
@@ -36,6 +38,7 @@ class DeviceSpec:
     flops: float = 100e12
     hbm_bandwidth: float = 800e9
     kind: str = "tpu-emu"
+    real: bool = False
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import copyreg
 import functools
 import gc
 import os
+import re
 import sys
 import threading
 import types
@@ -45,17 +46,22 @@ PLANS_KEPT = 256
 _on_host = False
 
 
-def on_host() -> None:
+def on_host(cpu_devices: int | None = None) -> None:
     """Configure JAX, when a body first needs it, for a host process: segments run on the
     executor's thread (no asynchronous dispatch to a worker thread and back) and XLA uses one
-    thread per computation (a host shares its cores with its peers)."""
+    thread per computation (a host shares its cores with its peers). ``cpu_devices``: the
+    XLA CPU devices the process has (a host whose devices are JAX's own on CPU: ``pathways
+    host --backend jax``)."""
     global _on_host
     _on_host = True
     if "jax" not in sys.modules:
         flags = os.environ.get("XLA_FLAGS", "")
         if "xla_cpu_multi_thread_eigen" not in flags:
-            os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false"
-                                       " intra_op_parallelism_threads=1").strip()
+            flags += " --xla_cpu_multi_thread_eigen=false"
+        if cpu_devices is not None:  # its own count, whatever the environment said
+            flags = re.sub(r"--xla_force_host_platform_device_count=\S*", "", flags)
+            flags += f" --xla_force_host_platform_device_count={cpu_devices}"
+        os.environ["XLA_FLAGS"] = " ".join(flags.split())
         cache = compilation_cache()
         if cache is not None and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
             os.environ["JAX_COMPILATION_CACHE_DIR"] = cache

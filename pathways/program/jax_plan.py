@@ -140,10 +140,14 @@ class Plan:
         env = dict(zip(self.jaxpr.constvars, self.consts))
         for var, value in zip(self.jaxpr.invars, args):
             env[var] = np.asarray(value, dtype=var.aval.dtype)
+        kernel = collectives.current_env()
+        device = kernel.jax_device if kernel is not None else None
         for step in self.steps:
             if isinstance(step, Segment):
                 args = [env[v] for v in step.ins]
                 if step.batch is None:
+                    if device is not None:  # a real device: its segments run on it
+                        args = _on_device(args, device)
                     outs = step.compiled(*args)
                     env.update(zip(step.outs, (np.asarray(o) for o in outs)))
                 else:  # once for all of this host's devices: each gets its own
@@ -154,6 +158,13 @@ class Plan:
                 ins = [_read(env, v) for v in step.eqn.invars]
                 env.update(zip(step.eqn.outvars, step.run(ins)))
         return tuple(_read(env, v) for v in self.jaxpr.outvars)
+
+
+def _on_device(args: list, device) -> list:
+    """``args`` placed on the JAX ``device`` (a jitted segment then runs there)."""
+    import jax
+
+    return jax.device_put(args, device)
 
 
 def _step_cost(step) -> tuple[float, float]:

@@ -224,7 +224,8 @@ def test_a_coordinator_stops_on_sigterm_whichever_thread_takes_it(procs, tmp_pat
     others = [t for t in _threads(coord.pid) if t != coord.pid and _takes_sigterm(coord.pid, t)]
     assert others  # the coordinator serves on threads of its own (ZeroMQ's block signals)
     libc = ctypes.CDLL(None, use_errno=True)
-    assert libc.syscall(_TGKILL, coord.pid, others[0], signal.SIGTERM) == 0
+    # to the first of them still there (a short-lived thread may have ended since)
+    assert any(libc.syscall(_TGKILL, coord.pid, t, signal.SIGTERM) == 0 for t in others)
     assert coord.wait(timeout=30) == 0
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 import pathways as pw
 from pathways import P
 from pathways.testing import fails_once_then_recovers, rand
+from pathways.testing.fixtures import in_process_only
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
@@ -61,6 +62,7 @@ def test_every_collective_inside_one_computation_equals_the_reference(one_host, 
     assert len(kernels) == 8 and all(k.get("batch") == 8 for k in kernels)
 
 
+@in_process_only
 def test_a_body_cut_by_a_collective_to_another_host_runs_per_device(client, tmp_path):
     """On 2 hosts x 4 (the session's twin): collectives over "m" stay on a host, so the body
     runs batched by 4; one over "d" reaches the other host, so each device runs its own."""

@@ -18,6 +18,7 @@ from pathways import P
 from pathways.program.compiled import Aval
 from pathways.program.jax_body import uses_jax
 from pathways.testing import jax_specs, rand
+from pathways.testing.fixtures import in_process_only
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
@@ -144,6 +145,7 @@ def test_pmax_pmin_pmean_and_pw_spellings(client):
 
 # ---- training with jax.grad inside the body ---------------------------------------------
 
+@in_process_only
 def test_transformer_training_matches_plain_jax(client):
     """Several DP + TP training steps of a transformer block (jax.value_and_grad inside the
     body, pytree parameters): the same losses and parameters as plain JAX."""
