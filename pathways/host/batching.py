@@ -50,9 +50,11 @@ class Batch:
         return [d for d in self.devs if d not in self.box]
 
 
-def box_of(devices: dict, mesh_shape, axis_names, local) -> Box | None:
+def box_of(devices: dict, mesh_shape, axis_names, local, jax_of=None) -> Box | None:
     """The box of the mesh's devices (``devices``: flat index -> device) that are in
-    ``local``, or None if there are fewer than two or they do not form a box."""
+    ``local``, or None if there are fewer than two or they do not form a box. ``jax_of``:
+    each local device's own JAX device, on a host whose devices are JAX's (its segments
+    then run as one program over them)."""
     from ..program.jax_batch import HostBatch
 
     flats = sorted(f for f, d in devices.items() if d in local)
@@ -62,5 +64,6 @@ def box_of(devices: dict, mesh_shape, axis_names, local) -> Box | None:
     extents = tuple(len(set(coords[:, a])) for a in range(len(mesh_shape)))
     if math.prod(extents) != len(flats):
         return None
-    return Box(HostBatch(tuple(mesh_shape), tuple(axis_names), extents),
-               tuple(devices[f] for f in flats), coords)
+    members = tuple(devices[f] for f in flats)
+    own = tuple(jax_of[d] for d in members) if jax_of else None
+    return Box(HostBatch(tuple(mesh_shape), tuple(axis_names), extents, own), members, coords)

@@ -97,7 +97,8 @@ class Exchanges:
         hit = self._boxes.get(k)
         if hit is not None and hit[0] is devices:
             return hit[1]
-        box = box_of(devices, mesh_shape, axis_names, self.ex.devices) if BATCHING else None
+        box = box_of(devices, mesh_shape, axis_names, self.ex.devices,
+                     self.ex.jax_of) if BATCHING else None
         if len(self._boxes) < PLANS_KEPT:
             self._boxes[k] = (devices, box)
         return box
@@ -519,8 +520,6 @@ class ExecutorEnv(KernelEnv):
         return HostWork(self.executor, self.shard)
 
     def local_batch(self):
-        if self.jax_device is not None:  # a real device runs its own segments, on itself
-            return None
         self._box = self.executor.exchanges.box(self.devices, self.mesh_shape,
                                                 self.axis_names)
         return None if self._box is None else self._box.batch

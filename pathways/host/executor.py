@@ -82,6 +82,7 @@ class Executor:
         # how long a kernel may hold its device waiting for HBM for its outputs
         self.hbm_wait = kernel_limit or HBM_WAIT
         self.devices: dict[int, EmulatedDevice] = {}
+        self.jax_of: dict = {}  # device id -> its own JAX device (pathways host --backend jax)
         self.lock = threading.Lock()  # device queues (enqueued from other threads)
         self.idle = threading.Condition(self.lock)  # wait_idle waiters
         self.idle_waiters = 0

@@ -57,7 +57,6 @@ class Host:
         self.executor = Executor("host", store=self.store, clock=clock,
                                  kernel_limit=kernel_limit)
         self.jax_devices: list | None = None  # its devices' own JAX devices (--backend jax)
-        self._jax_of: dict = {}  # device id -> its JAX device, in id order (--backend jax)
         self.worker_of: dict[int, int] = {}  # device -> host worker id (kept in place)
         self._flat: dict[tuple, dict] = {}  # mesh devices -> {flat index: device}
         self._flat_of: dict[int, tuple] = {}  # id(mesh) -> (mesh, its _flat entry)
@@ -92,7 +91,8 @@ class Host:
             if len(self._flat_of) < MESHES_KEPT:  # (the entry keeps the mesh, so its id)
                 self._flat_of[id(mesh)] = (mesh, flat)
         return ExecutorEnv(mesh.axis_sizes, mesh.axis_names, flat_index, flat, gang_key,
-                           self.executor, device.current, self._jax_of.get(device.device_id))
+                           self.executor, device.current,
+                           self.executor.jax_of.get(device.device_id))
 
     def post_release(self, cap, outputs=()) -> None:
         """Executor thread: release ``cap`` on the loop, ``outputs`` first handed to the
@@ -149,7 +149,7 @@ class Host:
             if d not in self.devices:
                 self.devices[d] = self.executor.add_device(d, self.spec, name=f"tpu{d}")
         if self.jax_devices is not None:
-            self._jax_of = dict(zip(sorted(self.devices), self.jax_devices))
+            self.executor.jax_of = dict(zip(sorted(self.devices), self.jax_devices))
         log.info("host %s owns devices %s", self.core.id, sorted(self.devices))
         early, self._early_puts = self._early_puts, []
         for put in early:  # a client's shards that overtook this message

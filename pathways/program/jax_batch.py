@@ -59,11 +59,15 @@ _MOVES_DATA = {"ppermute", "all_to_all"}  # collectives whose vmap rule JAX has:
 @dataclass(frozen=True)
 class HostBatch:
     """How a host's devices of a gang lie in the mesh: ``extents[i]`` coordinates of mesh
-    axis ``axis_names[i]`` among them (their product is how many there are)."""
+    axis ``axis_names[i]`` among them (their product is how many there are). ``devices``:
+    their own JAX devices in box order, on a host whose devices are JAX's (``pathways host
+    --backend jax``): a segment is then partitioned over them, each running its own part
+    (``_placed``), not run on one device."""
 
     mesh_shape: tuple
     axis_names: tuple
     extents: tuple
+    devices: tuple | None = None
 
     @property
     def size(self) -> int:
@@ -137,7 +141,7 @@ class HostBatch:
         structs = [jax.ShapeDtypeStruct((n, len(axes)), np.int32)]
         structs += [jax.ShapeDtypeStruct(((n,) if s else ()) + v.aval.shape, v.aval.dtype)
                     for v, s in zip(ins, stacked)]
-        jitted = jax.jit(run)
+        jitted = jax.jit(run, **self._placed(stacked))
         try:
             compiled = jitted.lower(*structs).compile()
         except Exception as exc:
@@ -145,6 +149,22 @@ class HostBatch:
                                f" {n} devices: {exc}") from exc
         flops, nbytes = xla_cost(compiled)
         return Segment(ins, outs, jitted, flops / n, nbytes / n, batch=self, stacked=stacked)
+
+    def _placed(self, stacked: list) -> dict:
+        """``jax.jit``'s shardings for a segment over the box's own devices (none for an
+        emulated host's, run on one): each device holds its own row of the stacked
+        arguments and results, so XLA partitions the computation over them, each device
+        running its own part, the collectives inside between them."""
+        if self.devices is None:
+            return {}
+        import jax
+        from jax.sharding import Mesh, NamedSharding
+        from jax.sharding import PartitionSpec as JaxP
+
+        mesh = Mesh(np.array(self.devices, dtype=object), ("box",))
+        rows, whole = NamedSharding(mesh, JaxP("box")), NamedSharding(mesh, JaxP())
+        return {"in_shardings": (rows, *(rows if s else whole for s in stacked)),
+                "out_shardings": rows}
 
     # -- running (``Plan.run``, on each device's greenlet) ---------------------------------
 
