@@ -6,9 +6,11 @@ coordinates each axis has among them), each segment of the body's plan is compil
 the whole box: the per-device equations under ``jax.vmap`` once per mesh axis (outermost
 first, named after the axis), jitted, on arguments stacked along a leading dimension of the
 box's devices in row-major order. Collectives over axes the box holds whole (``inside``) run
-inside that computation; those that reach other hosts would cut the plan and run through the
-host's exchange, per device (``pathways.program.jax_plan``), but a host runs such a body per
-device instead (``JaxBody.plan``, see ``HostBatch.holds``).
+inside that computation; those that reach other hosts cut the plan: they run between two
+batched segments through the host's exchange, each device's value its own
+(``pathways.program.jax_plan``). On 2 hosts x 4 devices (bench/jax_steps.py) such cut
+batched plans took 0.6-0.85x the time per step of running the body per device (whose first
+step compiled up to 15% faster), so a host always batches.
 
 Inside a computation the collectives keep the per-device path's meaning:
 
@@ -82,11 +84,9 @@ class HostBatch:
     # -- planning (``jax_plan._plan_jaxpr``) -----------------------------------------------
 
     def holds(self, eqns) -> bool:
-        """Whether the body of ``eqns`` runs whole as batched segments: none of its
-        collectives reaches devices outside the box (nor sits in a loop or conditional).
-        A body that would be cut runs per device instead: measured on 2 hosts x 4 devices
-        (bench/jax_steps.py), cut batched plans took no less time per step and 40% longer
-        to compile (host CPU per step within 10%)."""
+        """Whether the body of ``eqns`` runs whole inside batched segments: none of its
+        collectives reaches devices outside the box (nor sits in a loop or conditional),
+        so a call of it can be inlined into a segment (``keeps``)."""
         for eqn in eqns:
             if eqn.primitive.name in COLLECTIVES:
                 if self.cuts(eqn):

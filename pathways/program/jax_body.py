@@ -8,9 +8,9 @@ exactly as under ``jax.shard_map``. The per-device jaxpr inside becomes a plan
 (``pathways.program.jax_plan``: XLA-compiled segments between collectives that run through
 ``pathways.program.collectives``), cached per (function, argument avals) in each process. A kernel's
 modelled time is the roofline (``pw.DeviceSpec``) of the flops and bytes XLA's cost analysis
-reports for its segments, unless ``cost=`` is given. A host that holds every device the body's
-collectives reach runs each segment once for all of its devices of the gang
-(``pathways.program.jax_batch``; the plan is cached per box shape).
+reports for its segments, unless ``cost=`` is given. A host runs each segment once for all of
+its devices of the gang (``pathways.program.jax_batch``; the plan is cached per box shape); a
+collective that reaches another host runs between segments, through the host's exchange.
 
 JAX's own configuration decides dtypes (``jax_enable_x64``, off by default: float64 arguments
 become float32, as under ``jax.jit``): the client's setting where a function is first traced
@@ -263,10 +263,6 @@ class JaxBody:
                 _plans.move_to_end(key)
                 return plan
             body, consts, out_avals = self._body(in_avals, single_output, batch is not None)
-            if batch is not None and not batch.holds(body.eqns):
-                # cut by a collective to another host: the per-device plan
-                plan = _plans[key] = self.plan(in_avals, single_output)
-                return plan
             with require().enable_x64(self.x64):
                 plan = _plans[key] = plan_body(body, consts, self.name, batch)
             plan.out_avals = out_avals

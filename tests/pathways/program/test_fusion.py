@@ -64,9 +64,9 @@ def fn_on(mesh):
 def test_k_steps_are_one_kernel_per_device_and_equal_the_calls_one_by_one(
         where, request, tmp_path):
     """On one host of 8 the chain is one computation for all devices (``batch: 8``); on 2
-    hosts x 4 (the session's twin) the gradient's psum over "d" leaves the host, so each
-    device runs the chain's plan with that collective through the exchange. Either way one
-    kernel per device for K steps, and results within float32 rounding of the reference's
+    hosts x 4 (the session's twin) the gradient's psum over "d" leaves the host, so the
+    chain's segments run for the host's 4 devices at once (``batch: 4``), that collective
+    between them through the exchange. Either way one kernel per device for K steps, and results within float32 rounding of the reference's
     (XLA may contract a multiply and an add differently in a longer computation)."""
     client = request.getfixturevalue(where)
     mesh = client.mesh((2, 4), ("d", "m"))
@@ -78,7 +78,7 @@ def test_k_steps_are_one_kernel_per_device_and_equal_the_calls_one_by_one(
         np.testing.assert_allclose(g, w, rtol=2e-6, atol=1e-7)
     assert len(kernels) == 8
     assert {k["name"] for k in kernels} == {f"sgd_step x{K}"}
-    assert all(k["args"].get("batch") == (8 if where == "one_host" else None) for k in kernels)
+    assert all(k["args"].get("batch") == (8 if where == "one_host" else 4) for k in kernels)
 
 
 def test_fused_off_runs_every_call_as_its_own_kernel(one_host, tmp_path, monkeypatch):

@@ -63,15 +63,16 @@ def test_every_collective_inside_one_computation_equals_the_reference(one_host, 
 
 
 @in_process_only
-def test_a_body_cut_by_a_collective_to_another_host_runs_per_device(client, tmp_path):
+def test_a_body_cut_by_a_collective_to_another_host_still_runs_batched(client, tmp_path):
     """On 2 hosts x 4 (the session's twin): collectives over "m" stay on a host, so the body
-    runs batched by 4; one over "d" reaches the other host, so each device runs its own."""
+    runs batched by 4; one over "d" reaches the other host and cuts the body there, and its
+    segments still run batched by 4, the collective between them through the exchange."""
     mesh = client.mesh((2, 4), ("d", "m"))
     x = rand(8, 8, seed=3)
     local = pw.shard_map(lambda v: lax.psum(jnp.sin(v), "m") * lax.axis_index("d"), mesh,
                          P("d", "m"), P("d"))
     cut = pw.shard_map(lambda v: lax.psum(jnp.sin(v), ("d", "m")), mesh, P("d", "m"), P())
-    for fn, batch in ((local, 4), (cut, None)):
+    for fn, batch in ((local, 4), (cut, 4)):
         got, kernels = run_traced(client, tmp_path, fn, mesh, [x], [P("d", "m")])
         np.testing.assert_array_equal(got[0], np.asarray(pw.reference(fn)(x)))
         assert len(kernels) == 8 and {k.get("batch") for k in kernels} == {batch}
