@@ -491,8 +491,9 @@ def main(argv=None) -> int:
         f" to its outputs ready, nothing fetched) after {args.warmup} warm-up steps; program"
         f" mode: median of {args.runs} runs / {args.chain}. Plain JAX runs in a subprocess"
         " with --xla_force_host_platform_device_count=8 (JAX's default CPU threading); pw's"
-        f" hosts ({args.backend} devices) run XLA single-threaded. CPU ms/step: this process (the client), the"
-        " coordinator, the hosts summed (/proc, all threads) over the timed steps; for JAX,"
+        f" hosts ({args.backend} devices) run XLA single-threaded. CPU ms/step: this"
+        " process (the client), the coordinator, the hosts summed (/proc, all threads) over"
+        " the timed steps; for JAX,"
         f" its process. Losses: pw's equal JAX's at every step within rtol {LOSS_RTOL:g}"
         f" (largest seen {worst:.1e}). Before timing, each cluster's hosts start JAX with a"
         " trivial JAX body (" + ", ".join(f"{s}: {pw_figs[s]['jax start']:.1f} s" for s in

@@ -486,10 +486,10 @@ class ExecutorEnv(KernelEnv):
 
     ``devices`` maps the mesh's flat index to the physical device id; exchange keys are
     ``(gang_key, sequence number)``; ``jax_device``: the JAX device the kernel's device is,
-    on a host whose devices are JAX's own (its JAX segments run there). For the ICI cost model, ``bytes_sent_remote`` counts
-    array bytes an exchange sent to other hosts (its time is ``cost.transfer_time`` of them)
-    and ``link_seconds`` the modelled time of the hierarchical reductions' rounds between
-    hosts (``hierarchy.TreePlan.link_time``).
+    on a host whose devices are JAX's own (its JAX segments run there). For the ICI cost
+    model, ``bytes_sent_remote`` counts array bytes an exchange sent to other hosts (its time
+    is ``cost.transfer_time`` of them) and ``link_seconds`` the modelled time of the
+    hierarchical reductions' rounds between hosts (``hierarchy.TreePlan.link_time``).
     """
 
     def __init__(self, mesh_shape, axis_names, flat_index: int, devices, gang_key, executor,

@@ -4,11 +4,11 @@ Inside ``@pw.program``, calls of JAX bodies (``pw.shard_map`` of jax.numpy code)
 each other on one mesh, where each value passed from one to the next already lies where the
 next needs it (same placement: no transfer between them), become one ``FusedFunction``. Its
 body is their per-device jaxprs chained (``jax_plan.chain_bodies``), planned as any JAX body:
-segments run between the collectives that leave a host, each once for all of the host's
-devices (``jax_batch``), and a host that holds every device the collectives reach runs the
-whole chain as one XLA computation. So ten training steps of a program are one kernel per device, not ten, as
-``jax.jit`` of a loop of steps is one executable. What the program returns, and every value a
-later call reads, are the fused function's outputs; values used only inside the chain never
+segments run between the collectives that leave a host, each once for all of the host's devices
+(``jax_batch``), and a host that holds every device the collectives reach runs the whole chain
+as one XLA computation. So ten training steps of a program are one kernel per device, not ten,
+as ``jax.jit`` of a loop of steps is one executable. What the program returns, and every value
+a later call reads, are the fused function's outputs; values used only inside the chain never
 leave the host.
 
 Only the program that runs is fused: ``pw.reference`` evaluates the calls as traced, so it

@@ -98,6 +98,39 @@ def test_numpy_arrays_arrive_intact(cluster):
         np.testing.assert_array_equal(res.outputs["dst"][shard][0], want)
 
 
+class StartTogether(Operator):
+    """Each shard outputs the shards its worker started with it in one call."""
+
+    def on_start_shards(self, shards, t):
+        together = [ctx.shard for _, ctx in shards]
+        for op, ctx in shards:
+            ctx.output((ctx.arg, together, op is self))
+
+
+def test_a_workers_shards_of_a_node_start_in_one_call(cluster):
+    """``on_start_shards``: one call per worker for all of its shards of the node, in shard
+    order, on the first one's operator."""
+    g = Graph("together")
+    g.node("n", StartTogether, 5, placement=[0, 1, 0, 1, 0])
+    res = cluster.install(g).run(7).result(30)
+    assert [res.outputs["n"][s] for s in range(5)] == [[(7, [0, 2, 4], True)], [(7, [1, 3], True)],
+                                [(7, [0, 2, 4], False)], [(7, [1, 3], False)],
+                                [(7, [0, 2, 4], False)]]
+
+
+class FailsToStart(Operator):
+    def on_start_shards(self, shards, t):
+        raise ValueError("no start today")
+
+
+def test_a_failing_start_of_several_shards_fails_the_run_once(cluster):
+    g = Graph("fails-together")
+    g.node("n", FailsToStart, 4, placement=[0, 1, 0, 1])
+    with pytest.raises(plaque.OperatorError, match="no start today") as info:
+        cluster.install(g).run(1).result(30)
+    assert info.value.node == "n" and info.value.shard in (0, 1)
+
+
 class Boom(Operator):
     def on_input(self, ctx, t, port, value):
         if value[1] == 3:

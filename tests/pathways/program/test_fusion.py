@@ -66,8 +66,9 @@ def test_k_steps_are_one_kernel_per_device_and_equal_the_calls_one_by_one(
     """On one host of 8 the chain is one computation for all devices (``batch: 8``); on 2
     hosts x 4 (the session's twin) the gradient's psum over "d" leaves the host, so the
     chain's segments run for the host's 4 devices at once (``batch: 4``), that collective
-    between them through the exchange. Either way one kernel per device for K steps, and results within float32 rounding of the reference's
-    (XLA may contract a multiply and an add differently in a longer computation)."""
+    between them through the exchange. Either way one kernel per device for K steps, and
+    results within float32 rounding of the reference's (XLA may contract a multiply and an add
+    differently in a longer computation)."""
     client = request.getfixturevalue(where)
     mesh = client.mesh((2, 4), ("d", "m"))
     steps = steps_program(fn_on(mesh))
