@@ -61,6 +61,7 @@ from bench.profiling import cluster_processes, cpu_seconds, record
 from bench.results import bench_parser, publish, security_for_all
 from pathways import P
 from pathways.program import fusion
+from pathways.program.cost import BACKENDS
 
 try:
     import jax
@@ -447,7 +448,7 @@ def main(argv=None) -> int:
     ap.sized("--warmup", int, 2, 5, "untimed steps after the first")
     ap.sized("--runs", int, 2, 30, "program runs timed, after the first and one warm-up")
     ap.sized("--chain", int, 4, 10, "steps per @pw.program (K)")
-    ap.add_argument("--backend", choices=("emulated", "jax"), default="emulated",
+    ap.add_argument("--backend", choices=BACKENDS, default="emulated",
                     help="pw's hosts: emulated TPUs (the default), or their own JAX devices"
                          " (pw.local_cluster(backend=...))")
     args = ap.parse_args(argv)

@@ -19,6 +19,7 @@ from plaque.cli import (SIGNAL_POLL, add_worker_options, address_arg, bind_near,
                         settle_collector, wait_for_signal)
 
 from .errors import PathwaysError
+from .program.cost import BACKENDS
 
 CONNECT_TIMEOUT = 3.0  # seconds a command waits for the coordinator's first answer
 
@@ -408,7 +409,7 @@ def parser() -> argparse.ArgumentParser:
     ho.add_argument("--island", type=int, default=0, help="the island this host's devices join")
     ho.add_argument("--devices", type=int, default=4, help="emulated TPUs on this host")
     ho.add_argument("--hbm-gib", type=float, default=16.0, help="HBM per emulated device, GiB")
-    ho.add_argument("--backend", choices=("emulated", "jax"), default="emulated",
+    ho.add_argument("--backend", choices=BACKENDS, default="emulated",
                     help="emulated: modelled TPUs (the default); jax: this process's own JAX"
                          " devices (GPUs or TPUs where there are, else --devices XLA CPU"
                          " devices), whose kernels take their real time")

@@ -14,6 +14,7 @@ from plaque.cluster import worker_env
 
 from .client.client import Client
 from .errors import PathwaysError
+from .program.cost import BACKENDS
 from .twin import Twin
 
 # what ``pathways simulate`` runs a script with: every local_cluster it starts is simulated,
@@ -57,8 +58,8 @@ class LocalCluster:
                  client_timeout=5.0, hbm_gib=16.0, keys=None, insecure=False,
                  kernel_limit=30.0, bind=None, port=0, processes=True, hosts=True,
                  backend="emulated"):
-        if backend not in ("emulated", "jax"):
-            raise ValueError(f"backend must be 'emulated' or 'jax', not {backend!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
         if backend != "emulated" and not processes:
             raise ValueError("backend='jax' runs hosts as processes, each with its own JAX"
                              " devices: not with processes=False")

@@ -20,7 +20,8 @@ class Operator:
     ``on_start`` when run t starts, once for all of a node's shards on this worker: ``shards``
     is ``[(operator, ctx), ...]`` in shard order, and it is called on the first one's
     operator. A worker that runs several shards of a node can then do their shared start
-    work once (a host launching one gang on all of its devices).
+    work once (a host launching one gang on all of its devices). Returning False declines:
+    each shard then gets its ``on_start``.
 
     Runs overlap: keep what belongs to one run in ``ctx.state`` (a dict for run t, dropped once
     this shard completed t), not in attributes of the operator.

@@ -221,10 +221,11 @@ class WorkerCore:
                 ctx.arg, ctx.t = arg, t
             if together is not None:  # the node's shards here start as one
                 try:
-                    together[0][0].on_start_shards(together, t)
+                    if together[0][0].on_start_shards(together, t) is not False:
+                        continue
                 except Exception as exc:  # the run fails: one report says so
                     self.report(g, node, shards[0][0], t, exc)
-                continue
+                    continue
             for shard, op, ctx in shards:
                 on_start = getattr(op, "on_start", None)
                 if on_start is None:

@@ -48,7 +48,8 @@ class Host:
     """
 
     def __init__(self, island: int, num_devices: int, spec: DeviceSpec | None = None,
-                 kernel_limit: float | None = KERNEL_LIMIT, clock: Clock = MONOTONIC):
+                 kernel_limit: float | None = KERNEL_LIMIT, clock: Clock = MONOTONIC,
+                 jax_devices: list | None = None):
         self.island, self.num_devices = island, num_devices
         self.spec = spec or DeviceSpec()
         self.clock = clock  # the one clock of this host: executor, store and operators read it
@@ -56,7 +57,7 @@ class Host:
         self.store = ObjectStore(self.devices, clock)
         self.executor = Executor("host", store=self.store, clock=clock,
                                  kernel_limit=kernel_limit)
-        self.jax_devices: list | None = None  # its devices' own JAX devices (--backend jax)
+        self.jax_devices = jax_devices  # its devices' own JAX devices (--backend jax), or None
         self.worker_of: dict[int, int] = {}  # device -> host worker id (kept in place)
         self._flat: dict[tuple, dict] = {}  # mesh devices -> {flat index: device}
         self._flat_of: dict[int, tuple] = {}  # id(mesh) -> (mesh, its _flat entry)

@@ -102,11 +102,9 @@ class KernelOp(DispatchedOp):
     def on_start_shards(self, shards, t):
         """Run t starts on this host's shards of the node (``[(op, ctx)]``): in parallel
         dispatch, their kernels are made and queued as one gang (one lock, one wake); in
-        sequential dispatch each waits for its own producers (``on_complete``)."""
+        sequential dispatch, False: each starts alone and waits for its own producers."""
         if self.sequential or shards[0][1].arg.mode == "sequential":
-            for op, ctx in shards:
-                op.on_start(ctx, t)
-            return
+            return False
         caps = []
         try:
             for _, ctx in shards:

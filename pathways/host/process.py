@@ -28,7 +28,7 @@ from .. import protocol
 from ..errors import PathwaysError
 from ..lowering.specs import OPERATORS_SERVICE
 from ..program import jax_body
-from ..program.cost import DeviceSpec
+from ..program.cost import BACKENDS, DeviceSpec
 from ..service import RouterService
 from .clock import MONOTONIC, Clock
 from .data_service import DataService
@@ -37,7 +37,7 @@ from .host import Host
 from .ici import IciLink
 from .operators import operator_table
 
-__all__ = ["BACKENDS", "build_host", "jax_devices", "serve_host", "SWITCH_INTERVAL"]
+__all__ = ["build_host", "jax_devices", "serve_host", "SWITCH_INTERVAL"]
 
 SWITCH_INTERVAL = 0.0005
 
@@ -63,15 +63,16 @@ def _coordinator_info(address: str, ctx: zmq.Context, timeout: float = 30.0) -> 
 def build_host(island: int, num_devices: int, spec: DeviceSpec | None,
                kernel_limit: float | None, loop, *, link, serve, address: str, plaque: str,
                coordinator_timeout: float, clock: Clock = MONOTONIC,
-               hostname: str | None = None) -> tuple[Host, DataService, WorkerCore]:
+               hostname: str | None = None,
+               jax_devices: list | None = None) -> tuple[Host, DataService, WorkerCore]:
     """A host wired to run on ``loop``'s thread: the ``Host`` (its devices' executor runs on
     the loop), its ICI link (``link(worker_of)``), its data service (``serve(handle)`` makes
     its socket, started here) and the Plaque ``WorkerCore`` (at transport ``address``, joining
     the Plaque coordinator at ``plaque``) whose operators are the host's, not yet started.
     ``serve_host`` gives it ZeroMQ sockets and real time; a simulated cluster its own
     sockets, virtual time (``clock``) and a ``hostname`` of its own (then no pid: it is no
-    process)."""
-    host = Host(island, num_devices, spec, kernel_limit, clock)
+    process). ``jax_devices``: its devices' own JAX devices (``--backend jax``), or None."""
+    host = Host(island, num_devices, spec, kernel_limit, clock, jax_devices)
     host.loop = loop
     host.ici = host.executor.link = link(host.worker_of)
     host.executor.run_on(loop)  # one thread: the loop runs the devices too
@@ -87,9 +88,6 @@ def build_host(island: int, num_devices: int, spec: DeviceSpec | None,
     host.core = core
     data.start(loop)
     return host, data, core
-
-
-BACKENDS = ("emulated", "jax")
 
 
 def jax_devices(num_devices: int, spec: DeviceSpec) -> tuple[list, DeviceSpec]:
@@ -147,8 +145,7 @@ async def serve_host(coordinator: str, island: int, num_devices: int, bind: str,
         link=lambda worker_of: IciLink(ctx, bind, worker_of),
         serve=lambda handle: RouterService(ctx, bind, handle),
         address=transport.address, plaque=info["plaque"],
-        coordinator_timeout=coordinator_timeout)
-    host.jax_devices = local
+        coordinator_timeout=coordinator_timeout, jax_devices=local)
     try:
         # the moment the core exits (coordinator lost or stopping), the queued kernels are
         # dropped, not run: nobody is left to use their results

