@@ -17,7 +17,9 @@ character, and an array of them exports no buffer (``memoryview`` raises "cannot
   buffer (out of band on our wire, never copied into the pickle) and unpickles as a plain
   ndarray; ``shippable(value)`` wraps a value numpy would copy into a pickle (an ml_dtypes
   array) and leaves any other as it is; ``unwrap`` undoes it where a value may arrive without
-  being pickled (a Plaque tuple for a shard of the same worker).
+  being pickled (a Plaque tuple for a shard of the same worker). What leaves a host is
+  numpy: ``shippable`` copies a device-resident ``jax.Array`` (``is_device_array``: a buffer
+  a host whose devices are JAX's keeps on its device) to the host first.
 
 ml_dtypes is imported on first use; without it only numpy's own types exist.
 """
@@ -27,12 +29,13 @@ from __future__ import annotations
 import functools
 import math
 import pickle
+import sys
 
 import numpy as np
 
 from .errors import ProgramError
 
-__all__ = ["RawArray", "from_bytes", "is_ml_dtype", "ml_dtypes_by_name", "raw_bytes",
+__all__ = ["RawArray", "from_bytes", "is_device_array", "is_ml_dtype", "ml_dtypes_by_name", "raw_bytes",
            "shippable", "unwrap", "wire_dtype", "wire_name"]
 
 CACHED = 1024  # dtypes and names whose answers are remembered (a wire brings few)
@@ -158,10 +161,19 @@ def _rebuild(name: str, shape: tuple, buffer) -> np.ndarray:
     return from_bytes(buffer, wire_dtype(name), shape)
 
 
+def is_device_array(value) -> bool:
+    """Whether ``value`` is a ``jax.Array`` (without importing JAX: none exists before)."""
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(value, jax.Array)
+
+
 def shippable(value):
     """``value`` ready to pickle without copying its bytes: an ml_dtypes array as a
-    ``RawArray`` (numpy would copy it into the pickle), anything else as it is (numpy ships
-    its own types' bytes out of band already)."""
+    ``RawArray`` (numpy would copy it into the pickle), a device-resident ``jax.Array`` as
+    numpy (what leaves a host needs no JAX), anything else as it is (numpy ships its own
+    types' bytes out of band already)."""
+    if type(value) is not np.ndarray and is_device_array(value):
+        value = np.asarray(value)
     if isinstance(value, np.ndarray) and is_ml_dtype(value.dtype) and value.dtype.isnative:
         return RawArray(value)
     return value

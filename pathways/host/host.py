@@ -17,6 +17,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from .. import protocol
+from ..dtypes import is_ml_dtype
 from ..errors import ClientGone, RemoteError
 from ..program.cost import DeviceSpec
 from .clock import MONOTONIC, Clock
@@ -295,6 +296,22 @@ class Host:
 
 
 
+def on_device(value, jax_device):
+    """``value`` (a buffer that came from outside) where its device keeps its buffers: as it
+    is, or a ``jax.Array`` on ``jax_device`` where the host's devices are JAX's (kernels then
+    read it there, not copied again for each) -- unless JAX would change it (a 64-bit type
+    without ``jax_enable_x64``, strings, objects): then it stays as it came."""
+    if jax_device is None:
+        return value
+    import jax
+
+    dtype = value.dtype
+    if not (dtype.kind in "biufc" or is_ml_dtype(dtype)) \
+            or jax.dtypes.canonicalize_dtype(dtype) != dtype:
+        return value
+    return jax.device_put(value, jax_device)
+
+
 class _RoomWait:
     """A buffer waiting for HBM room (``Host.put_when_room``): ended once, by its admission,
     its timer, a delete or its client leaving; ``value`` is dropped then, so a wait left
@@ -314,7 +331,8 @@ class _RoomWait:
             got.give_back()
         else:
             try:
-                self.host.store.put(self.key, self.value, self.owner, arrival=self.arrival,
+                value = on_device(self.value, self.host.executor.jax_of.get(self.key[1]))
+                self.host.store.put(self.key, value, self.owner, arrival=self.arrival,
                                     grant=got)
             except BaseException as exc:
                 got.give_back()  # not stored: give the memory back

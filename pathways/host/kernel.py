@@ -271,6 +271,8 @@ class Kernel(DeviceWork):
         shards = [store.get(k, 0) for k in self.input_keys()]
         fn = self.spec.fn
         env = self.host.kernel_env(fn.mesh, self.shard, self.gang.key, device)
+        if env.jax_device is not None and fn.jax is None:  # a numpy body sees numpy
+            shards = [np.asarray(s) for s in shards]
         outs, seconds = fn.run_shard(env, shards, device.spec, self.spec.expect, self.device_id)
         self._outputs = outs
         remote = env.bytes_sent_remote
@@ -375,7 +377,7 @@ class SendOp(DispatchedOp):
                 cap.emit(("fail", f"input of a transfer failed: {exc!r}"), shard=dst)
         else:
             for dst, src_slices, dst_slices, link in pieces:
-                block = np.asarray(value[src_slices])  # stays 0-d for a scalar
+                block = np.asarray(value)[src_slices]  # stays 0-d for a scalar
                 if not block.flags.c_contiguous:
                     block = block.copy()
                 cap.emit(("piece", dst_slices, shippable(block), link), shard=dst)

@@ -33,7 +33,10 @@ A host's executor and event loop share one thread, but input functions run on wo
 (and a device made on its own has an executor thread), so the store is thread-safe: one lock
 guards the bookkeeping, allocation waits (back-pressure) happen outside it, and
 done-callbacks run outside it, in the thread that resolves the entry. The store keeps
-references to the arrays it is given; it does not copy them.
+references to the arrays it is given; it does not copy them. A value is a numpy array, or a
+``jax.Array`` on its device where the host's devices are JAX's (``pathways host --backend
+jax``): kernels pass them on without a round trip through the host's memory, and what leaves
+the host is made numpy on the way (``dtypes.shippable``).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..dtypes import is_device_array
 from ..protocol import key_client
 from .admission import Admission, Admissions
 from .clock import MONOTONIC, Clock
@@ -136,7 +140,8 @@ class ObjectStore:
 
     def put(self, key: Key, value, owner: Owner, timeout: float | None = None,
             arrival: float | None = None, grant: HbmGrant | None = None) -> None:
-        """Make ``key`` READY with ``value`` (a numpy array), reserving first if needed.
+        """Make ``key`` READY with ``value`` (a numpy array, or a ``jax.Array`` kept on its
+        device; anything else is made a numpy array), reserving first if needed.
 
         For a reserved key, ``owner`` and ``value.nbytes`` must match the reservation. Putting
         into a tombstone (deleted while pending) resolves it, and its memory is freed.
@@ -146,7 +151,8 @@ class ObjectStore:
         value's bytes are charged to it instead of allocating (nothing is charged if the
         put raises). ValueError if the key is already READY or FAILED.
         """
-        value = np.asarray(value)
+        if type(value) is not np.ndarray and not is_device_array(value):
+            value = np.asarray(value)
         if grant is not None:
             grant.check(key, value.nbytes)
         with self._lock:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..dtypes import is_device_array
 from ..errors import ProgramError, ShardingError
 from . import collectives, flat_call, jax_body, replication, tree
 from .arguments import check_arguments
@@ -244,18 +245,23 @@ class CompiledFunction:
                     " data-dependent shapes under tracing too. Return a fixed-size result"
                     " (e.g. np.where(mask, x, 0) instead of x[mask]) of a fixed dtype")
 
-    def _as_tuple(self, outs) -> tuple:
+    def _as_tuple(self, outs, on_device: bool = False) -> tuple:
+        """The body's outputs as a tuple of numpy arrays (``on_device``: a ``jax.Array``
+        stays on its device, for a host whose devices are JAX's)."""
         outs = (outs,) if self.single_output else outs
         if not isinstance(outs, (tuple, list)) or len(outs) != len(self.out_specs):
             raise ProgramError(f"{self.name} must return {len(self.out_specs)} array(s) to"
                                f" match out_specs, got {type(outs).__name__}")
+        if on_device:
+            return tuple(o if is_device_array(o) else np.asarray(o) for o in outs)
         return tuple(np.asarray(o) for o in outs)
 
     def run_shard(self, env, shards, spec, sig: Signature, device=None) -> tuple[tuple, float]:
         """Run the body on one device's shards under ``env``, check its outputs against
         ``sig``; (outputs, modelled seconds on a device of ``spec``)."""
         with collectives.kernel_env(env):
-            outs = self.checked(self.run_body(shards, sig), sig, device)
+            outs = self.checked(self.run_body(shards, sig), sig, device,
+                                getattr(env, "jax_device", None) is not None)
         return outs, self.cost_of(shards, outs, spec, sig)
 
     def run_body(self, shards, sig: Signature):
@@ -266,11 +272,12 @@ class CompiledFunction:
             return outs[0] if self.single_output else outs
         return self.body(*shards)
 
-    def checked(self, outs, sig: Signature, device) -> tuple:
+    def checked(self, outs, sig: Signature, device, on_device: bool = False) -> tuple:
         """What the body returned on ``device``, as a tuple of arrays, once checked against
         ``sig`` (shapes, dtypes, and replication along ``sig.checks``, which exchanges a
-        digest with the device's peers: call it inside the kernel's environment)."""
-        outs = self._as_tuple(outs)
+        digest with the device's peers: call it inside the kernel's environment);
+        ``on_device``: ``jax.Array`` results stay on their device (``_as_tuple``)."""
+        outs = self._as_tuple(outs, on_device)
         self.check_outputs(outs, sig, device)
         if any(sig.checks):
             replication.check_replicas(self.name, outs, sig.checks, device)

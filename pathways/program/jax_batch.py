@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..dtypes import is_device_array
 from ..errors import ProgramError
 from . import collectives, reduction
 from .jax_plan import (
@@ -131,16 +132,19 @@ class HostBatch:
         in_axes = (0, *(0 if s else None for s in stacked))
         for axis in reversed(axes):
             mapped = jax.vmap(mapped, in_axes=in_axes, axis_name=axis)
+        shapes = [tuple(v.aval.shape) for v in ins]
 
         def run(coords, *values):
-            values = [v.reshape(extents + v.shape[1:]) if s else v
-                      for v, s in zip(values, stacked)]
+            values = [v.reshape(extents + shape) if s else v
+                      for v, s, shape in zip(values, stacked, shapes)]
             results = mapped(coords.reshape(extents + coords.shape[1:]), *values)
-            return tuple(r.reshape((n,) + r.shape[len(extents):]) for r in results)
+            return tuple(r.reshape(self.stacked_shape(r.shape[len(extents):]))
+                         for r in results)
 
         structs = [jax.ShapeDtypeStruct((n, len(axes)), np.int32)]
-        structs += [jax.ShapeDtypeStruct(((n,) if s else ()) + v.aval.shape, v.aval.dtype)
-                    for v, s in zip(ins, stacked)]
+        structs += [jax.ShapeDtypeStruct(self.stacked_shape(shape) if s else shape,
+                                         v.aval.dtype)
+                    for v, s, shape in zip(ins, stacked, shapes)]
         jitted = jax.jit(run, **self._placed(stacked))
         try:
             compiled = jitted.lower(*structs).compile()
@@ -149,6 +153,15 @@ class HostBatch:
                                f" {n} devices: {exc}") from exc
         flops, nbytes = xla_cost(compiled)
         return Segment(ins, outs, jitted, flops / n, nbytes / n, batch=self, stacked=stacked)
+
+    def stacked_shape(self, shape: tuple) -> tuple:
+        """The shape of the box's values of one device's ``shape``, as a segment takes and
+        gives them: stacked along a new leading dimension; on JAX's devices an array is its
+        devices' blocks one after the other along its first dimension instead (each
+        device's block is then its own buffer, unchanged: ``_call_placed``)."""
+        if self.devices is not None and shape:
+            return (self.size * shape[0],) + tuple(shape[1:])
+        return (self.size,) + tuple(shape)
 
     def _placed(self, stacked: list) -> dict:
         """``jax.jit``'s shardings for a segment over the box's own devices (none for an
@@ -161,10 +174,22 @@ class HostBatch:
         from jax.sharding import Mesh, NamedSharding
         from jax.sharding import PartitionSpec as JaxP
 
-        mesh = Mesh(np.array(self.devices, dtype=object), ("box",))
-        rows, whole = NamedSharding(mesh, JaxP("box")), NamedSharding(mesh, JaxP())
+        rows = self.rows()
+        whole = NamedSharding(rows.mesh, JaxP())
         return {"in_shardings": (rows, *(rows if s else whole for s in stacked)),
                 "out_shardings": rows}
+
+    def rows(self):
+        """The sharding of a stacked value over the box's own JAX devices: each holds its
+        own block (made once per box)."""
+        hit = _ROWS.get(self.devices)
+        if hit is None:
+            from jax.sharding import Mesh, NamedSharding
+            from jax.sharding import PartitionSpec as JaxP
+
+            mesh = Mesh(np.array(self.devices, dtype=object), ("box",))
+            hit = _ROWS[self.devices] = NamedSharding(mesh, JaxP("box"))
+        return hit
 
     # -- running (``Plan.run``, on each device's greenlet) ---------------------------------
 
@@ -175,9 +200,14 @@ class HostBatch:
         return env.batched(lambda coords, each: _call(segment, coords, each), args)
 
 
+_ROWS: dict = {}  # a box's JAX devices -> HostBatch.rows
+
+
 def _call(segment: Segment, coords: np.ndarray, each: list) -> list:
     """Run ``segment`` on the devices' arguments ``each`` (in box order), with their mesh
     coordinates ``coords``: each device's outputs, in the same order."""
+    if segment.batch.devices is not None:
+        return _call_placed(segment, coords, each)
     args = [coords]
     for j, stacked in enumerate(segment.stacked):
         if stacked:
@@ -188,6 +218,43 @@ def _call(segment: Segment, coords: np.ndarray, each: list) -> list:
             args.append(each[0][j])
     outs = [np.asarray(o) for o in segment.compiled(*args)]
     return [[o[i] for o in outs] for i in range(len(each))]
+
+
+def _call_placed(segment: Segment, coords: np.ndarray, each: list) -> list:
+    """``_call`` on JAX's own devices: each device's block of an array stays where it is,
+    a ``jax.Array`` on its device (one that came from the host is put there); a segment's
+    arguments are made of them and its results split into them, with no copies (0-d values,
+    which cannot be blocks, go by the host: they are tiny). Returns once the results are
+    ready: the time is the kernels'."""
+    import jax
+
+    batch = segment.batch
+    rows, devices = batch.rows(), batch.devices
+    args = [coords]
+    for j, stacked in enumerate(segment.stacked):
+        values = [a[j] for a in each]
+        shape = tuple(segment.ins[j].aval.shape)
+        if not stacked:
+            args.append(np.asarray(values[0]) if is_device_array(values[0]) else values[0])
+        elif not shape:
+            args.append(np.stack([np.asarray(v) for v in values]))
+        else:
+            blocks = [v if is_device_array(v) else jax.device_put(v, d)
+                      for v, d in zip(values, devices)]
+            args.append(jax.make_array_from_single_device_arrays(
+                batch.stacked_shape(shape), rows, blocks))
+    outs = jax.block_until_ready(segment.compiled(*args))
+    results = [[None] * len(outs) for _ in each]
+    for k, o in enumerate(outs):
+        if segment.outs[k].aval.shape:
+            block = {s.device: s.data for s in o.addressable_shards}
+            for i, d in enumerate(devices):
+                results[i][k] = block[d]
+        else:
+            values = np.asarray(o)
+            for i in range(len(each)):
+                results[i][k] = values[i, ...]  # (0-d: an array, not a numpy scalar)
+    return results
 
 
 def _rows_of(values: list) -> np.ndarray | None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..dtypes import is_device_array
 from ..errors import ProgramError
 from . import collectives
 
@@ -137,11 +138,17 @@ class Plan:
         self.bytes = sum(c[1] for c in costs)
 
     def run(self, args) -> tuple:
+        """One device's results on its ``args``: numpy arrays; on a JAX device (``pathways
+        host --backend jax``) the results of its segments stay ``jax.Array``s on it, ready
+        (the kernel's time is theirs), and only what a collective between segments reads is
+        copied to the host."""
         env = dict(zip(self.jaxpr.constvars, self.consts))
-        for var, value in zip(self.jaxpr.invars, args):
-            env[var] = np.asarray(value, dtype=var.aval.dtype)
         kernel = collectives.current_env()
         device = kernel.jax_device if kernel is not None else None
+        for var, value in zip(self.jaxpr.invars, args):
+            if device is None or not is_device_array(value) or value.dtype != var.aval.dtype:
+                value = np.asarray(value, dtype=var.aval.dtype)
+            env[var] = value
         for step in self.steps:
             if isinstance(step, Segment):
                 args = [env[v] for v in step.ins]
@@ -149,17 +156,28 @@ class Plan:
                     if device is not None:  # a real device: its segments run on it
                         import jax
 
-                        args = jax.device_put(args, device)
-                    outs = step.compiled(*args)
-                    env.update(zip(step.outs, (np.asarray(o) for o in outs)))
+                        outs = jax.block_until_ready(step.compiled(*jax.device_put(args,
+                                                                                   device)))
+                    else:
+                        outs = [np.asarray(o) for o in step.compiled(*args)]
+                    env.update(zip(step.outs, outs))
                 else:  # once for all of this host's devices: each gets its own
                     env.update(zip(step.outs, step.batch.run(step, args)))
             elif isinstance(step, Collective):
+                if device is not None:  # collectives fold numpy values
+                    _to_host(env, step.eqn.invars)
                 _run_collective(step.eqn, env)
             else:  # a call or a loop with collectives inside
                 ins = [_read(env, v) for v in step.eqn.invars]
                 env.update(zip(step.eqn.outvars, step.run(ins)))
         return tuple(_read(env, v) for v in self.jaxpr.outvars)
+
+
+def _to_host(env: dict, variables) -> None:
+    """The device-resident values of ``variables`` in ``env`` copied to the host."""
+    for v in variables:
+        if not _is_literal(v) and is_device_array(env[v]):
+            env[v] = np.asarray(env[v])
 
 
 def _step_cost(step) -> tuple[float, float]:

@@ -78,3 +78,37 @@ def test_bad_backends_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         with pw.local_cluster(hosts_per_island=1, devices_per_host=1, **options):
             pass
+
+
+def test_buffers_stay_on_their_jax_devices_between_kernels():
+    """A batched segment on a host's JAX devices takes each device's block where it lies and
+    leaves each result block on its device (issue 47, item 2): no copy through the host's
+    memory, which a GPU would pay for twice per kernel. 0-d results, which cannot be blocks,
+    come back as numpy; a block that came from the host is put on its device first."""
+    from pathways.program.jax_batch import HostBatch, _call
+
+    devices = tuple(jax.local_devices()[:2])
+    batch = HostBatch((2,), ("d",), (2,), devices)
+    closed = jax.make_jaxpr(lambda x: (x * 2.0, jnp.sum(x)))(np.zeros(3, np.float32))
+    jaxpr = closed.jaxpr
+    segment = batch.segment(jaxpr.eqns, jaxpr.invars, jaxpr.outvars, set(), "f")
+    blocks = [jax.device_put(np.arange(3, dtype=np.float32), devices[0]),
+              np.arange(3, dtype=np.float32) + 10]  # one on its device, one from the host
+    coords = np.array([[0], [1]], np.int32)
+    results = _call(segment, coords, [[b] for b in blocks])
+    for i, (doubled, total) in enumerate(results):
+        assert isinstance(doubled, jax.Array) and doubled.devices() == {devices[i]}
+        np.testing.assert_array_equal(np.asarray(doubled), np.asarray(blocks[i]) * 2)
+        assert isinstance(total, np.ndarray) and total.shape == ()
+        assert total == np.asarray(blocks[i]).sum()
+
+
+def test_a_buffer_from_outside_goes_on_its_device_unless_jax_would_change_it():
+    from pathways.host.host import on_device
+
+    device = jax.local_devices()[1]
+    kept = on_device(np.ones(4, np.float32), device)
+    assert isinstance(kept, jax.Array) and kept.devices() == {device}
+    assert on_device(np.ones(4, np.float32), None).__class__ is np.ndarray  # emulated
+    for value in (np.ones(4, np.float64), np.array(["a", "b"]), np.array([None])):
+        assert on_device(value, device) is value  # float64 (x64 off), strings, objects
