@@ -77,8 +77,7 @@ class DataService:
                       timeout=msg.timeout)
 
     def _delete(self, ident, msg) -> None:
-        for key in msg.keys:
-            self.host.delete(key)
+        self.host.delete(msg.keys)
 
     def _delete_owner(self, ident, msg) -> None:
         self.host.drop_waits(msg.owner, PathwaysError(f"client {msg.owner} freed its arrays"))

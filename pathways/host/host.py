@@ -229,13 +229,17 @@ class Host:
             wait.timer = self.loop.call_later(
                 timeout, lambda: wait.end(no_room(device, nbytes, timeout)))
 
-    def delete(self, key) -> None:
-        """Loop thread: a client deleted ``key``: a wait for room to store it ends (its
-        value dropped), then the store forgets it and frees its HBM."""
-        waiting = self._room_waits.get(key)
-        if waiting is not None:
-            waiting.end(KeyError(f"object {key!r} was deleted while it waited for HBM room"))
-        self.store.delete(key)
+    def delete(self, keys) -> None:
+        """Loop thread: a client deleted ``keys``: a wait for room to store one ends (its
+        value dropped), then the store forgets them and frees their HBM."""
+        waits = self._room_waits
+        if waits:
+            for key in keys:
+                waiting = waits.get(key)
+                if waiting is not None:
+                    waiting.end(KeyError(f"object {key!r} was deleted while it waited for"
+                                         " HBM room"))
+        self.store.delete_all(keys)
 
     def drop_waits(self, client, error: BaseException) -> None:
         """End the waits for room of ``client``'s buffers: it is gone."""

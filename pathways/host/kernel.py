@@ -267,8 +267,7 @@ class Kernel(DeviceWork):
         return [(aid, self.device_id) for aid in self.gang.outputs]
 
     def execute(self, device) -> float:
-        store = self.host.store
-        shards = [store.get(k, 0) for k in self.input_keys()]
+        shards = self.host.store.get_all(self.input_keys())
         fn = self.spec.fn
         env = self.host.kernel_env(fn.mesh, self.shard, self.gang.key, device)
         if env.jax_device is not None and fn.jax is None:  # a numpy body sees numpy
@@ -288,10 +287,9 @@ class Kernel(DeviceWork):
     def on_done(self, finish: Finish):
         """The device has been occupied for the kernel's time: publish its outputs (their
         HBM is already taken: ``finish.grant``), available from its modelled end."""
-        put, owner, device, outs = self.host.store.put, self.gang.owner, self.device_id, \
-            self._outputs
-        for aid, o in zip(self.gang.outputs, outs):
-            put((aid, device), o, owner, arrival=finish.end, grant=finish.grant)
+        device, outs = self.device_id, self._outputs
+        self.host.store.put_all([((aid, device), o) for aid, o in zip(self.gang.outputs, outs)],
+                                self.gang.owner, finish.end, finish.grant)
         small = [(array, self.shard, shippable(outs[k])) for k, shards, array in self.gang.ships
                  if self.shard in shards]
         self._release_inputs()

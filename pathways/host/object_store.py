@@ -173,6 +173,44 @@ class ObjectStore:
         entry.arrival = self.clock.time() if arrival is None else arrival
         self._resolve(key, entry, BufferState.READY, value=value)
 
+    def put_all(self, items, owner: Owner, arrival: float, grant: HbmGrant) -> None:
+        """``put(key, value, owner, arrival=arrival, grant=grant)`` of each ``(key, value)``
+        of ``items`` -- a kernel's outputs on its device: new keys, one grant -- under one
+        lock. All are stored, or none (ValueError: a key exists already or twice, or the
+        grant is short; KeyError: no such device) and nothing is charged; readers and
+        callbacks are told once all are."""
+        items = [(key, value if type(value) is np.ndarray or is_device_array(value)
+                  else np.asarray(value)) for key, value in items]
+        total = 0
+        for key, value in items:
+            total += value.nbytes
+            grant.check(key, total)
+        if items:
+            _check_owner(items[0][0], owner)
+        told = []
+        with self._lock:
+            for key, _ in items:
+                self._device(key)
+                entry = self._entries.get(key)
+                if entry is not None and not entry.awaited:
+                    self._adopt_locked(key, 0, owner)  # raises, saying what it is
+            if len({key for key, _ in items}) != len(items):
+                raise ValueError(f"outputs put twice: {[key for key, _ in items]}")
+            for key, value in items:
+                entry = self._adopt_locked(key, value.nbytes, owner)
+                entry.allocated, entry.arrival = True, arrival
+                entry.state, entry.value = BufferState.READY, value
+                if entry.callbacks:
+                    told.append((key, entry.callbacks))
+                    entry.callbacks = None
+                if entry.done is not None:
+                    entry.done.set()
+                self._release_if_done_locked(key, entry)
+            grant.spend(total)
+        for key, callbacks in told:
+            for fn in callbacks:
+                _call(fn, key)
+
     def ready_at(self, keys) -> float | None:
         """If every key is resolved (READY or FAILED), the latest of their ``arrival``
         times; None if one is not (unknown, awaited, pending or deleted). One lock."""
@@ -237,6 +275,20 @@ class ObjectStore:
                 raise KeyError(f"object {key!r} was deleted")
             return entry.value
 
+    def get_all(self, keys) -> list:
+        """``get(key, 0)`` of each key: under one lock when all are READY (a kernel's inputs,
+        the usual case), else one by one (raising what ``get`` raises)."""
+        values = []
+        with self._lock:
+            for key in keys:
+                entry = self._entries.get(key)
+                if entry is None or entry.state is not BufferState.READY or entry.deleted:
+                    break
+                values.append(entry.value)
+            else:
+                return values
+        return [self.get(key, 0) for key in keys]
+
     def add_done_callback(self, key: Key, fn: Callable[[Key], object]) -> None:
         """Call ``fn(key)`` once ``key`` is READY or FAILED (now, in this thread, if it is).
 
@@ -272,20 +324,32 @@ class ObjectStore:
         one is left alone, since a reader (a kernel) still needs it.
         """
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                self._deleted_early[key] = None
-                while len(self._deleted_early) > EARLY_DELETES_KEPT:
-                    self._deleted_early.popitem(last=False)
-                return False
-            if entry.deleted or entry.awaited:
-                return False
-            entry.deleted = True
-            self._release_if_done_locked(key, entry)
-            self._gone[key] = None  # a reader that comes later is told, never left waiting
-            while len(self._gone) > EARLY_DELETES_KEPT:
-                self._gone.popitem(last=False)
-            return True
+            return self._delete_locked(key)
+
+    def _delete_locked(self, key: Key, frees: dict | None = None) -> bool:
+        entry = self._entries.get(key)
+        if entry is None:
+            self._deleted_early[key] = None
+            while len(self._deleted_early) > EARLY_DELETES_KEPT:
+                self._deleted_early.popitem(last=False)
+            return False
+        if entry.deleted or entry.awaited:
+            return False
+        entry.deleted = True
+        self._release_if_done_locked(key, entry, frees)
+        self._gone[key] = None  # a reader that comes later is told, never left waiting
+        while len(self._gone) > EARLY_DELETES_KEPT:
+            self._gone.popitem(last=False)
+        return True
+
+    def delete_all(self, keys) -> None:
+        """``delete`` each key, under one lock, each device's HBM freed at once."""
+        frees: dict = {}
+        with self._lock:
+            for key in keys:
+                self._delete_locked(key, frees)
+        for device, nbytes in frees.items():
+            self._devices[device].hbm.free(nbytes)
 
     def release_use(self, key: Key, uses: int) -> None:
         """One user of ``key`` is done with it; the last of its ``uses`` users deletes it."""
@@ -451,8 +515,9 @@ class ObjectStore:
         for fn in callbacks:
             _call(fn, key)
 
-    def _release_if_done_locked(self, key: Key, entry: _Entry) -> None:
-        """Drop a deleted entry and free its HBM once nobody is still writing or allocating."""
+    def _release_if_done_locked(self, key: Key, entry: _Entry, frees: dict | None = None):
+        """Drop a deleted entry and free its HBM once nobody is still writing or allocating
+        (``frees``: add the bytes to its device's there instead, to free them later)."""
         if not entry.deleted or entry.state is BufferState.PENDING or entry.allocating:
             return
         if self._entries.get(key) is entry:
@@ -460,7 +525,10 @@ class ObjectStore:
         entry.value = None
         if entry.allocated:
             entry.allocated = False
-            self._devices[key[1]].hbm.free(entry.nbytes)
+            if frees is None:
+                self._devices[key[1]].hbm.free(entry.nbytes)
+            else:
+                frees[key[1]] = frees.get(key[1], 0) + entry.nbytes
 
     def _device(self, key: Key) -> EmulatedDevice:
         if not (isinstance(key, tuple) and len(key) == 2):

@@ -363,3 +363,32 @@ def test_keys_nobody_will_make_fail_their_readers_now_and_later(store):
         store.add_done_callback(later, seen.append)
     assert store.get(made, timeout=WAIT)[0] == 2
     store.delete(made)
+
+
+def test_a_kernels_outputs_are_stored_together_or_not_at_all(store, devices):
+    """``put_all`` (a kernel's outputs on its device, one grant), ``get_all`` and
+    ``delete_all``: one lock each, the meaning of ``put``, ``get`` and ``delete`` of every
+    key, and a batch that cannot be stored whole stores nothing and charges nothing."""
+    grants = []
+    store.admit(0, 300, grants.append)
+    grant = grants[0]
+    k1, k2, k3 = (("client-1", 1), 0), (("client-1", 2), 0), (("client-1", 3), 0)
+    seen = []
+    store.add_done_callback(k1, seen.append)  # a reader came before the producer
+    store.put(k3, array(10), OWNER)
+    with pytest.raises(ValueError, match="already exists"):
+        store.put_all([(k1, array(100)), (k3, array(100))], OWNER, 1.0, grant)
+    with pytest.raises(ValueError, match="left"):  # more than the grant holds
+        store.put_all([(k1, array(200)), (k2, array(200))], OWNER, 1.0, grant)
+    with pytest.raises(ValueError, match="twice"):
+        store.put_all([(k1, array(100)), (k1, array(100))], OWNER, 1.0, grant)
+    assert store.state(k1) is None and grant.nbytes == 300 and seen == []
+    store.put_all([(k1, array(100, 5)), (k2, array(200, 6))], OWNER, 1.0, grant)
+    assert seen == [k1] and grant.nbytes == 0 and store.arrival(k2) == 1.0
+    assert [v[0] for v in store.get_all([k1, k2, k3])] == [5, 6, 1]
+    assert devices[0].hbm.used == 310
+    store.delete_all([k1, k2, k3, (("client-1", 9), 0)])  # the unknown one is remembered
+    assert devices[0].hbm.used == 0 and len(store) == 0
+    with pytest.raises(KeyError, match="deleted"):
+        store.get_all([k1])
+    store.put((("client-1", 9), 0), array(10), OWNER)  # deleted before it came: freed
