@@ -152,7 +152,8 @@ class KernelGang:
     of their outputs, the key of their collectives, the ids of the buffers they read and
     write, and which outputs ride on the run's end to the client."""
 
-    __slots__ = ("spec", "arg", "labels", "owner", "key", "inputs", "outputs", "ships")
+    __slots__ = ("spec", "arg", "labels", "owner", "key", "inputs", "outputs", "ships",
+                 "released")
 
     def __init__(self, spec: KernelSpec, arg, input_avals: list):
         self.spec, self.arg = spec, arg
@@ -166,6 +167,9 @@ class KernelGang:
         self.outputs = tuple(arg.array_id(v) for v in spec.outputs)
         self.ships = tuple((k, shards, arg.outputs[v]) for k, shards in spec.ships
                            if (v := spec.outputs[k]) in arg.ship)
+        # the inputs a shard lets go of when done (``release_input``): not the kept ones
+        self.released = [i for i in range(len(spec.inputs))
+                         if i in spec.incoming or spec.releases[i]]
 
     def input_keys(self, device: int) -> list:
         """The buffers its shard on ``device`` reads, as ``input_key`` says."""
@@ -282,7 +286,7 @@ class Kernel(DeviceWork):
             cost_model.transfer_time(remote, cost_model.ICI) if remote else 0.0)
 
     def output_bytes(self) -> int:
-        return sum(o.nbytes for o in self._outputs)
+        return sum([o.nbytes for o in self._outputs])
 
     def on_done(self, finish: Finish):
         """The device has been occupied for the kernel's time: publish its outputs (their
@@ -297,8 +301,9 @@ class Kernel(DeviceWork):
         self.host.post_release(self.cap, small)
 
     def _release_inputs(self):
-        for i, key in enumerate(self.input_keys()):
-            release_input(self.spec, self.host, i, key)
+        keys = self.input_keys()
+        for i in self.gang.released:
+            release_input(self.spec, self.host, i, keys[i])
 
     def on_error(self, exc):
         err = kernel_error(self.name, self.device_id, exc)

@@ -205,7 +205,8 @@ class ObjectStore:
                     entry.callbacks = None
                 if entry.done is not None:
                     entry.done.set()
-                self._release_if_done_locked(key, entry)
+                if entry.deleted:  # deleted before it was made: freed now
+                    self._release_if_done_locked(key, entry)
             grant.spend(total)
         for key, callbacks in told:
             for fn in callbacks:

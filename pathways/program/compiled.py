@@ -102,6 +102,7 @@ class CompiledFunction:
         self.limit = limit
         self._signatures: dict[tuple, Signature] = {}
         self._costs: dict[tuple, float] = {}  # (shapes and dtypes, device spec) -> seconds
+        self._sig_costs: dict[tuple, tuple] = {}  # (id(sig), id(spec)) -> (sig, spec, seconds)
         self.jax = None  # a JaxBody once abstract evaluation finds the body written in JAX
 
     def __repr__(self):
@@ -253,8 +254,8 @@ class CompiledFunction:
             raise ProgramError(f"{self.name} must return {len(self.out_specs)} array(s) to"
                                f" match out_specs, got {type(outs).__name__}")
         if on_device:
-            return tuple(o if is_device_array(o) else np.asarray(o) for o in outs)
-        return tuple(np.asarray(o) for o in outs)
+            return tuple([o if is_device_array(o) else np.asarray(o) for o in outs])
+        return tuple([np.asarray(o) for o in outs])
 
     def run_shard(self, env, shards, spec, sig: Signature, device=None) -> tuple[tuple, float]:
         """Run the body on one device's shards under ``env``, check its outputs against
@@ -287,7 +288,13 @@ class CompiledFunction:
         """Modelled seconds of one execution: ``cost`` if given (a number, or a function of
         the input shapes), else the roofline estimate for a device of ``spec`` (of the flops
         and bytes XLA counts in a JAX body's plan for ``sig``). Worked out once per signature
-        (shapes and dtypes in and out) and device spec."""
+        (shapes and dtypes in and out) and device spec; found by the identity of ``sig`` and
+        ``spec`` when ``sig`` is given (a kernel's, whose inputs and outputs have its shapes:
+        they are the same objects at every run)."""
+        if sig is not None:
+            hit = self._sig_costs.get((id(sig), id(spec)))
+            if hit is not None and hit[0] is sig and hit[1] is spec:
+                return hit[2]
         key = (tuple((a.shape, a.dtype) for a in inputs),
                tuple((a.shape, a.dtype) for a in outputs), spec)
         seconds = self._costs.get(key)
@@ -300,6 +307,8 @@ class CompiledFunction:
             seconds = cost_model.resolve_cost(self.cost, [a.shape for a in inputs], default)
             if len(self._costs) < COSTS_KEPT:
                 self._costs[key] = seconds
+        if sig is not None and len(self._sig_costs) < COSTS_KEPT:
+            self._sig_costs[(id(sig), id(spec))] = (sig, spec, seconds)  # (keeps both: ids hold)
         return seconds
 
     def __call__(self, *args):

@@ -132,6 +132,7 @@ class Plan:
     def __init__(self, jaxpr, consts, steps, name):
         self.jaxpr, self.consts, self.steps, self.name = jaxpr, consts, steps, name
         self.shard_out_avals = [v.aval for v in jaxpr.outvars]  # one device's results
+        self._results = [(v, _is_literal(v)) for v in jaxpr.outvars]
         self.out_avals: list = []  # global results (of the top plan: see plan_of)
         costs = [_step_cost(step) for step in self.steps]
         self.flops = sum(c[0] for c in costs)
@@ -170,7 +171,7 @@ class Plan:
             else:  # a call or a loop with collectives inside
                 ins = [_read(env, v) for v in step.eqn.invars]
                 env.update(zip(step.eqn.outvars, step.run(ins)))
-        return tuple(_read(env, v) for v in self.jaxpr.outvars)
+        return tuple([np.asarray(v.val) if literal else env[v] for v, literal in self._results])
 
 
 def _to_host(env: dict, variables) -> None:
