@@ -364,10 +364,10 @@ class CompiledFunction:
         if hit is not None:
             return hit[0], list(args), hit[1]
         leaves, in_def = tree.flatten(args)
-        key = (in_def, tuple(Aval.of(a) for a in leaves))
+        key = (in_def, tuple([(a.shape, a.dtype) for a in leaves]))
         hit = self._flat.get(key)
         if hit is None:
-            hit = self._flat[key] = self._twin(args, in_def, key[1])
+            hit = self._flat[key] = self._twin(args, in_def, tuple(Aval.of(a) for a in leaves))
         if fast is not None:
             self._flat[fast] = hit
         return hit[0], leaves, hit[1]

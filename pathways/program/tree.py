@@ -65,7 +65,7 @@ def flatten(tree) -> tuple[list, tuple]:
             leaves.append(x)
             return LEAF
         node, children, _ = _children(x)
-        return (node, tuple(walk(c) for c in children))
+        return (node, tuple([walk(c) for c in children]))
 
     try:
         return leaves, walk(tree)
