@@ -303,16 +303,17 @@ class Host:
 def on_device(value, jax_device):
     """``value`` (a buffer that came from outside) where its device keeps its buffers: as it
     is, or a ``jax.Array`` on ``jax_device`` where the host's devices are JAX's (kernels then
-    read it there, not copied again for each) -- unless JAX would change it (a 64-bit type
-    without ``jax_enable_x64``, strings, objects): then it stays as it came."""
+    read it there, not copied again for each) -- numpy's numeric types and bfloat16, unless
+    JAX would change it (a 64-bit type without ``jax_enable_x64``): anything else stays as
+    it came (strings, objects, the narrower ml_dtypes types)."""
     if jax_device is None:
         return value
     import jax
 
     dtype = value.dtype
-    if not (dtype.kind in "biufc" or is_ml_dtype(dtype)) \
+    if not (dtype.kind in "biufc" and not is_ml_dtype(dtype) or dtype.name == "bfloat16") \
             or jax.dtypes.canonicalize_dtype(dtype) != dtype:
-        return value
+        return value  # (narrower ml_dtypes types are packed or refused by some devices)
     return jax.device_put(value, jax_device)
 
 

@@ -60,7 +60,7 @@ class RouteOp(DispatchedOp):
     def _send(self, cap, host, arg, shard, device, keys):
         fn, spec = self.spec.fn, self.spec
         try:
-            route, *tokens = [host.store.get(k, 0) for k in keys]
+            route, *tokens = [np.asarray(host.store.get(k, 0)) for k in keys]  # (or JAX's)
             check_route(route, fn.num_experts, fn.name)
         except Exception as exc:  # the experts must fail, not compute on partial input
             for dst in range(fn.mesh.size):
@@ -153,7 +153,7 @@ class ExpertKernel(DeviceWork):
     def execute(self, device) -> float:
         if isinstance(self.received, str):
             raise RemoteError(self.received)
-        self._params = [self.host.store.get(k, 0) for k in self.input_keys()]
+        self._params = [np.asarray(v) for v in self.host.store.get_all(self.input_keys())]
         fn = self.spec.fn
         row_avals = self.spec.row_avals
         pieces = sorted(self.received, key=lambda p: p[0])  # source order = global slot order
