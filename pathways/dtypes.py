@@ -35,8 +35,8 @@ import numpy as np
 
 from .errors import ProgramError
 
-__all__ = ["RawArray", "from_bytes", "is_device_array", "is_ml_dtype", "ml_dtypes_by_name", "raw_bytes",
-           "shippable", "unwrap", "wire_dtype", "wire_name"]
+__all__ = ["RawArray", "from_bytes", "is_device_array", "is_ml_dtype", "ml_dtypes_by_name",
+           "raw_bytes", "shippable", "unwrap", "wire_dtype", "wire_name"]
 
 CACHED = 1024  # dtypes and names whose answers are remembered (a wire brings few)
 

@@ -170,8 +170,7 @@ class HostBatch:
         running its own part, the collectives inside between them."""
         if self.devices is None:
             return {}
-        import jax
-        from jax.sharding import Mesh, NamedSharding
+        from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as JaxP
 
         rows = self.rows()
