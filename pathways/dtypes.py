@@ -29,14 +29,14 @@ from __future__ import annotations
 import functools
 import math
 import pickle
-import sys
 
 import numpy as np
 
 from .errors import ProgramError
+from .program.ir import is_device_array
 
-__all__ = ["RawArray", "from_bytes", "is_device_array", "is_ml_dtype", "ml_dtypes_by_name",
-           "raw_bytes", "shippable", "unwrap", "wire_dtype", "wire_name"]
+__all__ = ["RawArray", "from_bytes", "is_ml_dtype", "ml_dtypes_by_name", "raw_bytes",
+           "shippable", "unwrap", "wire_dtype", "wire_name"]
 
 CACHED = 1024  # dtypes and names whose answers are remembered (a wire brings few)
 
@@ -159,12 +159,6 @@ class RawArray:
 
 def _rebuild(name: str, shape: tuple, buffer) -> np.ndarray:
     return from_bytes(buffer, wire_dtype(name), shape)
-
-
-def is_device_array(value) -> bool:
-    """Whether ``value`` is a ``jax.Array`` (without importing JAX: none exists before)."""
-    jax = sys.modules.get("jax")
-    return jax is not None and isinstance(value, jax.Array)
 
 
 def shippable(value):

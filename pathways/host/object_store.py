@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtypes import is_device_array
+from ..program.ir import is_device_array
 from ..protocol import key_client
 from .admission import Admission, Admissions
 from .clock import MONOTONIC, Clock

@@ -10,6 +10,7 @@ real collectives), which every distributed result is checked against.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -33,6 +34,13 @@ class Aval:
 
     def __str__(self):
         return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
+
+
+def is_device_array(value) -> bool:
+    """Whether ``value`` is a ``jax.Array`` (without importing JAX: none exists before): a
+    buffer a host whose devices are JAX's keeps on its device."""
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(value, jax.Array)
 
 
 class RemoteValue:

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtypes import is_device_array
 from ..errors import ProgramError
 from . import collectives, reduction
+from .ir import is_device_array
 from .jax_plan import (
     COLLECTIVES,
     INLINED_CALLS,

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtypes import is_device_array
 from ..errors import ProgramError
 from . import collectives
+from .ir import is_device_array
 
 __all__ = ["Plan", "chain_bodies", "open_body", "plan_body", "plan_of"]
 

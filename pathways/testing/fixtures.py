@@ -23,8 +23,9 @@ __all__ = ["client", "in_process_only", "pw_cluster", "pw_process_cluster"]
 
 BACKEND = os.environ.get("PATHWAYS_TEST_BACKEND", "emulated")
 
-# a test of what only the in-process twin's emulated hosts do (batched segments, a body that
-# only this process can unpickle): skipped when pw_cluster is of real devices
+# a test of what only the in-process twin's emulated hosts do (modelled kernel time, batched
+# segments, a body that only this process can unpickle): skipped when pw_cluster is of real
+# devices
 in_process_only = pytest.mark.skipif(BACKEND != "emulated",
                                      reason="needs pw_cluster's in-process emulated hosts")
 

@@ -12,6 +12,7 @@ from conftest import store_bytes, wait_for_store_bytes
 
 import pathways as pw
 from pathways import P, protocol
+from pathways.testing.fixtures import in_process_only
 
 
 def test_collectives_across_hosts_match_the_reference(client):
@@ -199,6 +200,7 @@ def device_busy(client) -> dict:
     return out
 
 
+@in_process_only  # a real device takes its real time, not the model's
 def test_modelled_cost_occupies_the_devices(client):
     """A kernel holds its device for at least its modelled time: busy time accounts for it."""
     mesh = client.mesh((2, 2), ("data", "model"))
