@@ -34,10 +34,10 @@ def _coordinator(args) -> int:
                         policy=args.policy, window=args.window,
                         client_timeout=args.client_timeout, port=args.port)
     settle_collector()
-    print(f"pathways coordinator at {coord.address}", flush=True)
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before it says it is up: a SIGTERM sent as
+        signal.signal(sig, lambda *_: stop.set())  # soon as it does stops it cleanly
+    print(f"pathways coordinator at {coord.address}", flush=True)
     wait_for_signal(stop)
     coord.close()
     return 0
@@ -128,9 +128,10 @@ def _up(args) -> int:
             print(f"dashboard: open {dashboard.url}", flush=True)
             cluster.start_hosts()
         cluster.wait_ready(args.islands * args.hosts_per_island * args.devices_per_host)
+        stop = _stop_on_signals()
         print(f"pathways cluster up at {cluster.address}  (Ctrl-C to stop)", flush=True)
         _print_keys(cluster)
-        ended = _wait_for_stop(cluster.coordinator_exit)  # a closed terminal too: keys go
+        ended = _wait_for_stop(stop, cluster.coordinator_exit)  # a closed terminal too: keys go
         if ended is not None:  # said before the hosts are stopped, which takes a while
             print(f"pathways up: the coordinator {ended}; stopping the cluster",
                   file=sys.stderr, flush=True)
@@ -141,12 +142,18 @@ def _up(args) -> int:
     return 0 if ended is None else 1
 
 
-def _wait_for_stop(ended=None, every: float = 0.5):
-    """Block until Ctrl-C, SIGTERM or SIGHUP (a closed terminal): None; or until ``ended()``,
-    asked every ``every`` seconds, says how what we serve ended: that."""
+def _stop_on_signals() -> threading.Event:
+    """An event that SIGTERM or SIGHUP (a closed terminal) sets; made before a command says it
+    is up, so that a signal sent as soon as it says so stops it cleanly."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def _wait_for_stop(stop: threading.Event, ended=None, every: float = 0.5):
+    """Block until Ctrl-C or ``stop`` (``_stop_on_signals``): None; or until ``ended()``,
+    asked every ``every`` seconds, says how what we serve ended: that."""
     try:
         while not stop.wait(min(every, SIGNAL_POLL)):
             how = ended() if ended is not None else None
@@ -255,8 +262,9 @@ def _dashboard(args) -> int:
                       " and the page (the cluster's names, errors and tracebacks) cross the"
                       " network unencrypted; prefer the default and ssh -L", file=sys.stderr,
                       flush=True)
+            stop = _stop_on_signals()
             print(f"dashboard of {args.address}: open {dash.url}", flush=True)
-            _wait_for_stop()
+            _wait_for_stop(stop)
     finally:
         client.close()
     return 0
