@@ -250,8 +250,8 @@ class Array(RemoteValue):
     def __del__(self):
         try:
             if not self._deleted:
+                self._deleted = True  # first: a save that holds it from now on skips it
                 self._unwanted()
-                self._deleted = True
-                self.client.ledger.release(self)
+                self.client.ledger.collected(self)
         except Exception:
             pass  # interpreter shutdown: the client frees everything it owns on close

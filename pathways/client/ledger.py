@@ -78,6 +78,16 @@ class ArrayLedger:
         except PathwaysError:
             pass  # closed or coordinator lost: the hosts free what the client owned
 
+    def collected(self, array) -> None:
+        """``array`` is being collected (and marked deleted): free its shards now, unless a
+        save holds it. A weak reference still reaches an object while its finalizer runs, so
+        a save on another thread can find it in ``live()`` then and hold it before it reads
+        ``is_deleted()``; that save's ``unhold`` frees it once it is written."""
+        with self._lock:
+            if id(array) in self._holds:
+                return
+        self.release(array)
+
     def release(self, array) -> None:
         """Free ``array``'s shards now, held or not."""
         self._free(array)

@@ -113,6 +113,21 @@ def test_an_array_collected_is_freed_and_leaves_the_live_set(ledger):
     assert freed == [x_id] and book.live() == []
 
 
+def test_an_array_found_live_while_being_collected_is_left_to_its_holder(ledger):
+    """A weak reference still reaches an array while its finalizer runs: a save (a
+    suspension's) on another thread can find it in ``live()`` and hold it then. The finalizer
+    leaves it to that holder, which frees it once written, instead of freeing it under the
+    hosts writing it (a mixed soak under load: "object ... was deleted before this reader
+    asked for it")."""
+    book, freed, array = ledger
+    x = array()
+    book.hold(book.live())
+    x.__del__()  # the thread that dropped the last other reference finalizes it now
+    assert x.is_deleted() and freed == []
+    book.unhold([x])
+    assert freed == [x.id]
+
+
 def test_suspensions_mark_a_slice_once_and_refuse_its_meshes():
     sus = Suspensions()
     mesh = Mesh((2,), ("d",), (0, 1), slice_id=3)
