@@ -355,8 +355,18 @@ def unpack(frames) -> Message:
 
 
 def batch(messages: list) -> Message:
-    """One message for several sent back to back (``unbatch`` undoes it)."""
-    return messages[0] if len(messages) == 1 else Batch(messages)
+    """One message for several sent back to back (``unbatch`` undoes it); deletes that follow
+    each other become one (a host frees them together: a step that drops its old parameters
+    sends one)."""
+    if len(messages) == 1:
+        return messages[0]
+    merged: list = []
+    for msg in messages:
+        if type(msg) is DeleteShards and merged and type(merged[-1]) is DeleteShards:
+            merged[-1] = DeleteShards([*merged[-1].keys, *msg.keys])
+        else:
+            merged.append(msg)
+    return merged[0] if len(merged) == 1 else Batch(merged)
 
 
 def unbatch(msg: Message) -> list:

@@ -176,3 +176,18 @@ def test_a_calls_arguments_are_freed_without_the_cyclic_garbage_collector(client
         assert first() is None and second() is None
     finally:
         gc.enable()
+
+
+def test_deletes_sent_back_to_back_leave_as_one_message_in_order():
+    """A step that drops its old parameters deletes several arrays at once: the host gets one
+    DeleteShards (one lock, each device's HBM freed once), other messages keep their place."""
+    from pathways import protocol
+
+    a, b, c = [(("k", 1), 0)], [(("k", 2), 0), (("k", 2), 1)], [(("k", 3), 0)]
+    status = protocol.Status(7)
+    sent = protocol.batch([protocol.DeleteShards(a), protocol.DeleteShards(b), status,
+                           protocol.DeleteShards(c)])
+    got = protocol.unbatch(protocol.unpack(protocol.pack(sent)))
+    assert got == [protocol.DeleteShards(a + b), status, protocol.DeleteShards(c)]
+    assert protocol.batch([protocol.DeleteShards(a), protocol.DeleteShards(c)]) \
+        == protocol.DeleteShards(a + c)
