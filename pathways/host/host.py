@@ -232,13 +232,10 @@ class Host:
     def delete(self, keys) -> None:
         """Loop thread: a client deleted ``keys``: a wait for room to store one ends (its
         value dropped), then the store forgets them and frees their HBM."""
-        waits = self._room_waits
-        if waits:
-            for key in keys:
-                waiting = waits.get(key)
-                if waiting is not None:
-                    waiting.end(KeyError(f"object {key!r} was deleted while it waited for"
-                                         " HBM room"))
+        for key in keys:
+            waiting = self._room_waits.get(key)
+            if waiting is not None:
+                waiting.end(KeyError(f"object {key!r} was deleted while it waited for HBM room"))
         self.store.delete_all(keys)
 
     def drop_waits(self, client, error: BaseException) -> None:
@@ -311,9 +308,11 @@ def on_device(value, jax_device):
     import jax
 
     dtype = value.dtype
-    if not (dtype.kind in "biufc" and not is_ml_dtype(dtype) or dtype.name == "bfloat16") \
-            or jax.dtypes.canonicalize_dtype(dtype) != dtype:
-        return value  # (narrower ml_dtypes types are packed or refused by some devices)
+    numeric = dtype.kind in "biufc" and not is_ml_dtype(dtype)  # (narrower ml_dtypes types
+    if not (numeric or dtype.name == "bfloat16"):  # are packed or refused by some devices)
+        return value
+    if jax.dtypes.canonicalize_dtype(dtype) != dtype:  # JAX would change it
+        return value
     return jax.device_put(value, jax_device)
 
 

@@ -151,8 +151,7 @@ class ObjectStore:
         value's bytes are charged to it instead of allocating (nothing is charged if the
         put raises). ValueError if the key is already READY or FAILED.
         """
-        if type(value) is not np.ndarray and not is_device_array(value):
-            value = np.asarray(value)
+        value = _stored(value)
         if grant is not None:
             grant.check(key, value.nbytes)
         with self._lock:
@@ -179,8 +178,7 @@ class ObjectStore:
         lock. All are stored, or none (ValueError: a key exists already or twice, or the
         grant is short; KeyError: no such device) and nothing is charged; readers and
         callbacks are told once all are."""
-        items = [(key, value if type(value) is np.ndarray or is_device_array(value)
-                  else np.asarray(value)) for key, value in items]
+        items = [(key, _stored(value)) for key, value in items]
         total = 0
         for key, value in items:
             total += value.nbytes
@@ -191,22 +189,13 @@ class ObjectStore:
         with self._lock:
             for key, _ in items:
                 self._device(key)
-                entry = self._entries.get(key)
-                if entry is not None and not entry.awaited:
-                    self._adopt_locked(key, 0, owner)  # raises, saying what it is
+                self._check_new_locked(key)
             if len({key for key, _ in items}) != len(items):
                 raise ValueError(f"outputs put twice: {[key for key, _ in items]}")
             for key, value in items:
                 entry = self._adopt_locked(key, value.nbytes, owner)
                 entry.allocated, entry.arrival = True, arrival
-                entry.state, entry.value = BufferState.READY, value
-                if entry.callbacks:
-                    told.append((key, entry.callbacks))
-                    entry.callbacks = None
-                if entry.done is not None:
-                    entry.done.set()
-                if entry.deleted:  # deleted before it was made: freed now
-                    self._release_if_done_locked(key, entry)
+                told.append((key, self._resolve_locked(key, entry, BufferState.READY, value)))
             grant.spend(total)
         for key, callbacks in told:
             for fn in callbacks:
@@ -449,11 +438,16 @@ class ObjectStore:
             entry.allocating, entry.allocated = not granted, granted
             return entry
 
-    def _adopt_locked(self, key: Key, nbytes: int, owner: Owner | None) -> _Entry:
+    def _check_new_locked(self, key: Key) -> None:
+        """ValueError unless ``key`` is new (unknown, or only awaited by readers)."""
         entry = self._entries.get(key)
         if entry is not None and not entry.awaited:
             raise ValueError(f"object {key!r} already exists "
                              f"({'deleting' if entry.deleted else entry.state.value})")
+
+    def _adopt_locked(self, key: Key, nbytes: int, owner: Owner | None) -> _Entry:
+        self._check_new_locked(key)
+        entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _Entry()
         entry.awaited, entry.owner, entry.nbytes = False, owner, nbytes
@@ -508,13 +502,20 @@ class ObjectStore:
                 if check:
                     raise ValueError(f"object {key!r} is already {entry.state.value}")
                 return
-            entry.state, entry.value, entry.error = state, value, error
-            callbacks, entry.callbacks = entry.callbacks or (), None
-            if entry.done is not None:
-                entry.done.set()
-            self._release_if_done_locked(key, entry)
+            callbacks = self._resolve_locked(key, entry, state, value, error)
         for fn in callbacks:
             _call(fn, key)
+
+    def _resolve_locked(self, key: Key, entry: _Entry, state: BufferState, value=None,
+                        error=None):
+        """Resolve a PENDING entry: its readers wake, a tombstone is freed; returns the
+        callbacks to call once the lock is let go."""
+        entry.state, entry.value, entry.error = state, value, error
+        callbacks, entry.callbacks = entry.callbacks or (), None
+        if entry.done is not None:
+            entry.done.set()
+        self._release_if_done_locked(key, entry)
+        return callbacks
 
     def _release_if_done_locked(self, key: Key, entry: _Entry, frees: dict | None = None):
         """Drop a deleted entry and free its HBM once nobody is still writing or allocating
@@ -539,6 +540,11 @@ class ObjectStore:
             raise KeyError(f"object {key!r}: no device {key[1]!r} on this host "
                            f"(devices: {sorted(self._devices)})")
         return device
+
+
+def _stored(value):
+    """What the store keeps of ``value``: a numpy array, or a ``jax.Array`` as it is."""
+    return value if type(value) is np.ndarray or is_device_array(value) else np.asarray(value)
 
 
 def _check_owner(key: Key, owner) -> None:
