@@ -43,16 +43,8 @@ import numpy as np
 from ..errors import ProgramError
 from . import collectives, reduction
 from .ir import is_device_array
-from .jax_plan import (
-    COLLECTIVES,
-    INLINED_CALLS,
-    Segment,
-    axes_of,
-    communicates,
-    eval_eqns,
-    sub_jaxprs,
-    xla_cost,
-)
+from .jax_plan import Segment, xla_cost
+from .jaxpr_eval import COLLECTIVES, INLINED_CALLS, axes_of, communicates, eval_eqns, sub_jaxprs
 
 __all__ = ["HostBatch"]
 

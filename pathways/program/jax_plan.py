@@ -26,17 +26,21 @@ import numpy as np
 from ..errors import ProgramError
 from . import collectives
 from .ir import is_device_array
+from .jaxpr_eval import (
+    COLLECTIVES,
+    IDENTITIES,
+    INLINED_CALLS,
+    Jaxpr,
+    axes_of,
+    call_jaxpr,
+    communicates,
+    eval_eqns,
+    is_literal,
+    open_jaxpr,
+    sub_jaxprs,
+)
 
 __all__ = ["Plan", "chain_bodies", "open_body", "plan_body", "plan_of"]
-
-# The collective primitives a plan runs itself, and the ones that only retag a value's
-# variation (JAX's check_vma bookkeeping): identities for us.
-COLLECTIVES = {"psum", "psum_invariant", "pmax", "pmin", "ppermute", "all_gather",
-                "all_gather_invariant", "reduce_scatter", "all_to_all", "axis_index"}
-_IDENTITIES = {"pvary"}
-INLINED_CALLS = {"pjit", "jit", "closed_call", "core_call", "custom_jvp_call",
-                  "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint"}
-
 
 @dataclass
 class Segment:
@@ -132,7 +136,7 @@ class Plan:
     def __init__(self, jaxpr, consts, steps, name):
         self.jaxpr, self.consts, self.steps, self.name = jaxpr, consts, steps, name
         self.shard_out_avals = [v.aval for v in jaxpr.outvars]  # one device's results
-        self._results = [(v, _is_literal(v)) for v in jaxpr.outvars]
+        self._results = [(v, is_literal(v)) for v in jaxpr.outvars]
         self.out_avals: list = []  # global results (of the top plan: see plan_of)
         costs = [_step_cost(step) for step in self.steps]
         self.flops = sum(c[0] for c in costs)
@@ -177,7 +181,7 @@ class Plan:
 def _to_host(env: dict, variables) -> None:
     """The device-resident values of ``variables`` in ``env`` copied to the host."""
     for v in variables:
-        if not _is_literal(v) and is_device_array(env[v]):
+        if not is_literal(v) and is_device_array(env[v]):
             env[v] = np.asarray(env[v])
 
 
@@ -200,11 +204,7 @@ def _step_cost(step) -> tuple[float, float]:
 
 
 def _read(env, var):
-    return np.asarray(var.val) if _is_literal(var) else env[var]
-
-
-def _is_literal(var) -> bool:
-    return type(var).__name__ == "Literal"
+    return np.asarray(var.val) if is_literal(var) else env[var]
 
 
 def shapes_of(closed, name) -> tuple[list, list]:
@@ -247,7 +247,7 @@ def plan_body(body, consts, name, batch=None) -> Plan:
     return _plan_jaxpr(body, consts, name, batch, {})
 
 
-def open_body(closed, name) -> tuple[_Jaxpr, list]:
+def open_body(closed, name) -> tuple[Jaxpr, list]:
     """(the per-device jaxpr inside the shard_map of ``closed``, with the constants the body
     closed over as its first constant variables; those constants)."""
     outer = closed.jaxpr
@@ -259,15 +259,15 @@ def open_body(closed, name) -> tuple[_Jaxpr, list]:
     position = {v: i for i, v in enumerate(outer.invars)}
     n_consts = len(eqn.invars) - n_args
     if [position.get(v) for v in eqn.invars[n_consts:]] != list(range(n_args)) or any(
-            v not in const_of for v in eqn.invars[:n_consts] if not _is_literal(v)):
+            v not in const_of for v in eqn.invars[:n_consts] if not is_literal(v)):
         raise ProgramError(f"{name}: unexpected trace (shard_map arguments out of order)")
-    consts = [_read(const_of, v) if _is_literal(v) else np.asarray(const_of[v])
+    consts = [_read(const_of, v) if is_literal(v) else np.asarray(const_of[v])
               for v in eqn.invars[:n_consts]]
-    return _Jaxpr(inner.constvars + inner.invars[:len(consts)], inner.invars[len(consts):],
+    return Jaxpr(inner.constvars + inner.invars[:len(consts)], inner.invars[len(consts):],
                   inner.outvars, inner.eqns), consts
 
 
-def chain_bodies(bodies, wiring, exports) -> tuple[_Jaxpr, list]:
+def chain_bodies(bodies, wiring, exports) -> tuple[Jaxpr, list]:
     """One per-device jaxpr running ``bodies`` (``open_body``'s: (jaxpr, constants)) one
     after the other. ``wiring[m][i]`` says where argument i of body m comes from:
     ``("in", j)``, argument j of the chain, or ``("out", n, k)``, result k of an earlier body
@@ -294,52 +294,18 @@ def chain_bodies(bodies, wiring, exports) -> tuple[_Jaxpr, list]:
                 new[v] = results[src[1]][src[2]]
 
         def read(v, new=new):
-            return v if _is_literal(v) else new[v]
+            return v if is_literal(v) else new[v]
 
         for e in body.eqns:
             outs = [v if type(v).__name__ == "DropVar" else new.setdefault(v, Var(v.aval))
                     for v in e.outvars]
             eqns.append(e.replace(invars=[read(v) for v in e.invars], outvars=outs))
         results.append([read(v) for v in body.outvars])
-    return _Jaxpr(constvars, invars, [results[n][k] for n, k in exports], eqns,
+    return Jaxpr(constvars, invars, [results[n][k] for n, k in exports], eqns,
                   tuple(starts[1:])), consts
 
 
-@dataclass
-class _Jaxpr:
-    """The parts of a jaxpr a plan needs (constants first, then arguments). ``starts``: the
-    indices of equations where a chained body begins (``chain_bodies``)."""
-
-    constvars: list
-    invars: list
-    outvars: list
-    eqns: list
-    starts: tuple = ()
-
-
-def _open(jaxpr_param) -> tuple[_Jaxpr, list]:
-    """A closed or open jaxpr param as (_Jaxpr, its constants)."""
-    jaxpr = getattr(jaxpr_param, "jaxpr", jaxpr_param)
-    consts = list(getattr(jaxpr_param, "consts", ()))
-    return _Jaxpr(list(jaxpr.constvars), list(jaxpr.invars), list(jaxpr.outvars),
-                  list(jaxpr.eqns)), consts
-
-
-def sub_jaxprs(eqn):
-    for value in eqn.params.values():
-        for item in value if isinstance(value, (tuple, list)) else (value,):
-            if hasattr(item, "eqns") or hasattr(getattr(item, "jaxpr", None), "eqns"):
-                yield getattr(item, "jaxpr", item)
-
-
-def communicates(eqn, kinds=COLLECTIVES | _IDENTITIES) -> bool:
-    """Whether ``eqn`` is, or holds in a nested jaxpr, a collective (or a pvary)."""
-    if eqn.primitive.name in kinds:
-        return True
-    return any(communicates(e, kinds) for j in sub_jaxprs(eqn) for e in j.eqns)
-
-
-def _plan_jaxpr(jaxpr: _Jaxpr, consts, name, batch=None, made=None) -> Plan:
+def _plan_jaxpr(jaxpr: Jaxpr, consts, name, batch=None, made=None) -> Plan:
     """Steps of ``jaxpr``: segments between the collectives it cuts at (with a ``batch``,
     only those reaching devices outside it: the others run inside its segments, and between
     chained bodies, so a body chained K times compiles once). ``made``: the segments compiled
@@ -390,10 +356,10 @@ def _control_step(eqn, name, batch=None, made=None):
     prim = eqn.primitive.name
 
     def plan(param, batch=None):
-        return _plan_jaxpr(*_open(param), name, batch, made)
+        return _plan_jaxpr(*open_jaxpr(param), name, batch, made)
 
     if prim in INLINED_CALLS:
-        return Call(eqn, plan(_call_jaxpr(eqn), batch))
+        return Call(eqn, plan(call_jaxpr(eqn), batch))
     if prim == "scan":
         return Scan(eqn, plan(eqn.params["jaxpr"], batch))
     if prim == "while":
@@ -404,13 +370,6 @@ def _control_step(eqn, name, batch=None, made=None):
                        " body; move it out (a Python loop around a collective works)")
 
 
-def _call_jaxpr(eqn):
-    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-        if key in eqn.params:
-            return eqn.params[key]
-    raise ProgramError(f"cannot read the jaxpr of a {eqn.primitive.name} call")
-
-
 def _structure(eqns, ins, outs, shared) -> tuple:
     """What a segment computes, as a key: two segments with equal keys compute the same
     function of their inputs in order. Equations are known by primitive and parameters
@@ -419,7 +378,7 @@ def _structure(eqns, ins, outs, shared) -> tuple:
     names = {v: k for k, v in enumerate(ins)}
     key: list = [tuple((str(v.aval), v in shared) for v in ins)]
     for e in eqns:
-        args = tuple(("literal", repr(v.val), str(v.aval)) if _is_literal(v) else names[v]
+        args = tuple(("literal", repr(v.val), str(v.aval)) if is_literal(v) else names[v]
                      for v in e.invars)
         key.append((e.primitive.name, id(e.params), args, tuple(str(v.aval) for v in e.outvars)))
         for v in e.outvars:
@@ -428,13 +387,13 @@ def _structure(eqns, ins, outs, shared) -> tuple:
     return tuple(key)
 
 
-def _uses_after(jaxpr: _Jaxpr) -> list[set]:
+def _uses_after(jaxpr: Jaxpr) -> list[set]:
     """For each equation index i, the variables read by equations from i on or returned."""
-    live = {v for v in jaxpr.outvars if not _is_literal(v)}
+    live = {v for v in jaxpr.outvars if not is_literal(v)}
     after = [set() for _ in range(len(jaxpr.eqns) + 1)]
     after[len(jaxpr.eqns)] = set(live)
     for i in range(len(jaxpr.eqns) - 1, -1, -1):
-        live |= {v for v in jaxpr.eqns[i].invars if not _is_literal(v)}
+        live |= {v for v in jaxpr.eqns[i].invars if not is_literal(v)}
         after[i] = set(live)
     return after
 
@@ -468,7 +427,7 @@ def segment_vars(eqns, live_after) -> tuple[list, list]:
     defined, ins = set(), []
     for eqn in eqns:
         for v in eqn.invars:
-            if not _is_literal(v) and v not in defined and v not in ins:
+            if not is_literal(v) and v not in defined and v not in ins:
                 ins.append(v)
         defined.update(eqn.outvars)
     return ins, [v for v in _ordered(eqns) if v in live_after]
@@ -492,101 +451,11 @@ def xla_cost(compiled) -> tuple[float, float]:
         max(0.0, float(analysis.get("bytes accessed", 0.0)))
 
 
-def eval_eqns(eqns, env, collective=None) -> None:
-    """Bind ``eqns`` on the values in ``env`` (inside a jit trace): nested calls are inlined,
-    loops and conds traced anew from their jaxprs (``_RETRACED``) and pvary is an identity,
-    so nothing needs JAX's shard_map axis context. ``collective``: what computes a
-    collective equation, ``collective(eqn, args) -> outs`` (a batch's)."""
-    def read(v):
-        return v.val if _is_literal(v) else env[v]
-
-    for eqn in eqns:
-        prim = eqn.primitive.name
-        args = [read(v) for v in eqn.invars]
-        if prim in _IDENTITIES:
-            outs = args
-        elif collective is not None and prim in COLLECTIVES:
-            outs = collective(eqn, args)
-        elif prim in INLINED_CALLS:
-            outs = _as_function(_call_jaxpr(eqn), collective)(*args)
-        elif prim in _RETRACED:
-            with eqn.ctx.manager:
-                outs = _RETRACED[prim](eqn.params, args, collective)
-        else:
-            with eqn.ctx.manager:
-                outs = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(eqn.params))
-            if not eqn.primitive.multiple_results:
-                outs = [outs]
-        env.update(zip(eqn.outvars, outs))
-
-
-def _as_function(jaxpr_param, collective=None):
-    """A jaxpr param (closed or open) as a function of its arguments: its equations bound by
-    ``eval_eqns``; returns the list of its results."""
-    sub, consts = _open(jaxpr_param)
-
-    def run(*args):
-        inner = dict(zip(sub.constvars, consts))
-        inner.update(zip(sub.invars, args))
-        eval_eqns(sub.eqns, inner, collective)
-        return [v.val if _is_literal(v) else inner[v] for v in sub.outvars]
-
-    return run
-
-
-# Loops and conds are traced again from their jaxprs' equations, not bound with them: a body
-# traced with JAX's check of how values vary (check_rep) has jaxprs whose types name each
-# value's varying mesh axes, which a scan's or a while's carry and a cond's branches must
-# match exactly; bound outside a shard_map, on values that name none, a loop whose carry
-# starts replicated and comes out varying (a histogram's searchsorted) failed to compile.
-# Traced anew, the same operations run in the same order: the same computation.
-
-def _scan(p, args, collective):
-    from jax import lax
-
-    n_consts, n_carry = p["num_consts"], p["num_carry"]
-    consts, init, xs = args[:n_consts], args[n_consts:n_consts + n_carry], \
-        args[n_consts + n_carry:]
-    body = _as_function(p["jaxpr"], collective)
-
-    def step(carry, x):
-        outs = body(*consts, *carry, *x)
-        return outs[:n_carry], outs[n_carry:]
-
-    carry, ys = lax.scan(step, list(init), list(xs), length=p["length"], reverse=p["reverse"],
-                         unroll=p["unroll"])
-    return [*carry, *ys]
-
-
-def _while(p, args, collective):
-    from jax import lax
-
-    n_cond, n_body = p["cond_nconsts"], p["body_nconsts"]
-    cond_consts, body_consts = args[:n_cond], args[n_cond:n_cond + n_body]
-    test = _as_function(p["cond_jaxpr"], collective)
-    body = _as_function(p["body_jaxpr"], collective)
-    out = lax.while_loop(lambda c: test(*cond_consts, *c)[0],
-                         lambda c: tuple(body(*body_consts, *c)),
-                         tuple(args[n_cond + n_body:]))
-    return list(out)
-
-
-def _cond(p, args, collective):
-    from jax import lax
-
-    branches = [_as_function(b, collective) for b in p["branches"]]
-    return list(lax.switch(args[0], [lambda *ops, b=b: tuple(b(*ops)) for b in branches],
-                           *args[1:]))
-
-
-_RETRACED = {"scan": _scan, "while": _while, "cond": _cond}
-
-
 def _run_collective(eqn, env) -> None:
     """Run one collective equation through pathways.program.collectives, into ``env``."""
     prim, p = eqn.primitive.name, eqn.params
     args = [_read(env, v) for v in eqn.invars]
-    if prim in _IDENTITIES:
+    if prim in IDENTITIES:
         outs = args
     elif prim == "axis_index":
         outs = [collectives.axis_index(p["axis_name"])]
@@ -595,11 +464,6 @@ def _run_collective(eqn, env) -> None:
     for var, value in zip(eqn.outvars, outs):
         if type(var).__name__ != "DropVar":
             env[var] = np.asarray(value, dtype=var.aval.dtype).reshape(var.aval.shape)
-
-
-def axes_of(p, key):
-    axes = p[key]
-    return axes if isinstance(axes, str) else tuple(axes)
 
 
 def _collective(prim, p, x):
