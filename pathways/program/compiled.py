@@ -100,8 +100,8 @@ class CompiledFunction:
             raise ProgramError(f"shard_map limit must be a number of seconds > 0, got {limit!r}")
         self.limit = limit
         self._signatures: dict[tuple, Signature] = {}
-        self._costs: dict[tuple, float] = {}  # (shapes and dtypes, device spec) -> seconds
-        self._sig_costs: dict[tuple, tuple] = {}  # (id(sig), id(spec)) -> (sig, spec, seconds)
+        self._costs: dict[tuple, float] = {}  # cost_of without a signature: by shapes
+        self._sig_costs: dict[tuple, tuple] = {}  # cost_of of a kernel: by its signature
         self.jax = None  # a JaxBody once abstract evaluation finds the body written in JAX
 
     def __repr__(self):
@@ -252,9 +252,7 @@ class CompiledFunction:
         if not isinstance(outs, (tuple, list)) or len(outs) != len(self.out_specs):
             raise ProgramError(f"{self.name} must return {len(self.out_specs)} array(s) to"
                                f" match out_specs, got {type(outs).__name__}")
-        if on_device:
-            return tuple([o if is_device_array(o) else np.asarray(o) for o in outs])
-        return tuple([np.asarray(o) for o in outs])
+        return tuple([o if on_device and is_device_array(o) else np.asarray(o) for o in outs])
 
     def run_shard(self, env, shards, spec, sig: Signature, device=None) -> tuple[tuple, float]:
         """Run the body on one device's shards under ``env``, check its outputs against
@@ -286,29 +284,34 @@ class CompiledFunction:
     def cost_of(self, inputs, outputs, spec, sig: Signature | None = None) -> float:
         """Modelled seconds of one execution: ``cost`` if given (a number, or a function of
         the input shapes), else the roofline estimate for a device of ``spec`` (of the flops
-        and bytes XLA counts in a JAX body's plan for ``sig``). Worked out once per signature
-        (shapes and dtypes in and out) and device spec; found by the identity of ``sig`` and
-        ``spec`` when ``sig`` is given (a kernel's, whose inputs and outputs have its shapes:
-        they are the same objects at every run)."""
+        and bytes XLA counts in a JAX body's plan for ``sig``). Worked out once per device
+        spec and ``sig`` (a kernel's: its inputs and outputs have its shapes, and it is the
+        same object at every run, so it is found by identity), or without one per shapes
+        and dtypes in and out (a routed call's, which vary)."""
         if sig is not None:
-            hit = self._sig_costs.get((id(sig), id(spec)))
-            if hit is not None and hit[0] is sig and hit[1] is spec:
-                return hit[2]
+            k = (id(sig), id(spec))
+            hit = self._sig_costs.get(k)
+            if hit is None or hit[0] is not sig or hit[1] is not spec:
+                hit = (sig, spec, self._modelled(inputs, outputs, spec, sig))
+                if len(self._sig_costs) < COSTS_KEPT:
+                    self._sig_costs[k] = hit  # (it keeps both alive: their ids hold)
+            return hit[2]
         key = (tuple((a.shape, a.dtype) for a in inputs),
                tuple((a.shape, a.dtype) for a in outputs), spec)
         seconds = self._costs.get(key)
         if seconds is None:
-            if self.jax is not None and sig is not None:
-                flops, nbytes = self.jax.cost(sig.ins, self.single_output)
-                default = cost_model.kernel_time(flops, nbytes, spec)
-            else:
-                default = cost_model.estimate_kernel(list(inputs), list(outputs), spec)
-            seconds = cost_model.resolve_cost(self.cost, [a.shape for a in inputs], default)
+            seconds = self._modelled(inputs, outputs, spec, None)
             if len(self._costs) < COSTS_KEPT:
                 self._costs[key] = seconds
-        if sig is not None and len(self._sig_costs) < COSTS_KEPT:
-            self._sig_costs[(id(sig), id(spec))] = (sig, spec, seconds)  # (keeps both: ids hold)
         return seconds
+
+    def _modelled(self, inputs, outputs, spec, sig: Signature | None) -> float:
+        if self.jax is not None and sig is not None:
+            flops, nbytes = self.jax.cost(sig.ins, self.single_output)
+            default = cost_model.kernel_time(flops, nbytes, spec)
+        else:
+            default = cost_model.estimate_kernel(list(inputs), list(outputs), spec)
+        return cost_model.resolve_cost(self.cost, [a.shape for a in inputs], default)
 
     def __call__(self, *args):
         fn, args = self.without_statics(args)
