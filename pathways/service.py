@@ -18,7 +18,7 @@ import zmq
 
 from plaque import security, wire
 from plaque.logutil import dropped
-from plaque.zmq_transport import bind_socket
+from plaque.zmq_transport import bind_socket, readable, recv_frames, send_frames
 
 from . import protocol
 
@@ -74,9 +74,8 @@ class RouterService:
         if self.sock.closed:  # a drain scheduled just before close()
             return
         for _ in range(BATCH):
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            frames = recv_frames(self.sock)
+            if frames is None:
                 self.drained_at = time.monotonic()
                 break
             serve_requests(frames[0].bytes, frames[1:], self.handle)
@@ -87,7 +86,7 @@ class RouterService:
 
     def waiting(self) -> bool:
         """Loop thread: whether requests wait unread (then a drain is scheduled)."""
-        if self.sock.closed or not self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if self.sock.closed or not readable(self.sock):
             return False
         self._drain_soon()  # reading EVENTS may have consumed the edge that announced them
         return True
@@ -109,7 +108,7 @@ class RouterService:
             frames = protocol.pack(protocol.batch(payloads), self.sender)
             if self._encrypts:
                 frames = wire.chunked(frames)
-            self.sock.send_multipart([ident, *frames], copy=False)
+            send_frames(self.sock, [ident, *frames])
         self._drain_soon()  # a send may have swallowed the readable edge
 
     def close(self) -> None:

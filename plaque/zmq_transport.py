@@ -28,7 +28,40 @@ log = logging.getLogger("plaque.transport")
 
 DRAIN_SECONDS = 0.005  # then yield, so the turn that sends what we produced can run
 HWM = 100_000
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: no enum work per check
+# pyzmq's own socket methods (its Cython class), called past its Python layer: that layer's
+# send_multipart and recv_multipart check each frame and do enum arithmetic on every flag, and
+# an empty non-blocking read raises zmq.Again (an exception whose constructor imports): about
+# 3x the cost of the ZeroMQ calls themselves for a small message, measured. Flags are plain ints.
+_send, _recv, _get = zmq.backend.Socket.send, zmq.backend.Socket.recv, zmq.backend.Socket.get
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
+_NOBLOCK, _SNDMORE = int(zmq.NOBLOCK), int(zmq.SNDMORE)
+
+
+def readable(sock) -> bool:
+    """Whether a message waits on ``sock`` (reading this may consume its FD's edge)."""
+    return bool(_get(sock, _EVENTS) & _POLLIN)
+
+
+def recv_frames(sock) -> list | None:
+    """The next message waiting on ``sock`` as a list of ``zmq.Frame``s (not copied), or None
+    if none waits. Never blocks."""
+    if not _get(sock, _EVENTS) & _POLLIN:
+        return None
+    frames = [_recv(sock, _NOBLOCK, False)]
+    while frames[-1].more:  # the rest of a message arrives with its first part
+        frames.append(_recv(sock, _NOBLOCK, False))
+    return frames
+
+
+def send_frames(sock, frames, flags: int = 0, copy: bool = False) -> None:
+    """Send ``frames`` as one message; ``flags`` and ``copy`` as for ``zmq.Socket.send``
+    (uncopied, a large frame's buffer must not change until sent; ``zmq.NOBLOCK`` raises
+    zmq.Again at the high-water mark before any part left: ZeroMQ takes a message's later
+    parts once it took the first)."""
+    last = len(frames) - 1
+    more = flags | _SNDMORE
+    for i, frame in enumerate(frames):
+        _send(sock, frame, more if i < last else flags, copy)
 
 
 def bind_socket(sock, where: str, keys: str | None = None) -> str:
@@ -120,11 +153,11 @@ class ZmqTransport(Transport):
         ctl, data = self._pull[CONTROL][0], self._pull[DATA][0]
         deadline = time.monotonic() + DRAIN_SECONDS
         while time.monotonic() < deadline:
-            # checking EVENTS is cheaper than catching zmq.Again on an empty socket
-            if ctl.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                self._on_message(CONTROL, ctl.recv_multipart(copy=False))
-            elif data.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                self._on_message(DATA, data.recv_multipart(copy=False))
+            frames = recv_frames(ctl)
+            if frames is not None:
+                self._on_message(CONTROL, frames)
+            elif (frames := recv_frames(data)) is not None:
+                self._on_message(DATA, frames)
             else:
                 self._drained_at = time.monotonic()
                 return  # both drained: the next edge of either FD wakes us
@@ -134,8 +167,7 @@ class ZmqTransport(Transport):
 
     def heard_until(self, now):
         ctl, data = self._pull[CONTROL][0], self._pull[DATA][0]
-        if self.closed or not (ctl.getsockopt(_EVENTS) & _POLLIN
-                               or data.getsockopt(_EVENTS) & _POLLIN):
+        if self.closed or not (readable(ctl) or readable(data)):
             return now
         self._schedule_drain()  # reading EVENTS may have consumed the edge that says so
         return now if self._drained_at is None else self._drained_at
@@ -185,7 +217,7 @@ class ZmqTransport(Transport):
             backlog.append(frames)
             return
         try:
-            sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            send_frames(sock, frames, _NOBLOCK)
         except zmq.Again:
             self._backlog.setdefault(key, deque()).append(frames)
             self._schedule_retry()
@@ -205,7 +237,7 @@ class ZmqTransport(Transport):
             sock = self._push.get(key)
             while backlog and sock is not None:
                 try:
-                    sock.send_multipart(backlog[0], zmq.NOBLOCK, copy=False)
+                    send_frames(sock, backlog[0], _NOBLOCK)
                 except zmq.Again:
                     break
                 backlog.popleft()
@@ -221,7 +253,7 @@ class ZmqTransport(Transport):
 
         def send(frames):
             try:
-                sock.send_multipart(frames, zmq.NOBLOCK)
+                send_frames(sock, frames, _NOBLOCK, copy=True)
             except zmq.Again:
                 pass
 

@@ -32,7 +32,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from plaque import security, wire
-from plaque.zmq_transport import context_for
+from plaque.zmq_transport import context_for, recv_frames, send_frames
 
 from .. import protocol
 from ..errors import ClientClosed, CoordinatorLost, received
@@ -335,11 +335,7 @@ class Session:
         monitor.close(linger=0)
 
     def _drain(self, s):
-        while True:
-            try:
-                frames = s.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
+        while (frames := recv_frames(s)) is not None:
             if s is self._socks.get(self.address):
                 self._heard = self.loop.time()
                 self._unmonitor()
@@ -416,7 +412,7 @@ class Session:
         frames = protocol.pack(payload)
         if security.encrypts(address, self.keys):
             frames = wire.chunked(frames)
-        s.send_multipart(frames, copy=False)
+        send_frames(s, frames)
         # A send can consume the edge of the socket's FD that announced an incoming message
         # (ZeroMQ's FD is edge-triggered and shared by both directions): look again.
         self._drain(s)

@@ -32,7 +32,7 @@ import zmq
 from plaque import security
 from plaque.logutil import dropped
 from plaque.wire import ProtocolError
-from plaque.zmq_transport import bind_socket
+from plaque.zmq_transport import bind_socket, readable, recv_frames, send_frames
 
 from ..dtypes import from_bytes, raw_bytes, wire_dtype, wire_name
 from ..errors import ProgramError
@@ -176,18 +176,17 @@ class IciLink(IciOutbox):
         self._push: dict[int, zmq.Socket] = {}
 
     def _send(self, worker: int, frames: list) -> None:
-        self._socket(worker).send_multipart(frames, copy=False)
+        send_frames(self._socket(worker), frames)
 
     def readable(self) -> bool:
-        return bool(self._pull.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        return readable(self._pull)
 
     def receive(self) -> list:
         """What has arrived, without waiting: ``[(key, src, dsts, value, lag), ...]``."""
         items: list = []
         for _ in range(RECEIVE_BATCH):
-            try:
-                frames = self._pull.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+            frames = recv_frames(self._pull)
+            if frames is None:
                 break
             try:
                 items.extend(decode([f.buffer for f in frames]))
