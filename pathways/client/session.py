@@ -166,6 +166,7 @@ class Session:
         self._for_client, self._on_message = tuple(for_client), on_message
         self._on_lost = on_lost
         self._socks: dict[str, zmq.Socket] = {}
+        self._chunked: set[str] = set()  # addresses whose socket uses CURVE (wire.chunked)
         self._pending: dict[int, tuple[cf.Future, str]] = {}  # request -> (future, sent to)
         self._lost_hosts: dict[str, Exception] = {}  # data address of a lost host -> why
         self._req_ids = itertools.count()
@@ -303,6 +304,8 @@ class Session:
                 self.loop.add_reader(self._monitor.getsockopt(zmq.FD), self._on_contact)
                 self._on_contact()  # its FD signals only once a read found nothing
             security.connect(s, address, self.keys)
+            if address in self._chunked:  # decided once, as the socket is made
+                self._chunked.add(address)
             self.loop.add_reader(s.getsockopt(zmq.FD), self._drain, s)
         return s
 
@@ -410,7 +413,7 @@ class Session:
     def _send_now(self, address, payload):
         s = self._sock(address)
         frames = protocol.pack(payload)
-        if security.encrypts(address, self.keys):
+        if address in self._chunked:
             frames = wire.chunked(frames)
         send_frames(s, frames)
         # A send can consume the edge of the socket's FD that announced an incoming message
