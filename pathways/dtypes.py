@@ -126,7 +126,7 @@ def from_bytes(buffer, dtype: np.dtype, shape) -> np.ndarray:
     """An array of ``dtype`` and ``shape`` on ``buffer``'s bytes (no copy: read-only if the
     buffer is); ValueError if the buffer does not hold exactly that many bytes."""
     shape = tuple(shape)
-    if any(n < 0 for n in shape):
+    if shape and min(shape) < 0:
         raise ValueError(f"negative dimension in shape {shape}")
     view = memoryview(buffer)
     want = math.prod(shape) * dtype.itemsize

@@ -249,14 +249,15 @@ class Exchanges:
         values = group.values
         red = group.red
         leaves = [red.leaf(values[p][0]) for p in positions]
-        try:
-            with np.errstate(all="ignore"):  # an overflow is inf, as on a device: no warning
-                value = tree_fold(leaves, red.combine)
-        except BaseException as exc:  # e.g. all_gather of different shapes
-            self._tree_failed(group, exc)
-            return
-        if len(positions) == 1:
-            value = _copy(value)  # a node must never share a member's own array
+        if len(leaves) == 1:  # (the host's only member here: nothing to fold)
+            value = _copy(leaves[0])  # a node must never share a member's own array
+        else:
+            try:
+                with np.errstate(all="ignore"):  # an overflow is inf, as on a device
+                    value = tree_fold(leaves, red.combine)
+            except BaseException as exc:  # e.g. all_gather of different shapes
+                self._tree_failed(group, exc)
+                return
         at = max(values[p][1] for p in positions)
         plan = group.plan
         if plan.mode == "scatter":  # each host gets its chunk, this one keeps its own
