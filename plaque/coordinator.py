@@ -165,7 +165,10 @@ class CoordinatorCore:
         return evs
 
     def _send(self, peer, kind, payload, channel=CONTROL) -> None:
-        frames = wire.encode(kind, COORDINATOR, payload)
+        self._send_frames(peer, kind, wire.encode(kind, COORDINATOR, payload), channel)
+
+    def _send_frames(self, peer, kind, frames, channel=CONTROL) -> None:
+        """Send encoded ``frames`` (never changed after: several peers may share them)."""
         self.counters.peer(peer).count_sent(frames, kind is Kind.PROGRESS)
         self._commands.append(Send(peer, channel, frames))
 
@@ -230,8 +233,16 @@ class CoordinatorCore:
         t = next(g.next_t)
         g.tracker.update(g.tracker.start_changes(t))
         g.runs[t] = _Run(RunResult(t))
+        same = None  # the message of every worker without parts: pickled once, not per worker
         for w in g.workers:
-            self._send(w, Kind.START, Start(gid, t, arg, split.get(w), stream).wire())
+            part = split.get(w)
+            if part is not None:
+                self._send(w, Kind.START, Start(gid, t, arg, part, stream).wire())
+                continue
+            if same is None:
+                same = wire.encode(Kind.START, COORDINATOR, Start(gid, t, arg, None,
+                                                                  stream).wire())
+            self._send_frames(w, Kind.START, same)
         return t
 
     def feed(self, gid: int, t, node: int, shard: int, values, keys=None) -> None:
