@@ -142,8 +142,11 @@ def _tree_names(node, at: list, seen: set, file: str):
     """The tree a checkpoint's structure describes, each leaf its array's name, checked: every
     node one of array/dict/tuple/list, every array named after its place in the tree."""
     _expect(isinstance(node, dict) and len(node) == 1, file, f"has a tree node {node!r} at"
-            f" {at}, not one of {{'array'|'dict'|'tuple'|'list': ...}}")
+            f" {at}, not one of {{'array'|'dict'|'tuple'|'list'|'none': ...}}")
     (kind, value), = node.items()
+    if kind == "none":
+        _expect(value is None, file, f"has a none node at {at} holding {value!r}")
+        return None
     if kind == "array":
         fmt.check_name(value, f"checkpoint metadata {file}")
         _expect(value == fmt.leaf_name(at) and value not in seen, file, f"names the array at {at}"

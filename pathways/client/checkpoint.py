@@ -281,6 +281,8 @@ def _encode(values) -> tuple[dict, list]:
     named: list = []
 
     def walk(x, at):
+        if x is None:  # a node without arrays, as in JAX's trees: loads as None
+            return {"none": None}
         if not tree.is_node(x):
             name = fmt.leaf_name(at)
             named.append((name, x))

@@ -1,5 +1,8 @@
 """Pytrees without JAX: tuples, lists, dicts and dataclasses of arrays, as JAX's tree_util reads
-them (dict keys in sorted order; a partition spec ``P`` and ``None`` are leaves here).
+them (dict keys in sorted order; a partition spec ``P`` is a leaf). In a tree of values None is
+a node without leaves, as in JAX (``{"w": w, "b": None}`` has one leaf, and gives None back);
+in a tree of specs (``per_leaf``'s prefix, ``is_node``) None is a leaf: the spec of what is
+static, as JAX reads specs.
 
 >>> w, b1, b2 = 1.0, 2.0, 3.0
 >>> leaves, treedef = flatten({"w": w, "b": (b1, b2)})     # and a hashable treedef
@@ -20,6 +23,7 @@ from ..errors import ProgramError
 __all__ = ["flatten", "is_node", "per_leaf", "unflatten", "with_paths"]
 
 LEAF = "*"
+NONE = ((None, None), ())  # a None in a tree of values: a node of no leaves
 
 
 def is_node(x) -> bool:
@@ -61,6 +65,8 @@ def flatten(tree) -> tuple[list, tuple]:
     leaves: list = []
 
     def walk(x):
+        if x is None:
+            return NONE
         if not is_node(x):
             leaves.append(x)
             return LEAF
@@ -82,6 +88,8 @@ def unflatten(treedef, leaves):
     def build(d):
         if d == LEAF:
             return next(it)
+        if d == NONE:
+            return None
         (kind, meta), children = d
         values = [build(c) for c in children]
         if kind == "dict":
@@ -101,6 +109,8 @@ def unflatten(treedef, leaves):
 def with_paths(tree, path: str = ""):
     """``(path, leaf)`` for every leaf of ``tree`` in order, each path written as Python would
     reach the leaf from ``path``: ``argument 0[3]``, ``argument 1['w'].b``."""
+    if tree is None:
+        return  # no leaves
     if not is_node(tree):
         yield path, tree
         return
@@ -117,7 +127,8 @@ def per_leaf(prefix, tree, what: str = "specs", path: str = "") -> list:
         return [prefix] * len(flatten(tree)[0])
     where = path or "the top"
     if not is_node(tree):
-        raise ProgramError(f"{what} has {_describe(prefix)} where {where} is an array")
+        raise ProgramError(f"{what} has {_describe(prefix)} where {where} is"
+                           f" {'None' if tree is None else 'an array'}")
     (pk, pm), pc, _ = _children(prefix)
     (tk, tm), tc, keys = _children(tree)
     if not (pm == tm and (pk == tk or {pk, tk} <= {tuple, list})):

@@ -281,6 +281,17 @@ def test_symlinks_out_of_the_checkpoint_are_refused(client, tmp_path):
                                   -np.arange(8.0))
 
 
+def test_a_none_in_the_tree_is_saved_and_loaded_as_none(client, tmp_path):
+    mesh = client.mesh((2, 4), ("data", "model"))
+    w = np.arange(8.0)
+    client.save(tmp_path / "n", {"w": client.put(w, mesh, P("data")), "b": None,
+                                 "opt": (None, [])}).result(timeout=30)
+    assert sorted(zarr.open_group(str(tmp_path / "n"), mode="r").array_keys()) == ["w"]
+    back = client.load(tmp_path / "n", mesh)
+    assert back["b"] is None and back["opt"] == (None, [])
+    np.testing.assert_array_equal(back["w"].result(timeout=30), w)
+
+
 def test_a_tree_naming_a_zarr_file_cannot_be_saved(client, tmp_path):
     x = client.put(np.zeros(8), client.mesh((8,), ("d",)))
     with pytest.raises(pw.CheckpointError, match="array name 'zarr.json' is not one path"):

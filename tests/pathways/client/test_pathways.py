@@ -373,3 +373,24 @@ def test_pytrees_as_arguments_specs_and_results(client):
     with pytest.raises(pw.ProgramError, match="in_specs has a dict of keys .w. where argument 0"):
         pw.shard_map(sgd, mesh, in_specs=({"w": P()}, P("data")), out_specs=P())(
             params, client.put(x0, mesh, P("data")))
+
+
+def test_a_none_in_a_tree_is_a_subtree_without_arrays_as_in_jax(client):
+    """``{"w": w, "b": None}``: None holds no array (JAX's trees), in what ``put`` returns,
+    as an argument and a result (called, in a program, under the reference), and under a
+    spec of its own; a spec tree's None is the spec of a static argument."""
+    mesh = client.mesh((2,), ("d",))
+    w = np.arange(6.0).reshape(2, 3)
+    params = client.put({"w": w, "b": None}, mesh, P("d"))
+    assert params["b"] is None and isinstance(params["w"], pw.Array)
+    double = pw.shard_map(lambda p: {"y": p["w"] * 2, "b": p["b"]}, mesh, P("d"), P("d"))
+    for out in (double(params), pw.program(lambda p: double(p))(params)):
+        assert out["b"] is None
+        np.testing.assert_array_equal(out["y"].result(60), w * 2)
+    assert pw.reference(double)({"w": w, "b": None})["b"] is None
+    by_key = pw.shard_map(lambda p: p["w"] + 1, mesh, ({"w": P("d"), "b": None},), P("d"))
+    np.testing.assert_array_equal(by_key(params).result(60), w + 1)
+    scaled = pw.shard_map(lambda p, s: p["w"] * s, mesh, (P("d"), None), P("d"))
+    np.testing.assert_array_equal(scaled(params, 3.0).result(60), w * 3)
+    with pytest.raises(pw.ProgramError, match=r"where argument 0\['b'\] is None"):
+        pw.shard_map(lambda p: p["w"], mesh, ({"w": P("d"), "b": (P(), P())},), P("d"))(params)
