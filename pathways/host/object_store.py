@@ -349,7 +349,7 @@ class ObjectStore:
                 self._uses[key] = n
                 return
             self._uses.pop(key, None)
-        self.delete(key)
+            self._delete_locked(key)  # its last user: deleted under the same lock
 
     def delete_owner(self, client_id: Hashable) -> int:
         """Delete every entry owned by ``client_id`` (any program); returns how many."""
