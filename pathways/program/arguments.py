@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from ..errors import ProgramError
@@ -41,6 +43,13 @@ def check_arguments(name: str, args, client=None) -> None:
     first = None  # else the first leaf that is not, named by its path
     for i, arg in enumerate(args):
         for path, leaf in tree.with_paths(arg, f"argument {i}"):
+            if _is_jax_tracer(leaf):
+                raise ProgramError(
+                    f"{name}: {path} is a JAX tracer ({type(leaf).__name__}): a pw function"
+                    " was called inside a JAX transformation (jax.grad, jax.jit, jax.vmap,"
+                    " ...), which is not supported from outside. Transform inside the body"
+                    " (pw.shard_map(jax.value_and_grad(loss), ...)), and use @pw.program for"
+                    " what jax.jit would compile")
             if not isinstance(leaf, RemoteValue):
                 raise ProgramError(
                     f"{name}: {path} is {describe(leaf)}, not a pw.Array. Put the value on"
@@ -63,6 +72,12 @@ def check_arguments(name: str, args, client=None) -> None:
     if first is None:
         raise ProgramError(f"{name}: the arguments hold no pw.Array; call with arrays put on"
                            " the cluster (client.put(...))")
+
+
+def _is_jax_tracer(value) -> bool:
+    """Whether ``value`` is a JAX tracer (looked up only if JAX is loaded already)."""
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(value, jax.core.Tracer)
 
 
 def describe(value) -> str:
