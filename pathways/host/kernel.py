@@ -15,6 +15,7 @@ import os
 import socket
 import traceback
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,6 +31,21 @@ from .services import HostServices
 
 log = logging.getLogger("pathways.host.kernel")
 _HOSTNAME = socket.gethostname()
+
+class Piece(NamedTuple):
+    """A block of an input that moves by transfer, for the consumer shard it is emitted to:
+    where it goes in that shard's buffer, and the link it takes ("dcn", "ici", in memory)."""
+
+    dst_slices: tuple
+    block: object
+    link: str
+
+
+class Failed(NamedTuple):
+    """What a consumer is sent instead of its data when the producer side failed: why."""
+
+    reason: str
+
 
 def input_key(spec, arg, i: int, device: int):
     """The buffer input ``i`` of equation ``spec.index`` is read from on ``device``."""
@@ -193,10 +209,10 @@ class Assembler:
         device = self.devices[ctx.shard]
         key = transfer_key(arg, self.index, port, device)
         owner = (arg.client, arg.run_id)
-        if piece[0] == "fail":
-            host.store.fail(key, RemoteError(piece[1]), owner)
+        if type(piece) is Failed:
+            host.store.fail(key, RemoteError(piece.reason), owner)
             return
-        _, dst_slices, block, link = piece
+        dst_slices, block, link = piece
         block = unwrap(block)  # unpickled already if it came from a shard of this worker
         now = host.clock.time()
         got = self.assembling.get((t, port))
@@ -377,13 +393,13 @@ class SendOp(DispatchedOp):
             value = host.store.get(key, 0)
         except Exception as exc:
             for dst, *_ in pieces:  # consumers must fail, not wait for pieces forever
-                cap.emit(("fail", f"input of a transfer failed: {exc!r}"), shard=dst)
+                cap.emit(Failed(f"input of a transfer failed: {exc!r}"), shard=dst)
         else:
             for dst, src_slices, dst_slices, link in pieces:
                 block = np.asarray(value)[src_slices]  # stays 0-d for a scalar
                 if not block.flags.c_contiguous:
                     block = block.copy()
-                cap.emit(("piece", dst_slices, shippable(block), link), shard=dst)
+                cap.emit(Piece(dst_slices, shippable(block), link), shard=dst)
         if self.spec.uses:
             host.store.release_use(key, self.spec.uses)
         cap.release()

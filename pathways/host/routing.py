@@ -9,6 +9,7 @@ rows come is only known at run time), the gather node returns the rows to the sl
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from .device import DeviceWork, Finish
 from .kernel import (
     Assembler,
     DispatchedOp,
+    Failed,
     input_key,
     kernel_error,
     link_time,
@@ -29,6 +31,25 @@ from .kernel import (
 from .services import HostServices
 
 log = logging.getLogger("pathways.host.routing")
+
+
+class Rows(NamedTuple):
+    """Route -> expert device: the rows of token shard ``src`` routed to the experts there,
+    their global ``slots``, each row's expert on that device (``local``) and the link."""
+
+    src: int
+    slots: np.ndarray
+    local: np.ndarray
+    rows: list
+    link: str
+
+
+class RowsBack(NamedTuple):
+    """Expert -> token device: the expert outputs of that shard's ``slots``, and the link."""
+
+    slots: np.ndarray
+    rows: list
+    link: str
 
 
 class RouteOp(DispatchedOp):
@@ -64,7 +85,7 @@ class RouteOp(DispatchedOp):
             check_route(route, fn.num_experts, fn.name)
         except Exception as exc:  # the experts must fail, not compute on partial input
             for dst in range(fn.mesh.size):
-                cap.emit(("fail", f"{fn.name}: routing on device {device} failed: {exc!r}"),
+                cap.emit(Failed(f"{fn.name}: routing on device {device} failed: {exc!r}"),
                          ROUTED_PORT, shard=dst)
         else:
             k = route.shape[1]
@@ -77,8 +98,8 @@ class RouteOp(DispatchedOp):
                 rows = [slot_rows(a, sel, k, i in fn.slot_args) for i, a in enumerate(tokens)]
                 rows = [shippable(np.ascontiguousarray(r)) for r in rows]
                 local = (experts[where == dst] % fn.per_device).astype(np.int32)
-                cap.emit(("rows", shard, sel.astype(np.int32), local, rows,
-                          spec.links[shard][dst]), ROUTED_PORT, shard=dst)
+                cap.emit(Rows(shard, sel.astype(np.int32), local, rows, spec.links[shard][dst]),
+                         ROUTED_PORT, shard=dst)
         for i in range(1 + fn.token_args):
             release_input(spec, host, i, input_key(spec, arg, i, device))
         cap.release()
@@ -101,10 +122,10 @@ class ExpertOp(DispatchedOp):
             self.assembler.on_piece(ctx, t, port, piece)
             return
         got = self.rows.setdefault(t, [])
-        if piece[0] == "fail":
-            self.rows[t] = piece[1] if isinstance(got, list) else got
+        if type(piece) is Failed:
+            self.rows[t] = piece.reason if isinstance(got, list) else got
         elif isinstance(got, list):
-            _, src, slots, local, rows, link = piece
+            src, slots, local, rows, link = piece
             rows = [unwrap(r) for r in rows]
             nbytes = sum(r.nbytes for r in rows)  # modelled arrival: now + link time
             now = self.host.clock.time()
@@ -202,7 +223,7 @@ class ExpertKernel(DeviceWork):
         for src in np.unique(sources).tolist():
             sel = sources == src
             link = spec.links[src][self.shard]
-            replies.append((src, ("rows", slots[sel], [shippable(np.ascontiguousarray(o[sel]))
+            replies.append((src, RowsBack(slots[sel], [shippable(np.ascontiguousarray(o[sel]))
                                                        for o in row_outs], link)))
 
         def send(cap):
@@ -227,7 +248,7 @@ class ExpertKernel(DeviceWork):
 
         def fail(cap):
             for src in range(fn.token_mesh.size):  # every home shard must fail, not wait
-                cap.emit(("fail", str(err)), ROUTED_PORT, shard=src)
+                cap.emit(Failed(str(err)), ROUTED_PORT, shard=src)
             raise err
 
         self.cap.post(fail)
@@ -246,10 +267,10 @@ class GatherOp(DispatchedOp):
 
     def on_input(self, ctx, t, port, piece):
         got = self.rows.setdefault(t, [])
-        if piece[0] == "fail":
-            self.rows[t] = piece[1] if isinstance(got, list) else got
+        if type(piece) is Failed:
+            self.rows[t] = piece.reason if isinstance(got, list) else got
         elif isinstance(got, list):
-            _, slots, rows, link = piece
+            slots, rows, link = piece
             rows = [unwrap(r) for r in rows]
             nbytes = sum(r.nbytes for r in rows)
             got.append((slots, rows, self.host.clock.time() + link_time(link, nbytes, self.host)))
