@@ -304,7 +304,7 @@ class Session:
                 self.loop.add_reader(self._monitor.getsockopt(zmq.FD), self._on_contact)
                 self._on_contact()  # its FD signals only once a read found nothing
             security.connect(s, address, self.keys)
-            if address in self._chunked:  # decided once, as the socket is made
+            if security.encrypts(address, self.keys):  # decided once, as the socket is made
                 self._chunked.add(address)
             self.loop.add_reader(s.getsockopt(zmq.FD), self._drain, s)
         return s
@@ -410,10 +410,15 @@ class Session:
         for address, payloads in batches.items():
             self._send_now(address, protocol.batch(payloads))
 
+    def chunks(self, address: str) -> bool:
+        """Whether messages to ``address`` leave chunked (``plaque.wire.chunked``): its socket
+        uses CURVE. Decided when the socket was made; False before."""
+        return address in self._chunked
+
     def _send_now(self, address, payload):
         s = self._sock(address)
         frames = protocol.pack(payload)
-        if address in self._chunked:
+        if self.chunks(address):
             frames = wire.chunked(frames)
         send_frames(s, frames)
         # A send can consume the edge of the socket's FD that announced an incoming message

@@ -32,6 +32,7 @@ from .services import HostServices
 log = logging.getLogger("pathways.host.kernel")
 _HOSTNAME = socket.gethostname()
 
+
 class Piece(NamedTuple):
     """A block of an input that moves by transfer, for the consumer shard it is emitted to:
     where it goes in that shard's buffer, and the link it takes ("dcn", "ici", in memory)."""

@@ -470,3 +470,19 @@ def test_a_coordinator_started_by_hand_listens_with_keys_in_a_private_directory_
         assert out.returncode == 2 and "will not listen on ipc://" in out.stderr
     finally:
         security.discard(keys)
+
+
+def test_a_client_sends_large_buffers_chunked_to_a_cluster_with_keys(tcp_cluster):
+    """Its sockets to an encrypting cluster chunk messages (``plaque.wire.chunked``), as
+    decided when each socket was made; a buffer over a chunk comes back whole."""
+    with pw.connect(tcp_cluster.address) as client:
+        mesh = client.mesh((1,), ("d",))
+        big = np.arange(3 << 18, dtype=np.float64)  # 6 MiB: six chunks
+        np.testing.assert_array_equal(client.put(big, mesh, P()).result(60), big)
+        assert client.session.chunks(client.session.address)
+        assert client.session.chunks(client.cluster.data_address(mesh.devices[0].id))
+    with pw.local_cluster(islands=1, hosts_per_island=1, devices_per_host=1,
+                          insecure=True) as plain, pw.connect(plain.address) as client:
+        mesh = client.mesh((1,), ("d",))
+        np.testing.assert_array_equal(client.put(big, mesh, P()).result(60), big)
+        assert not client.session.chunks(client.cluster.data_address(mesh.devices[0].id))
