@@ -192,8 +192,8 @@ class ObjectStore:
                 self._check_new_locked(key)
             if len({key for key, _ in items}) != len(items):
                 raise ValueError(f"outputs put twice: {[key for key, _ in items]}")
-            for key, value in items:
-                entry = self._adopt_locked(key, value.nbytes, owner)
+            for key, value in items:  # (every key checked new above)
+                entry = self._own_locked(key, value.nbytes, owner)
                 entry.allocated, entry.arrival = True, arrival
                 told.append((key, self._resolve_locked(key, entry, BufferState.READY, value)))
             grant.spend(total)
@@ -447,6 +447,10 @@ class ObjectStore:
 
     def _adopt_locked(self, key: Key, nbytes: int, owner: Owner | None) -> _Entry:
         self._check_new_locked(key)
+        return self._own_locked(key, nbytes, owner)
+
+    def _own_locked(self, key: Key, nbytes: int, owner: Owner | None) -> _Entry:
+        """The entry of a new key (checked already), made this owner's."""
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = _Entry()
