@@ -143,10 +143,13 @@ def _up(args) -> int:
 
 
 def _stop_on_signals() -> threading.Event:
-    """An event that SIGTERM or SIGHUP (a closed terminal) sets; made before a command says it
-    is up, so that a signal sent as soon as it says so stops it cleanly."""
+    """An event that Ctrl-C (SIGINT), SIGTERM or SIGHUP (a closed terminal) sets; made before a
+    command says it is up, so that a signal sent as soon as it says so stops it cleanly. SIGINT
+    is ours even when the command was started with it ignored (a shell's background job), as
+    the coordinator's is: else a Ctrl-C sent to the group stopped the coordinator alone, and
+    this command reported that as the coordinator's end."""
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     return stop
 
@@ -157,8 +160,8 @@ def _wait_for_stop(stop: threading.Event, ended=None, every: float = 0.5):
     try:
         while not stop.wait(min(every, SIGNAL_POLL)):
             how = ended() if ended is not None else None
-            if how is not None:
-                return how
+            if how is not None:  # unless the same signal stopped both: its handler runs here
+                return None if stop.is_set() else how  # (on this thread) after the wait
     except KeyboardInterrupt:
         pass
     return None
