@@ -9,13 +9,12 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 import uvloop
 
-from plaque.cli import (SIGNAL_POLL, add_worker_options, address_arg, bind_near,
+from plaque.cli import (SIGNAL_POLL, SignalStop, add_worker_options, address_arg, bind_near,
                         settle_collector, wait_for_signal)
 
 from .errors import PathwaysError
@@ -34,9 +33,7 @@ def _coordinator(args) -> int:
                         policy=args.policy, window=args.window,
                         client_timeout=args.client_timeout, port=args.port)
     settle_collector()
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):  # before it says it is up: a SIGTERM sent as
-        signal.signal(sig, lambda *_: stop.set())  # soon as it does stops it cleanly
+    stop = SignalStop()  # before it says it is up: a SIGTERM sent as soon as it does stops it
     print(f"pathways coordinator at {coord.address}", flush=True)
     wait_for_signal(stop)
     coord.close()
@@ -142,19 +139,16 @@ def _up(args) -> int:
     return 0 if ended is None else 1
 
 
-def _stop_on_signals() -> threading.Event:
-    """An event that Ctrl-C (SIGINT), SIGTERM or SIGHUP (a closed terminal) sets; made before a
+def _stop_on_signals() -> SignalStop:
+    """What Ctrl-C (SIGINT), SIGTERM or SIGHUP (a closed terminal) sets; made before a
     command says it is up, so that a signal sent as soon as it says so stops it cleanly. SIGINT
     is ours even when the command was started with it ignored (a shell's background job), as
     the coordinator's is: else a Ctrl-C sent to the group stopped the coordinator alone, and
     this command reported that as the coordinator's end."""
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
+    return SignalStop((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
 
 
-def _wait_for_stop(stop: threading.Event, ended=None, every: float = 0.5):
+def _wait_for_stop(stop: SignalStop, ended=None, every: float = 0.5):
     """Block until Ctrl-C or ``stop`` (``_stop_on_signals``): None; or until ``ended()``,
     asked every ``every`` seconds, says how what we serve ended: that."""
     try:

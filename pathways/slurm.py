@@ -22,7 +22,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,7 +157,7 @@ def run(args, environ=os.environ) -> int:
         command = args.run[1:] if args.run[:1] == ["--"] else args.run
         if not command:
             # until Slurm's SIGTERM at the job's end (its handler raises), or Ctrl-C
-            wait_for_signal(threading.Event())
+            wait_for_signal()
         return _run_command(command, command_env(environ, cluster.address))
     except KeyboardInterrupt:
         return 130

@@ -7,10 +7,11 @@ import argparse
 import gc
 import logging
 import os
+import select
 import signal
 import socket
 import sys
-import threading
+import time
 
 import uvloop
 
@@ -63,11 +64,40 @@ def settle_collector() -> None:
 SIGNAL_POLL = 0.5
 
 
-def wait_for_signal(stop: threading.Event) -> None:
-    """On the main thread: return once ``stop`` is set (by a signal handler), looking every
-    ``SIGNAL_POLL`` seconds so that the handler runs whichever thread took the signal. A
+class SignalStop:
+    """Set by the given signals, waited for by the main thread. Its handler takes no lock:
+    Python runs a handler on the main thread between two bytecodes, possibly inside the wait
+    that waits for it, and a ``threading.Event`` set there waits for the lock its own
+    ``wait`` holds (the process hung for good on Ctrl-C). The handler writes a byte to a pipe
+    the wait selects on instead."""
+
+    def __init__(self, signals=(signal.SIGINT, signal.SIGTERM)):
+        self.signal = None  # the first signal taken
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        for sig in signals:
+            signal.signal(sig, self._take)
+
+    def _take(self, signum, frame):
+        if self.signal is None:
+            self.signal = signum
+            os.write(self._write, b"\0")
+
+    def is_set(self) -> bool:
+        return self.signal is not None
+
+    def wait(self, timeout: float) -> bool:
+        """Until a signal was taken (True) or ``timeout`` seconds passed (False)."""
+        if self.signal is None:  # a signal from here on leaves the byte select sees
+            select.select([self._read], [], [], timeout)
+        return self.signal is not None
+
+
+def wait_for_signal(stop: SignalStop | None = None) -> None:
+    """On the main thread: return once ``stop`` took its signal (never without one), looking
+    every ``SIGNAL_POLL`` seconds so that the handler runs whichever thread took the signal. A
     handler that raises ends the wait with its exception."""
-    while not stop.wait(SIGNAL_POLL):
+    while not (stop.wait(SIGNAL_POLL) if stop is not None else time.sleep(SIGNAL_POLL)):
         pass
 
 

@@ -5,6 +5,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -212,6 +213,29 @@ def test_ctrl_c_on_up_stops_everything_quietly(procs, sigint):
     assert up.wait(30) == 0
     rest = up.stdout.read()
     assert "lost" not in rest and "WARNING" not in rest and "Traceback" not in rest, rest
+
+
+def test_a_signal_stop_wakes_its_wait_whichever_thread_takes_the_signal():
+    # pathways up (and the coordinator) hung for good on Ctrl-C now and then: the handler set a
+    # threading.Event while the main thread, inside that Event's wait, held its lock
+    from plaque.cli import SIGNAL_POLL, SignalStop
+
+    before = signal.getsignal(signal.SIGUSR1)
+    try:
+        on_main = SignalStop((signal.SIGUSR1,))
+        assert not on_main.wait(0.01)
+        threading.Timer(0.05, signal.pthread_kill,
+                        (threading.main_thread().ident, signal.SIGUSR1)).start()
+        assert on_main.wait(60) and on_main.signal == signal.SIGUSR1
+        elsewhere = SignalStop((signal.SIGUSR1,))  # the handler runs at the main thread's next look
+        taker = threading.Thread(target=lambda: signal.pthread_kill(threading.get_ident(),
+                                                                    signal.SIGUSR1))
+        taker.start()
+        taker.join()
+        assert any(elsewhere.wait(SIGNAL_POLL) for _ in range(100))
+        assert elsewhere.signal == signal.SIGUSR1
+    finally:
+        signal.signal(signal.SIGUSR1, before)
 
 
 _TGKILL = {"x86_64": 234, "aarch64": 131}.get(os.uname().machine)  # Linux's syscall number
