@@ -23,8 +23,10 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 demo: $(STAMP)
 	$(BIN)/python examples/moe_routing.py
 
+# 2 pytest-xdist workers: most tests wait on the processes they start. loadgroup keeps the
+# tests marked xdist_group (Slurm's real jobs) on one worker, one after the other.
 test: $(TEST_STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.plaque_bench

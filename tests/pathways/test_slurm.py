@@ -151,6 +151,11 @@ def _slurm_missing() -> str | None:
     return None
 
 
+# the real jobs share one Slurm cluster (CI's has one node): under pytest-xdist they run one
+# after the other on one worker (--dist loadgroup), as they do in a serial run
+real_job = pytest.mark.xdist_group("slurm")
+
+
 @pytest.fixture(scope="module")
 def slurm():
     reason = _slurm_missing()
@@ -184,6 +189,7 @@ def _no_process_of(job_id: str, sockets: str | None = None) -> None:
         time.sleep(0.2)
 
 
+@real_job
 def test_readme_recipe_runs_the_quickstart(job_env, tmp_path):
     name, env = job_env
     output = tmp_path / "job.out"
@@ -204,6 +210,7 @@ def test_readme_recipe_runs_the_quickstart(job_env, tmp_path):
     _no_process_of(job_id, up.group(1))
 
 
+@real_job
 def test_a_serving_job_is_reached_from_outside_and_cancelled(job_env, tmp_path):
     name, env = job_env
     address_file, output = tmp_path / "address", tmp_path / "job.out"
