@@ -194,18 +194,17 @@ def test_a_malformed_address_is_one_line_at_once(capsys):
         assert "Traceback" not in text and "ZMQError" not in text
 
 
-def _ignoring_sigint():
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 @pytest.mark.parametrize("sigint", ["default", "ignored"])
 def test_ctrl_c_on_up_stops_everything_quietly(procs, sigint):
     # A terminal's Ctrl-C reaches the whole foreground process group, as killpg does here.
     # Started with SIGINT ignored (a non-interactive shell's background job, as a CI runner may
     # start the tests), up took no KeyboardInterrupt, saw its coordinator stop and exited 1
-    up = start("pathways", "up", "--hosts-per-island", "2", "--devices-per-host", "2",
-               start_new_session=True,
-               preexec_fn=_ignoring_sigint if sigint == "ignored" else None)
+    argv = [sys.executable, "-m", "pathways", "up", "--hosts-per-island", "2",
+            "--devices-per-host", "2"]
+    if sigint == "ignored":  # by a shell (preexec_fn would fork this multithreaded process)
+        argv = ["sh", "-c", "trap '' INT; exec \"$0\" \"$@\"", *argv]
+    up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True)
     procs.append(up)
     read_until(up, "pathways cluster up at")
     time.sleep(1.0)  # heartbeats flowing
