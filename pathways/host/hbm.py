@@ -1,6 +1,7 @@
-"""One emulated device's HBM: ``HbmAccount`` (bytes in use against the capacity; a full HBM
-makes allocations wait, one larger than the whole HBM fails at once) and ``HbmGrant`` (HBM
-taken ahead for buffers still to be put, by ``pathways.host.admission``)."""
+"""One emulated device's HBM: ``HbmAccount`` (bytes in use against the capacity: an
+allocation takes them if they fit now, and one larger than the whole HBM fails) and
+``HbmGrant`` (HBM taken ahead for buffers still to be put). A buffer that must wait for room
+waits without blocking a thread, in ``pathways.host.admission``, which hands it a grant."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ HBM_WAIT = 30.0
 
 
 class HbmAccount:
-    """Bytes allocated in one device's HBM. Thread-safe; a full HBM makes allocations wait."""
+    """Bytes allocated in one device's HBM. Thread-safe; nothing here waits (a full HBM is
+    waited for by ``pathways.host.admission``, told by ``on_free``)."""
 
     def __init__(self, capacity: int, name: str = "device"):
         if capacity < 0:
@@ -27,9 +29,8 @@ class HbmAccount:
         self.name = name
         self._used = 0
         self._peak = 0
-        self._waiting = 0
         self._closed = False
-        self._cond = threading.Condition(threading.Lock())  # not re-entered: a plain lock
+        self._lock = threading.Lock()
         self.on_free: Callable[[], object] | None = None  # told after every free
         self.frees = 0  # how many frees so far (lets a failed try_allocate see one it missed)
 
@@ -37,7 +38,7 @@ class HbmAccount:
         """Take ``nbytes`` if they fit now; False if not. DeviceOutOfMemory if ``nbytes``
         exceeds the whole capacity (it never fits)."""
         nbytes = self._check_fits(nbytes)
-        with self._cond:
+        with self._lock:
             if self._closed or self._used + nbytes > self.capacity:
                 return False
             self._used += nbytes
@@ -51,54 +52,27 @@ class HbmAccount:
                                     f"its whole HBM capacity of {self.capacity} bytes")
         return nbytes
 
-    def allocate(self, nbytes: int, timeout: float | None = None) -> None:
-        """Take ``nbytes``, waiting up to ``timeout`` seconds (None: forever) for room.
-
-        Raises DeviceOutOfMemory at once if ``nbytes`` exceeds the whole capacity, or when
-        the wait times out. Waiters are served first-fit, not first-come: a small request
-        that fits goes ahead of a large one still waiting, which avoids head-of-line
-        deadlocks but can starve a large request while small ones keep coming.
-        """
-        nbytes = self._check_fits(nbytes)
-        with self._cond:
-            if not self._closed and self._used + nbytes <= self.capacity:  # room: no wait
-                self._used += nbytes
-                self._peak = max(self._peak, self._used)
-                return
-            self._waiting += 1
-            try:
-                fits = self._cond.wait_for(
-                    lambda: self._closed or self._used + nbytes <= self.capacity, timeout)
-            finally:
-                self._waiting -= 1
-            if self._closed:
-                raise PathwaysError(f"{self.name} is closed; cannot allocate {nbytes} bytes")
-            if not fits:
-                raise DeviceOutOfMemory(
-                    f"{self.name}: timed out waiting {timeout}s for {nbytes} bytes of HBM "
-                    f"({self._used} of {self.capacity} bytes in use)")
-            self._used += nbytes
-            self._peak = max(self._peak, self._used)
-
     def free(self, nbytes: int) -> None:
-        """Give back ``nbytes`` and wake waiting allocations. Freeing more than used is a bug."""
+        """Give back ``nbytes`` and tell ``on_free``. Freeing more than used is a bug."""
         nbytes = check_nbytes(nbytes)
-        with self._cond:
+        with self._lock:
             if nbytes > self._used:
                 raise AssertionError(f"{self.name}: freeing {nbytes} bytes but only "
                                      f"{self._used} are allocated (double free?)")
             self._used -= nbytes
             self.frees += 1
-            if self._waiting:
-                self._cond.notify_all()
         if self.on_free is not None:
             self.on_free()
 
     def close(self) -> None:
-        """Fail every waiting and future allocation; frees still work (for clean-up)."""
-        with self._cond:
+        """Refuse every future allocation (``try_allocate`` says False); frees still work
+        (for clean-up)."""
+        with self._lock:
             self._closed = True
-            self._cond.notify_all()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def used(self) -> int:
@@ -107,11 +81,6 @@ class HbmAccount:
     @property
     def peak(self) -> int:
         return self._peak
-
-    @property
-    def waiting(self) -> int:
-        """Number of allocations blocked for room right now (lets tests wait for the wait)."""
-        return self._waiting
 
 
 class HbmGrant:

@@ -10,13 +10,13 @@ last of them (``release_use``).
 An entry's life::
 
     reserve ──► PENDING ──put──► READY ──┐
-      (HBM taken,   └──fail──► FAILED ───┴─delete──► gone (HBM freed)
-       may wait)
+    (HBM taken)     └──fail──► FAILED ───┴─delete──► gone (HBM freed)
 
-``put`` on an unreserved key reserves first, blocking its thread until the HBM has room.
-The host's own thread must never block: it takes HBM with ``admit`` instead
-(``pathways.host.admission``), which calls back once frees make room and hands over an
-``HbmGrant`` that later ``put(..., grant=)`` calls spend.
+``put`` on an unreserved key reserves first. Neither waits: HBM is taken if it fits now, else
+``DeviceOutOfMemory``. A buffer that must wait for room (a kernel's outputs, a client's data,
+a transfer) takes its HBM with ``admit`` first (``pathways.host.admission``), which calls
+back once frees make room, without blocking a thread, and hands over an ``HbmGrant`` that
+later ``put(..., grant=)`` calls spend.
 
 Deleting a PENDING entry leaves a tombstone: the key disappears for readers at once, and the
 HBM is freed as soon as the producer resolves it (the producing kernel still owns the memory
@@ -31,8 +31,7 @@ gets KeyError at once, so a kernel whose input was deleted fails instead of hold
 
 A host's executor and event loop share one thread, but input functions run on worker threads
 (and a device made on its own has an executor thread), so the store is thread-safe: one lock
-guards the bookkeeping, allocation waits (back-pressure) happen outside it, and
-done-callbacks run outside it, in the thread that resolves the entry. The store keeps
+guards the bookkeeping, and done-callbacks run outside it, in the thread that resolves the entry. The store keeps
 references to the arrays it is given; it does not copy them. A value is a numpy array, or a
 ``jax.Array`` on its device where the host's devices are JAX's (``pathways host --backend
 jax``): kernels pass them on without a round trip through the host's memory, and what leaves
@@ -51,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import DeviceOutOfMemory
 from ..program.ir import is_device_array
 from ..protocol import key_client
 from .admission import Admission, Admissions
@@ -88,7 +88,7 @@ class _Entry:
     awaited: bool = False  # a placeholder: someone waits, no producer has claimed it yet
     waiters: int = 0  # get() calls blocked on it, so a timed-out placeholder can be dropped
     deleted: bool = False  # a tombstone: gone for readers, freed once resolved
-    allocating: bool = False  # reserve() is waiting for HBM
+    allocating: bool = False  # reserve() or put() is taking its HBM
     allocated: bool = False
     arrival: float = 0.0  # when the data is available on its device (perf_counter)
     # made only when a reader must wait: most buffers are resolved before anyone asks
@@ -127,22 +127,21 @@ class ObjectStore:
 
     # -- producing -------------------------------------------------------------------------
 
-    def reserve(self, key: Key, nbytes: int, owner: Owner, timeout: float | None = None) -> None:
-        """Take ``nbytes`` of HBM on the key's device and create a PENDING entry.
-
-        The entry is visible (readers wait on it, ``delete_owner`` finds it) while the
-        allocation waits for room. If the allocation fails (DeviceOutOfMemory: too big, or
-        ``timeout`` passed) the entry becomes FAILED with that error, so readers do not hang,
-        and the error is raised here too. ValueError if the key already exists.
-        """
+    def reserve(self, key: Key, nbytes: int, owner: Owner) -> None:
+        """Take ``nbytes`` of HBM on the key's device and create a PENDING entry (readers
+        wait on it, ``delete_owner`` finds it) for a ``put`` later. If they do not fit now
+        (``DeviceOutOfMemory``: no room, or more than the whole HBM) the entry becomes FAILED
+        with that error, so readers do not hang, and the error is raised here too. ValueError
+        if the key already exists. (What must wait for room waits in ``admit``.)"""
         entry = self._claim(key, nbytes, owner)
-        self._allocate(key, entry, timeout)
+        self._allocate(key, entry)
 
-    def put(self, key: Key, value, owner: Owner, timeout: float | None = None,
-            arrival: float | None = None, grant: HbmGrant | None = None) -> None:
+    def put(self, key: Key, value, owner: Owner, arrival: float | None = None,
+            grant: HbmGrant | None = None) -> None:
         """Make ``key`` READY with ``value`` (a numpy array, or a ``jax.Array`` kept on its
         device; anything else is made a numpy array), reserving first if needed.
 
+        Without a ``grant`` its HBM is taken now, or ``DeviceOutOfMemory`` (as ``reserve``).
         For a reserved key, ``owner`` and ``value.nbytes`` must match the reservation. Putting
         into a tombstone (deleted while pending) resolves it, and its memory is freed.
         ``arrival``: when the data is available on its device (the store's clock): a
@@ -159,7 +158,7 @@ class ObjectStore:
         if entry is None or entry.awaited:
             entry = self._claim(key, value.nbytes, owner, granted=grant is not None)
             if grant is None:
-                self._allocate(key, entry, timeout)
+                self._allocate(key, entry)
             else:
                 grant.spend(value.nbytes)
         elif entry.owner != owner:
@@ -482,10 +481,17 @@ class ObjectStore:
             if self._entries.get(key) is entry:
                 del self._entries[key]
 
-    def _allocate(self, key: Key, entry: _Entry, timeout: float | None) -> None:
-        """Take the entry's HBM outside the lock: this is where back-pressure waits."""
+    def _allocate(self, key: Key, entry: _Entry) -> None:
+        """Take the entry's HBM now, outside the lock (a delete meanwhile leaves it to free),
+        or fail the entry and raise ``DeviceOutOfMemory``."""
         try:
-            self._device(key).hbm.allocate(entry.nbytes, timeout)
+            device = self._device(key)
+            if not device.hbm.try_allocate(entry.nbytes):
+                hbm = device.hbm
+                raise DeviceOutOfMemory(
+                    f"{device.name} is closed" if hbm.closed else
+                    f"{device.name}: no room for {entry.nbytes} bytes of HBM now: only"
+                    f" {max(hbm.capacity - hbm.used, 0)} of its {hbm.capacity} bytes are free")
         except Exception as exc:
             with self._lock:
                 entry.allocating = False

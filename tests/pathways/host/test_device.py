@@ -364,39 +364,19 @@ def test_inconsistent_gang_order_deadlocks_and_is_detected(make_device, consiste
 # -- HBM ----------------------------------------------------------------------------------
 
 
-def test_allocation_larger_than_hbm_fails_at_once():
+def test_an_allocation_takes_hbm_if_it_fits_now_and_never_waits():
     hbm = HbmAccount(100, "tpu:0")
     with pytest.raises(DeviceOutOfMemory, match=r"tpu:0.*101.*100"):
-        hbm.allocate(101)
+        hbm.try_allocate(101)  # more than the whole HBM: it never fits
     assert hbm.used == 0
-
-
-def test_full_hbm_makes_allocation_wait_until_freed(threads):
-    hbm = HbmAccount(100, "tpu:0")
-    hbm.allocate(60)
-    done = threading.Event()
-    threads(lambda: (hbm.allocate(60, timeout=WAIT), done.set()))
-    wait_until(lambda: hbm.waiting == 1)
-    assert not done.is_set() and hbm.used == 60
-    hbm.free(60)
-    assert done.wait(WAIT)
+    assert hbm.try_allocate(60) and not hbm.try_allocate(60)  # no room now: no wait either
     assert hbm.used == 60 and hbm.peak == 60
     hbm.free(60)
-    assert hbm.used == 0
-
-
-def test_hbm_wait_times_out_and_close_cancels_waits(threads):
-    hbm = HbmAccount(100, "tpu:0")
-    hbm.allocate(100)
-    with pytest.raises(DeviceOutOfMemory, match="timed out waiting"):
-        hbm.allocate(1, timeout=0.01)
-    errors = []
-    threads(lambda: _catch(errors, hbm.allocate, 1))
-    wait_until(lambda: hbm.waiting == 1)
+    assert hbm.try_allocate(60)
     hbm.close()
-    wait_until(lambda: errors)
-    assert isinstance(errors[0], PathwaysError)
-    hbm.free(100)
+    assert not hbm.try_allocate(1) and hbm.closed
+    hbm.free(60)  # frees still work after close
+    assert hbm.used == 0
     with pytest.raises(AssertionError, match="double free"):
         hbm.free(1)
 
@@ -405,7 +385,7 @@ def test_device_owns_an_hbm_account_of_its_spec(make_device):
     device = make_device(spec=DeviceSpec(hbm_bytes=1 << 20))
     assert device.hbm.capacity == 1 << 20
     with pytest.raises(DeviceOutOfMemory):
-        device.hbm.allocate(2 << 20)
+        device.hbm.try_allocate(2 << 20)
 
 
 # -- cost model ---------------------------------------------------------------------------

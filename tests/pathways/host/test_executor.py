@@ -620,7 +620,7 @@ def test_outputs_that_do_not_fit_keep_their_device_until_freed(make_executor):
     fake = FakeTime(horizon=1.0)  # the wait's bound (30 s) is never reached
     ex = make_executor(fake, (0, 1), spec=SMALL_HBM)
     device = ex.devices[0]
-    device.hbm.allocate(60)  # someone else's buffer
+    assert device.hbm.try_allocate(60)  # someone else's buffer
     big = Kernel("big", 1.0, clock=fake.clock, nbytes=60)
     nxt = Kernel("next", 0.5, clock=fake.clock)
     device.enqueue(0, big)
@@ -648,7 +648,7 @@ def test_outputs_that_never_fit_fail_after_the_kernel_limit_and_free_the_device(
     fake = FakeTime()
     ex = make_executor(fake, spec=SMALL_HBM, kernel_limit=5.0)
     device = ex.devices[0]
-    device.hbm.allocate(60)  # a live array nobody deletes
+    assert device.hbm.try_allocate(60)  # a live array nobody deletes
     big = Kernel("big", 1.0, clock=fake.clock, nbytes=60)
     nxt = Kernel("next", 0.5, clock=fake.clock, nbytes=40)
     device.enqueue(0, big)
@@ -699,7 +699,7 @@ def test_a_free_racing_with_the_failed_allocation_is_not_lost(make_executor):
     ex = make_executor(fake, spec=SMALL_HBM)
     device = ex.devices[0]
     device.hbm = RacyHbm(100, device.name)
-    device.hbm.allocate(60)
+    assert device.hbm.try_allocate(60)
     device.hbm.blocker = 60
     k = Kernel("k", 1.0, clock=fake.clock, nbytes=60)
     device.enqueue(0, k)

@@ -221,31 +221,26 @@ def test_delete_owner_collects_everything_a_client_owned(store):
     assert store.delete_owner("c2") == 1
 
 
-def test_full_hbm_stalls_reserve_until_a_delete(store, devices, threads):
-    store.put(("big", 0), array(HBM - 100), OWNER)
-    done = threading.Event()
-    threads(lambda: (store.reserve(("next", 0), 200, OWNER, timeout=WAIT), done.set()))
-    wait_until(lambda: devices[0].hbm.waiting == 1)
-    assert store.state(("next", 0)) is BufferState.PENDING and not done.is_set()
-    store.delete(("big", 0))
-    assert done.wait(WAIT)
-    assert store.used_bytes(0) == 200
-    store.put(("next", 0), array(200), OWNER)
-    store.delete(("next", 0))
-
-
-def test_reserve_that_cannot_fit_fails_the_entry(store):
-    with pytest.raises(DeviceOutOfMemory):
+def test_a_put_or_reserve_without_room_fails_its_entry_at_once(store):
+    # nothing in the store waits for HBM (what must wait does so in admit, on no thread)
+    with pytest.raises(DeviceOutOfMemory, match="more than its whole HBM"):
         store.reserve(("huge", 0), HBM + 1, OWNER)
-    store.put(("fill", 0), array(HBM), OWNER)
-    with pytest.raises(DeviceOutOfMemory, match="timed out"):
-        store.reserve(("late", 0), 1, OWNER, timeout=0.01)
-    for key in [("huge", 0), ("late", 0)]:
+    store.put(("fill", 0), array(HBM - 100), OWNER)
+    with pytest.raises(DeviceOutOfMemory, match="no room for 200 bytes of HBM now: only 100"):
+        store.reserve(("late", 0), 200, OWNER)
+    with pytest.raises(DeviceOutOfMemory, match="no room"):
+        store.put(("later", 0), array(200), OWNER)
+    for key in [("huge", 0), ("late", 0), ("later", 0)]:
         assert store.state(key) is BufferState.FAILED  # readers get the error, not a hang
         with pytest.raises(DeviceOutOfMemory):
             store.get(key, timeout=WAIT)
         store.delete(key)
+    assert store.used_bytes(0) == HBM - 100
     store.delete(("fill", 0))
+    store.reserve(("late", 0), 200, OWNER)  # room again
+    assert store.used_bytes(0) == 200
+    store.put(("late", 0), array(200), OWNER)
+    store.delete(("late", 0))
 
 
 def test_concurrent_producers_consumers_and_deleters(store, threads):
@@ -270,7 +265,7 @@ def _churn(store, worker, rng):
     owner, live = (worker, None), []
     for n in range(200):
         key, nbytes = ((worker, n), rng.randrange(2)), rng.randrange(1, 64)
-        store.reserve(key, nbytes, owner, timeout=WAIT)
+        store.reserve(key, nbytes, owner)
         deleted = rng.random() < 0.3 and store.delete(key)
         if rng.random() < 0.2:
             store.fail(key, RuntimeError("kernel failed"))
