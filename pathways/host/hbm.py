@@ -9,7 +9,7 @@ import operator
 import threading
 from collections.abc import Callable
 
-from ..errors import DeviceOutOfMemory, PathwaysError
+from ..errors import DeviceOutOfMemory
 
 __all__ = ["HBM_WAIT", "HbmAccount", "HbmGrant", "check_nbytes", "no_room"]
 

@@ -1,5 +1,5 @@
 """Modelled message times for the simulated cluster: links with latency, bandwidth and FIFO
-order, a network of such links between named endpoints, and seeded faults.
+order, and seeded faults (``pathways.sim.transport`` carries Plaque's messages over them).
 
 A ``Link`` carries one message's bytes at a time, then the message travels ``latency`` more
 (store and forward): a message of n bytes handed to the link at t goes on the wire when the
@@ -10,11 +10,9 @@ holds back those behind it, as on one TCP connection (ZeroMQ over tcp) -- none o
 Worked example, latency 0.5 s, 4 bytes/s: 2 bytes at t=0 are on the wire 0..0.5 and arrive at
 1.0; 4 bytes at t=0.25 wait for the wire, are on it 0.5..1.5 and arrive at 2.0.
 
-A ``Network`` gives each ordered pair of endpoints its own link (the default one unless
-``connect`` set another) and delivers through the ``Scheduler``: a message sent by a handler
-leaves at the handler's end. Faults are a hook, ``faults(src, dst, nbytes, rng) -> Fault``,
-drawn from the scheduler's seeded ``random`` when the message leaves: a dropped message never
-runs and does not occupy the link; a delayed one arrives that much later. ``RandomFaults`` with
+Faults are a hook, ``faults(src, dst, nbytes, rng) -> Fault``, drawn from the simulation's
+seeded ``random`` when a message leaves: a dropped message never runs and does not occupy the
+link; a delayed one arrives that much later. ``RandomFaults`` with
 ``retransmit`` models losses on a TCP connection instead (what ZeroMQ runs over): a lost
 message is sent again after the retransmission timeout, so it arrives late, never not at all.
 """
@@ -26,9 +24,7 @@ import random
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .scheduler import Actor, Handle, Scheduler
-
-__all__ = ["Fault", "FaultHook", "Link", "Network", "RandomFaults", "RTO"]
+__all__ = ["Fault", "FaultHook", "Link", "RandomFaults", "RTO"]
 
 RTO = 0.2  # seconds TCP waits for an ack before it sends a segment again (Linux's minimum)
 
@@ -108,47 +104,3 @@ class RandomFaults:
             wait *= 2
             late += wait
         return Fault(delay=late)
-
-
-class Network:
-    """Links between named endpoints, delivering through ``scheduler``. Unconnected pairs get
-    a fresh ``Link(latency, bandwidth)`` each (per direction)."""
-
-    def __init__(self, scheduler: Scheduler, latency: float = 0.0,
-                 bandwidth: float = math.inf, faults: FaultHook | None = None):
-        Link(latency, bandwidth)  # checks the default's arguments now
-        self.scheduler, self.faults = scheduler, faults
-        self.latency, self.bandwidth = latency, bandwidth
-        self.dropped = 0
-        self._links: dict[tuple[str, str], Link] = {}
-
-    def connect(self, a: str, b: str, latency: float, bandwidth: float = math.inf, *,
-                both: bool = True) -> None:
-        """Model a -> b (and b -> a if ``both``, as a separate link) with these figures."""
-        self._links[(a, b)] = Link(latency, bandwidth)
-        if both:
-            self._links[(b, a)] = Link(latency, bandwidth)
-
-    def link(self, src: str, dst: str) -> Link:
-        """The link src -> dst (the default one, created on first use)."""
-        found = self._links.get((src, dst))
-        if found is None:
-            found = self._links[(src, dst)] = Link(self.latency, self.bandwidth)
-        return found
-
-    def send(self, src: str, dst: Actor | str, nbytes: int, fn: Callable, *args,
-             cost: float | None = None, name: str | None = None) -> Handle:
-        """Send ``nbytes`` from endpoint ``src``; on arrival run ``fn(*args)`` on actor
-        ``dst``'s CPU, or as a timer when ``dst`` is a plain endpoint name. It leaves now, or
-        at the running handler's end."""
-        dst_name, actor = (dst, None) if isinstance(dst, str) else (dst.name, dst)
-
-        def route(departure: float) -> float | None:
-            fault = (self.faults(src, dst_name, nbytes, self.scheduler.random)
-                     if self.faults else NO_FAULT)
-            if fault.drop:
-                self.dropped += 1
-                return None
-            return self.link(src, dst_name).transmit(departure, nbytes, fault.delay)
-
-        return self.scheduler.transmit(actor, route, fn, *args, cost=cost, name=name)

@@ -17,8 +17,7 @@ ticks and heartbeats queue on the same CPU, and what a handler sends leaves at i
 ``cpu="measured"`` charges each handler the thread CPU time it used, ``cpu="fixed"`` a fixed
 cost (``cost``, or ``costs[role]``) for bit-for-bit replay; ``None`` charges nothing. The
 driver's calls into the coordinator (install, run, counters) are coordinator handlers too, as
-they run on the coordinator's loop thread in a real cluster. (``cpu_charge``, the older
-whole-loop charge, puts every role on one CPU; it cannot be combined with ``cpu``.)
+they run on the coordinator's loop thread in a real cluster.
 
 >>> from plaque import Graph, Operator
 >>> class Source(Operator):
@@ -54,7 +53,7 @@ from .cputime import one_thread
 from .network import FaultHook
 from .roles import RoleLoop
 from .transport import SimNet
-from .virtual_loop import CpuCharge, VirtualTimeLoop
+from .virtual_loop import VirtualTimeLoop
 
 __all__ = ["DrivenFuture", "SimPlaqueCluster", "SimulationError", "simulated_plaque_cluster"]
 
@@ -98,21 +97,18 @@ class SimPlaqueCluster(Cluster):
     ``wait_limit``: virtual seconds a wait given no timeout may last (then TimeoutError).
     ``net``: a ``SimNet`` to join (a simulated Pathways cluster's, shared with its other
     roles) instead of a new one made from ``seed``, ``latency``, ``bandwidth``, ``faults``,
-    ``record`` and ``cpu_charge``.
+    and ``record``.
     ``roles``: each role's ``RoleLoop`` by name (its CPU, and its handlers' spans when
     ``record``); ``cpu``, ``cost``, ``costs``: how handlers are charged (module text).
     """
 
     def __init__(self, *, seed: int = 0, latency: float = 0.0, bandwidth: float = math.inf,
                  heartbeat_timeout: float = 3.0, faults: FaultHook | None = None,
-                 record: bool = True, cpu_charge: CpuCharge | None = None,
-                 cpu: str | None = None, cost: float = 0.0,
+                 record: bool = True, cpu: str | None = None, cost: float = 0.0,
                  costs: Mapping[str, float] | None = None, wait_limit: float = WAIT_LIMIT,
                  net: SimNet | None = None):
-        if cpu_charge is not None and cpu is not None:
-            raise ValueError("cpu_charge charges the whole loop; it excludes per-role cpu")
         if net is None:
-            loop = VirtualTimeLoop(cpu_charge=cpu_charge)
+            loop = VirtualTimeLoop()
             net = SimNet(loop, latency, bandwidth, seed=seed, faults=faults, record=record)
         self.net, loop = net, net.loop
         self.clock = loop.time
@@ -256,14 +252,13 @@ class SimPlaqueCluster(Cluster):
 def simulated_plaque_cluster(workers: int = 2, seed: int = 0, latency: float = 0.0,
                              bandwidth: float = math.inf, *, heartbeat_timeout: float = 3.0,
                              faults: FaultHook | None = None, record: bool = True,
-                             cpu_charge: CpuCharge | None = None, cpu: str | None = None,
-                             cost: float = 0.0, costs: Mapping[str, float] | None = None,
+                             cpu: str | None = None, cost: float = 0.0, costs: Mapping[str, float] | None = None,
                              timeout: float = 30.0):
     """A ``SimPlaqueCluster`` with ``workers`` in-process workers that have joined (within
     ``timeout`` virtual seconds); closed on exit."""
     cluster = SimPlaqueCluster(seed=seed, latency=latency, bandwidth=bandwidth,
                                heartbeat_timeout=heartbeat_timeout, faults=faults,
-                               record=record, cpu_charge=cpu_charge, cpu=cpu, cost=cost,
+                               record=record, cpu=cpu, cost=cost,
                                costs=costs)
     try:
         cluster.add_inproc_workers(workers)

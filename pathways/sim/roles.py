@@ -14,13 +14,12 @@ The shared clock never moves for a handler: while it runs, ``time()`` is its sta
 roles' events between its start and its end still run at their own times. What it schedules
 counts from its *end* (start + cost, known only afterwards): ``call_soon`` is ready at the end,
 ``call_later(d)`` at end + d, and work handed to ``at_end`` (a ``SimTransport``'s sends) runs
-then with the end time, so a message leaves when the handler is done. That is the rule of the
-``Scheduler`` (``pathways.sim.scheduler``), applied to asyncio callbacks.
+then with the end time, so a message leaves when the handler is done: a reply never arrives
+before the work that produced it, though the cost is known only afterwards.
 
-Why this and not the ``Scheduler``'s actors: the Plaque roles are asyncio code on one
-``VirtualTimeLoop`` already; a per-role run queue with one loop timer (armed at
-max(head's ready time, CPU free)) adds per-role CPUs without a second event order, and the
-loop's own timers, futures and waits keep working unchanged.
+The roles are asyncio code on one ``VirtualTimeLoop``: a per-role run queue with one loop
+timer (armed at max(head's ready time, CPU free)) gives each role its CPU without a second
+event order, and the loop's own timers, futures and waits keep working unchanged.
 """
 
 from __future__ import annotations

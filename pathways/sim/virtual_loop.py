@@ -23,23 +23,20 @@ that same-thread I/O is seen. When nothing can ever happen (no ready callbacks, 
 loop waits for real on its fds for up to ``stall_timeout`` seconds (another thread may still
 call ``call_soon_threadsafe``), then raises ``SimulationStalled`` naming the pending tasks.
 
-CPU charging: ``advance(dt)`` moves the clock by ``dt`` (a scheduler charging a role's CPU), and
-``cpu_charge`` turns the thread CPU time each loop iteration's callbacks used into virtual
-seconds (identity for measured time, a constant for bit-for-bit replay).
+CPU charging: ``advance(dt)`` moves the clock by ``dt`` (a role charging its CPU:
+``pathways.sim.roles``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import selectors
-import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 __all__ = ["VirtualTimeLoop", "SimulationStalled", "run"]
 
 T = TypeVar("T")
-CpuCharge = Callable[[float], float]
 
 
 class SimulationStalled(RuntimeError):
@@ -81,9 +78,7 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     callback and no I/O is ready it jumps to the earliest timer without sleeping.
 
     ``stall_timeout``: real seconds to wait on fds when nothing is scheduled before raising
-    ``SimulationStalled`` (0: raise at once; ``None``: block like a real loop). ``cpu_charge``:
-    optional ``f(cpu_seconds) -> virtual_seconds``, called once per loop iteration with the
-    thread CPU time that iteration's callbacks used; the clock advances by its result.
+    ``SimulationStalled`` (0: raise at once; ``None``: block like a real loop).
     """
 
     def __init__(
@@ -91,15 +86,12 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         start: float = 0.0,
         *,
         stall_timeout: float | None = 10.0,
-        cpu_charge: CpuCharge | None = None,
     ) -> None:
         if stall_timeout is not None and stall_timeout < 0:
             raise ValueError(f"stall_timeout must be >= 0 or None, got {stall_timeout}")
         self._now = float(start)
         self._start = float(start)
         self.stall_timeout = stall_timeout
-        self.cpu_charge = cpu_charge
-        self._cpu_mark: float | None = None  # thread CPU time when the last select returned
         selector = _VirtualSelector()
         super().__init__(selector)
         selector.loop = self
@@ -123,21 +115,12 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def _idle(self, real: selectors.BaseSelector, timeout: float | None):
         """The selector's ``select``: poll fds without blocking, else jump or detect a stall."""
         computed_at = self._now  # asyncio computed ``timeout`` from this reading
-        self._charge_cpu()
         events = real.select(0)
         if not events and timeout is None:
             events = self._wait_or_stall(real)
         elif not events and timeout > 0:
             self._jump(computed_at + timeout)
-        if self.cpu_charge is not None:
-            self._cpu_mark = time.thread_time()
         return events
-
-    def _charge_cpu(self) -> None:
-        if self.cpu_charge is None or self._cpu_mark is None:
-            return
-        used = time.thread_time() - self._cpu_mark
-        self.advance(self.cpu_charge(used))
 
     def _jump(self, target: float) -> None:
         """Move to the earliest deadline. asyncio passes a positive timeout only when nothing
@@ -166,11 +149,10 @@ def run(
     start: float = 0.0,
     *,
     stall_timeout: float | None = 10.0,
-    cpu_charge: CpuCharge | None = None,
 ) -> T:
     """Like ``asyncio.run``, on a fresh ``VirtualTimeLoop`` starting at virtual ``start``:
     run ``coro`` to completion, then cancel what is left, finish async generators and close."""
-    loop = VirtualTimeLoop(start, stall_timeout=stall_timeout, cpu_charge=cpu_charge)
+    loop = VirtualTimeLoop(start, stall_timeout=stall_timeout)
     asyncio.set_event_loop(loop)
     try:
         return loop.run_until_complete(coro)

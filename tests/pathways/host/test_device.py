@@ -13,7 +13,6 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import wait_until
 from executor_drivers import DRIVERS, WAIT, start, stop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -405,10 +404,3 @@ def test_cost_model():
     for bad in (-1.0, "1s", True, float("nan"), lambda shapes: -2):
         with pytest.raises(ValueError, match="seconds"):
             resolve_cost(bad, [(4,)], 0.25)
-
-
-def _catch(errors, fn, *args):
-    try:
-        fn(*args)
-    except Exception as exc:
-        errors.append(exc)

@@ -7,7 +7,6 @@ zero. Devices and helper threads are closed by fixtures; every wait has a timeou
 from __future__ import annotations
 
 import random
-import threading
 
 import numpy as np
 import pytest

@@ -55,8 +55,7 @@ def test_chain_completes_at_the_link_model_time(crossings, exponent):
 
 def test_charged_cpu_only_adds_to_the_link_time():
     latency, crossings = 1e-3, 5
-    with simulated_plaque_cluster(workers=2, latency=latency,
-                                  cpu_charge=lambda cpu: cpu) as cluster:
+    with simulated_plaque_cluster(workers=2, latency=latency, cpu="measured") as cluster:
         result, took = timed_run(cluster, chain(crossings), 50)
         assert result.values("collect") == [[(0, i) for i in range(50)]]
         assert took >= crossings * latency

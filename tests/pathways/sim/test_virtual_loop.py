@@ -192,48 +192,6 @@ def test_advance_charges_cpu_and_late_timers_fire_after_it():
     assert seen == [0.5]
 
 
-def _traced(cpu_charge):
-    """Virtual times at which three interleaved workers wake up."""
-    trace = []
-
-    async def worker(k):
-        for i in range(5):
-            await asyncio.sleep(0.01 * k)
-            trace.append((k, i, now()))
-
-    async def main():
-        await asyncio.gather(*(worker(k) for k in (1, 2, 3)))
-
-    run(main(), cpu_charge=cpu_charge)
-    return trace
-
-
-def test_fixed_cpu_charge_replays_bit_for_bit():
-    charge = lambda used: 0.001  # noqa: E731 - one modelled millisecond per iteration
-    first = _traced(charge)
-    assert first == _traced(charge)
-    assert first != _traced(None)  # the charge did move the clock
-    assert first[-1][2] > _traced(None)[-1][2]
-
-
-def test_measured_cpu_charge_sees_a_cpu_burn():
-    measured = []
-
-    def charge(used):
-        measured.append(used)
-        return used
-
-    async def main():
-        t0 = time.thread_time()
-        while time.thread_time() - t0 < 0.02:  # burn 20 ms of CPU in one callback
-            pass
-        await asyncio.sleep(0)
-        return now()
-
-    assert run(main(), cpu_charge=charge) >= 0.02
-    assert max(measured) >= 0.02
-
-
 def test_queue_pipeline_completes_at_exact_virtual_time():
     """Producer sleeps 0.5 per item, consumer 0.75: the consumer is the bottleneck."""
 
