@@ -34,10 +34,18 @@ def _coordinator(args) -> int:
                         client_timeout=args.client_timeout, port=args.port)
     settle_collector()
     stop = SignalStop()  # before it says it is up: a SIGTERM sent as soon as it does stops it
-    print(f"pathways coordinator at {coord.address}", flush=True)
+    print(f"pathways coordinator at {_with_its_keys(coord.address)}", flush=True)
     wait_for_signal(stop)
     coord.close()
     return 0
+
+
+def _with_its_keys(address: str) -> str:
+    """The address to print: naming the key directory its sockets use (``$PLAQUE_KEYS``), as
+    the error of a client without keys asks for, so that it can be used as printed."""
+    from plaque.security import encrypts, keys_dir, with_keys
+
+    return with_keys(address, keys_dir()) if encrypts(address) else address
 
 
 def _die_with_parent() -> None:

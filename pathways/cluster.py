@@ -136,8 +136,8 @@ class LocalCluster:
             line = proc.stdout.readline()
             if not line:
                 raise PathwaysError(f"coordinator exited with {proc.wait()} before starting")
-            if line.startswith("pathways coordinator at "):
-                return line.split()[-1]
+            if line.startswith("pathways coordinator at "):  # without the keys it names:
+                return security.split_address(line.split()[-1])[0]  # the caller says them
         raise PathwaysError("coordinator did not report its address")
 
     def add_host(self, island: int, devices: int):

@@ -15,6 +15,7 @@ from conftest import read_until
 
 import pathways as pw
 from pathways import P, protocol
+from plaque.security import split_address
 
 
 @pytest.fixture(scope="module")
@@ -151,5 +152,7 @@ def test_hosts_in_separate_network_namespaces_run_a_program_with_curve(namespace
         assert sorted(h["data"].split(":")[1] for h in info.values()) == \
             ["//10.77.0.2", "//10.77.0.3"]  # each host on its own namespace's address
         assert psum_everywhere(c) == 5.0
+    endpoint, named = split_address(address)  # as printed, the address names the keys
+    assert named == str(keys)
     with pytest.raises(pw.PathwaysError, match="no coordinator answered"):
-        pw.connect(address, timeout=2.0)  # without the key: refused
+        pw.connect(endpoint, timeout=2.0)  # without the key: refused

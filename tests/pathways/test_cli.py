@@ -237,6 +237,23 @@ def test_a_signal_stop_wakes_its_wait_whichever_thread_takes_the_signal():
         signal.signal(signal.SIGUSR1, before)
 
 
+def test_a_coordinator_with_keys_prints_an_address_that_names_them(procs, tmp_path):
+    # it printed tcp://HOST:PORT alone, while a client without keys was told to connect "with
+    # the address the cluster printed (tcp://HOST:PORT?keys=DIR)"
+    from plaque import security
+
+    keys = str(tmp_path / "keys")
+    security.generate(keys)
+    coord = start("pathways", "coordinator", env={**os.environ, security.ENV: keys})
+    procs.append(coord)
+    address = read_until(coord, "pathways coordinator at", timeout=60)[-1].split()[-1]
+    assert security.split_address(address)[1] == keys, address
+    env = {k: v for k, v in os.environ.items() if k != security.ENV}
+    out = subprocess.run([sys.executable, "-m", "pathways", "status", address], env=env,
+                         capture_output=True, text=True, timeout=60)  # as printed, no $PLAQUE_KEYS
+    assert out.returncode == 0 and "policy" in out.stdout, out
+
+
 _TGKILL = {"x86_64": 234, "aarch64": 131}.get(os.uname().machine)  # Linux's syscall number
 
 
