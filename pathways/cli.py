@@ -14,13 +14,15 @@ from pathlib import Path
 
 import uvloop
 
-from plaque.cli import (SIGNAL_POLL, SignalStop, add_worker_options, address_arg, bind_near,
-                        settle_collector, wait_for_signal)
+from plaque.cli import (SIGNAL_POLL, HelpFormatter, SignalStop, add_worker_options, address_arg,
+                        bind_near, settle_collector, wait_for_signal)
 
 from .errors import PathwaysError
 from .program.cost import BACKENDS
 
 CONNECT_TIMEOUT = 3.0  # seconds a command waits for the coordinator's first answer
+ADDRESS_HELP = ("the cluster's address as pathways up (or the coordinator) printed it:"
+                " ipc://PATH or tcp://HOST:PORT, with ?keys=DIR when it has keys")
 
 
 def _coordinator(args) -> int:
@@ -370,7 +372,7 @@ def _simulate(args) -> int:
 
 def parser() -> argparse.ArgumentParser:
     """The ``pathways`` command line: every option with its help and default."""
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = HelpFormatter
     ap = argparse.ArgumentParser(prog="pathways", formatter_class=fmt,
                                  description="Run and inspect Pathways clusters.")
     ap.add_argument("-v", "--verbose", action="count", default=0,
@@ -418,7 +420,7 @@ def parser() -> argparse.ArgumentParser:
                          " can run code through (refused without this flag)")
     ho = command("host", "run a host (emulated devices) that joins a coordinator")
     ho.add_argument("--coordinator", required=True, type=address_arg,
-                    help="the coordinator's address (tcp://HOST:PORT[?keys=DIR])")
+                    help=f"the coordinator's address: {ADDRESS_HELP}")
     ho.add_argument("--island", type=int, default=0, help="the island this host's devices join")
     ho.add_argument("--devices", type=int, default=4, help="emulated TPUs on this host")
     ho.add_argument("--hbm-gib", type=float, default=16.0, help="HBM per emulated device, GiB")
@@ -431,13 +433,13 @@ def parser() -> argparse.ArgumentParser:
                          " KernelTimeout (0: no limit; shard_map(limit=) sets one function's)")
     add_worker_options(ho)
     st = command("status", "show islands, hosts (machine and pid), devices and clients")
-    st.add_argument("address", type=address_arg, help="tcp://HOST:PORT[?keys=DIR]")
+    st.add_argument("address", type=address_arg, help=ADDRESS_HELP)
     st.add_argument("--watch", type=float, nargs="?", const=1.0, default=None,
                     metavar="SECONDS", help="refresh every SECONDS (1 if given alone) until"
                                             " Ctrl-C")
     da = command("dashboard", "serve a live page of the cluster (devices, timelines, hosts,"
                               " clients) on 127.0.0.1")
-    da.add_argument("address", type=address_arg, help="tcp://HOST:PORT[?keys=DIR]")
+    da.add_argument("address", type=address_arg, help=ADDRESS_HELP)
     da.add_argument("--port", type=int, default=0, help="the HTTP port (default: any free one)")
     da.add_argument("--bind", default="127.0.0.1",
                     help="the HTTP interface (default 127.0.0.1: this machine only)")
@@ -447,7 +449,7 @@ def parser() -> argparse.ArgumentParser:
     ke = command("keys", "create the CURVE key pair a secured cluster needs")
     ke.add_argument("directory", help="where to write the key pair (created if missing)")
     tr = command("trace", "record every device's timeline as Chrome trace JSON")
-    tr.add_argument("address", type=address_arg, help="tcp://HOST:PORT[?keys=DIR]")
+    tr.add_argument("address", type=address_arg, help=ADDRESS_HELP)
     tr.add_argument("--seconds", type=float, default=5.0, help="how long to record")
     tr.add_argument("-o", "--output", default="trace.json", help="the JSON file to write")
     k8 = command("k8s", "Kubernetes manifests for a cluster")

@@ -101,6 +101,18 @@ def wait_for_signal(stop: SignalStop | None = None) -> None:
         pass
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's help with each option's default, unless its help states it already (it
+    said it twice: "(default: any free one) (default: 0)") or there is none to state (None,
+    False: "(default: None)" says nothing)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text.lower() or action.default is None or action.default is False:
+            return text
+        return super()._get_help_string(action)
+
+
 def address_arg(text: str) -> str:
     """argparse type of an address (``tcp://HOST:PORT``, optionally ``?keys=DIR``): a
     malformed one is a one-line usage error."""
@@ -144,7 +156,7 @@ def main(argv=None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    fmt = argparse.ArgumentDefaultsHelpFormatter
+    fmt = HelpFormatter
     parser = argparse.ArgumentParser(prog="plaque", description=__doc__, formatter_class=fmt)
     parser.add_argument("-v", "--verbose", action="count", default=0)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -76,3 +76,18 @@ def test_the_committed_example_is_what_render_writes_today():
     example = ROOT / "deploy" / "kubernetes" / "pathways.yaml"
     assert objects(example.read_text()) == render(Spec(2)), (
         "deploy/kubernetes/pathways.yaml is stale: pathways k8s render --hosts 2 -o it")
+
+
+def test_the_image_installs_what_hosts_run():
+    # a rendered cluster's hosts failed every JAX body and checkpoint: the image had neither
+    import re
+    import tomllib
+
+    dockerfile = (ROOT / "deploy" / "kubernetes" / "Dockerfile").read_text()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    installed = re.search(r'pip install [^\n]*"\.\[([a-z,]+)\]"', dockerfile)
+    assert installed, dockerfile
+    wanted = set(installed.group(1).split(","))
+    assert {"jax", "zarr"} <= wanted <= set(extras)
+
