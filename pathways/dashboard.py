@@ -8,7 +8,8 @@ keys as any other), gathers what it sees a few times a second and serves one pag
   collectives marked, and the data arriving for each device (transfers) on a thin row under
   it; click one for its function, run, seq, start and end, input avals, collectives (time
   waiting for peers, bytes to other hosts) and compile time;
-- busy % and HBM per device; islands and hosts with their liveness (a lost one stays listed,
+- busy % per device, the share of the timeline's window its kernels cover (what its row
+  shows, as one figure), and HBM; islands and hosts with their liveness (a lost one stays listed,
   in red);
 - clients with weight, priority, runs running, gangs queued and runs held behind an install;
 - each run in flight with its age and where its Plaque graph is: per node, the shards not
@@ -75,8 +76,8 @@ class Dashboard:
         self._transfers: dict[int, deque] = {}  # device -> (start, end, client, name, bytes,
         # link): data that arrived for it
         self._since: dict[int, float] = {}  # host -> its clock at the last timeline read
-        self._busy: dict[int, tuple[float, float]] = {}  # device -> (busy s, host uptime)
-        self._busy_share: dict[int, float] = {}  # device -> busy between the last two reads
+        self._kept: dict[int, float] = {}  # device -> seconds of its kernels in _kernels
+        self._started = self.client.clock()  # our first look: the window starts no earlier
         self._asks: dict[int, _Ask] = {}  # host -> its requests not answered yet
         self._status: dict[int, dict] = {}  # host -> its latest status
         self._live: dict[int, bool] = {}  # host -> whether it answered within HOST_TIMEOUT
@@ -170,40 +171,54 @@ class Dashboard:
         ago = st.get("now", 0.0)  # the coordinator's clock: ages, not times, are shown
         return {
             "now": now, "window": self.window, "hz": self.hz,
+            "busy_from": max(now - self.window, self._started),  # what busy is over, to now
             "policy": st["policy"],
             "hosts": [{"id": h, "island": hello.get("island"),
                        "hostname": hello.get("hostname"), "pid": hello.get("pid"),
                        "live": self._live.get(h, False), "member": h in st["hosts"]}
                       for h, hello in sorted(self._hosts_seen.items())],
-            "devices": self._devices(fresh),
+            "devices": self._devices(now),
             "clients": [_client_row(cid, info, frontier, ago)
                         for cid, info in st["clients"].items() if cid != c.id],
             "slices": _slices(st.get("resources", {})),
             "errors": [{**e, "age": ago - e["at"]} for e in reversed(st.get("errors", ()))],
         }, new
 
-    def _devices(self, fresh: dict) -> list[dict]:
-        """Each device seen so far: live or not, busy between its host's last two answers
-        (at most 1), HBM as of the last."""
+    def _devices(self, now: float) -> list[dict]:
+        """Each device seen so far: live or not, busy (``_busy``), HBM as of its host's last
+        answer."""
         devices = []
         for d in sorted(self._devices_seen.values(), key=lambda d: d["id"]):
-            got, status = fresh.get(d["host"]), self._status.get(d["host"])
+            status = self._status.get(d["host"])
             info = status["devices"].get(d["id"], {}) if status else {}
-            if got is not None:
-                busy, up = info.get("busy_seconds", 0.0), status.get("uptime", 0.0)
-                b0, u0 = self._busy.get(d["id"], (busy, up))
-                self._busy[d["id"]] = (busy, up)
-                # a kernel counts, whole, when it ends: one begun before the last answer can
-                # take a share past 1 by up to its length over the interval
-                self._busy_share[d["id"]] = min(1.0, (busy - b0) / (up - u0)) if up > u0 \
-                    else 0.0
             live = self._live.get(d["host"], False)
             devices.append({"id": d["id"], "host": d["host"], "island": d["island"],
                             "kind": d["kind"], "live": live,
-                            "busy": self._busy_share.get(d["id"], 0.0) if live else 0.0,
+                            "busy": self._busy(d["id"], now) if live else 0.0,
                             "hbm_used": info.get("hbm_used", 0),
                             "hbm_capacity": info.get("hbm_capacity", 0)})
         return devices
+
+    def _busy(self, device: int, now: float) -> float:
+        """The share of the timeline's window (the last ``window`` seconds, or since our first
+        look) that the device's kernels on it cover: what its row shows, as one figure.
+        (Counted from the kernels kept, with the parts outside the window taken off: one
+        device runs one kernel at a time, so they do not overlap.)"""
+        begin = max(now - self.window, self._started)  # (the snapshot's busy_from)
+        if now <= begin:
+            return 0.0
+        with self._changed:
+            rows = self._kernels.get(device, ())
+            covered = self._kept.get(device, 0.0)
+            for start, end, *_ in rows:  # the oldest may begin before the window
+                if start >= begin:
+                    break
+                covered -= min(end, begin) - start
+            for start, end, *_ in reversed(rows):  # and the newest end after now (clocks)
+                if end <= now:
+                    break
+                covered -= end - max(start, now)
+        return min(1.0, max(0.0, covered / (now - begin)))
 
     def _take_records(self, fresh: dict, now: float) -> dict:
         """The kernels and transfers the hosts' timelines gave since the last read, as rows
@@ -235,11 +250,15 @@ class Dashboard:
             for kind, kept in (("kernels", self._kernels), ("transfers", self._transfers)):
                 for dev, rows in new[kind].items():
                     kept.setdefault(int(dev), deque()).extend(rows)
+                    if kind == "kernels":
+                        self._kept[int(dev)] = self._kept.get(int(dev), 0.0) + sum(
+                            end - start for start, end, *_ in rows)
                 for dev, rows in kept.items():
                     while rows and rows[0][1] < now - self.window:
                         old = rows.popleft()
                         if kind == "kernels":
                             self._details.get(dev, {}).pop(old[5], None)
+                            self._kept[dev] -= old[1] - old[0]
         return new
 
     def kernel(self, device: int, seq: int) -> dict | None:

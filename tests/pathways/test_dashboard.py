@@ -151,6 +151,11 @@ def test_a_workload_puts_kernels_on_the_timelines_and_busy_rises(cluster):
         assert all(snap["kernels"].get(str(d["id"])) for d in snap["devices"]), snap
         assert max(d["busy"] for d in snap["devices"]) > 0  # it ran between two reads
         assert all(0.0 <= d["busy"] <= 1.0 for d in snap["devices"]), snap["devices"]
+        begin, now = snap["busy_from"], snap["now"]
+        for d in snap["devices"]:  # busy is the share of the window its timeline covers
+            covered = sum(max(0.0, min(end, now) - max(start, begin))
+                          for start, end, *_ in snap["kernels"].get(str(d["id"]), ()))
+            assert d["busy"] == pytest.approx(covered / (now - begin), abs=1e-9), d
         start, end, who, name, run, seq, failed, collectives = \
             snap["kernels"][str(mesh.ids[0])][-1]
         assert who == client.id and end >= start and not failed and isinstance(seq, int)
