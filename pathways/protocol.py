@@ -92,6 +92,7 @@ class AllocateMesh(ActsForClient):
     shape: tuple
     island: object
     preempt: bool = False  # suspend lower-priority clients' slices on the devices it takes
+    hosts: int | None = None  # on exactly this many hosts, an equal share on each
 
 
 @message

@@ -31,6 +31,7 @@ from ..errors import (
     ClientClosed,
     PathwaysError,
     ProgramError,
+    ResourceError,
     SliceSuspended,
     received,
 )
@@ -217,9 +218,16 @@ class Client:
         """
         return Tracing(self, path)
 
-    def mesh(self, shape, axis_names, island=None, preempt: bool = False) -> Mesh:
+    def mesh(self, shape, axis_names, island=None, preempt: bool = False,
+             hosts: int | None = None) -> Mesh:
         """A virtual slice of ``shape`` devices from the resource manager, as a mesh.
 
+        The least loaded devices are taken, round-robin over hosts among equals, and laid out
+        row-major by host (``pathways.control.resource_manager``). ``hosts=H`` asks for
+        exactly H hosts with an equal share on each: a (2, 4) mesh on 3 hosts of 4 devices
+        with ``hosts=2`` is two whole hosts, its last axis inside each (without it: 3, 3 and
+        2 devices of the three); a (4,) mesh with ``hosts=2`` has two devices on each of two
+        hosts. A remap or resume keeps that.
         ``island`` asks for devices of that island; by default the resource manager chooses.
         ``preempt=True`` makes room: clients of lower priority (``pw.connect(priority=...)``)
         with slices on the devices this one gets are suspended first (their runtime moves
@@ -233,13 +241,18 @@ class Client:
 
         >>> mesh = client.mesh((2, 4), ("data", "model"))     # 8 devices
         >>> other = client.mesh((4,), ("data",), island=1)    # 4 devices of island 1
+        >>> spread = client.mesh((4,), ("d",), hosts=2)        # 2 devices on each of 2 hosts
         """
         shape = tuple(int(n) for n in shape)
         if len(shape) != len(tuple(axis_names)):
             raise sharding.ShardingError(f"mesh shape {shape} and axis names {axis_names}"
                                          " differ in length")
+        if hosts is not None and (isinstance(hosts, bool) or
+                                  not isinstance(hosts, (int, np.integer))):
+            raise ResourceError(f"hosts must be an int (how many hosts), not {hosts!r}")
+        hosts = None if hosts is None else int(hosts)
         sl = self.session.request(self.address, protocol.AllocateMesh(
-            None, self.id, shape, island, bool(preempt))).result(self.timeout)
+            None, self.id, shape, island, bool(preempt), hosts)).result(self.timeout)
         self.cluster.refresh()
         return Mesh(shape, tuple(axis_names), sl.devices, sl.slice_id, sl.island, sl.version,
                     client=self)

@@ -293,7 +293,7 @@ class ControlPlane:
                                 f" {self._priority(msg.client)} needs its devices"))
             if victims:
                 return
-        sl = self.rm.allocate(msg.client, tuple(msg.shape), island=msg.island)
+        sl = self.rm.allocate(msg.client, tuple(msg.shape), island=msg.island, hosts=msg.hosts)
         self._reply(ident, m.Answer(msg.req, sl))
 
     def _priority(self, client) -> int:

@@ -57,7 +57,7 @@ class Preemptions:
     def ask(self, ident, msg: m.AllocateMesh, now: float, priority) -> list:
         """A preempting allocation: the victim slices it waits for (none: allocate at once).
         ``priority(client)`` ranks clients."""
-        _, devices = self.rm.plan(tuple(msg.shape), msg.island)
+        _, devices = self.rm.plan(tuple(msg.shape), msg.island, hosts=msg.hosts)
         mine = priority(msg.client)
         victims = [s for s in self.rm.slices_on(devices)
                    if s.client != msg.client and priority(s.client) < mine]
@@ -120,7 +120,8 @@ class Preemptions:
                 continue
             self.waiting.remove(p)
             try:
-                sl = self.rm.allocate(p.msg.client, tuple(p.msg.shape), island=p.msg.island)
+                sl = self.rm.allocate(p.msg.client, tuple(p.msg.shape), island=p.msg.island,
+                                      hosts=p.msg.hosts)
             except ResourceError as exc:
                 out.append((p.ident, m.Refused(p.msg.req, exc)))
                 continue

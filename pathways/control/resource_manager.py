@@ -20,6 +20,10 @@ physical devices of a single island, by this rule:
    order, so the last mesh axis varies fastest within a host. When a slice exactly covers whole
    hosts this is the TPU layout: shape (2, 4) on hosts A and B of 4 devices each gets row 0 =
    A's devices 0..3 and row 1 = B's devices 0..3.
+4. Hosts asked for: a slice given ``hosts=H`` takes n / H devices on each of H hosts: on each
+   host its least loaded (then lowest index), on the hosts whose share is least loaded (then
+   lowest id), laid out as in 3. It keeps that on resume, and a remap puts each lost host's
+   share onto a host the slice does not use.
 
 A slice can be suspended (its devices freed, its shape and island kept) and resumed later onto
 devices chosen by the same rule, possibly others, and never onto the devices it is told to
@@ -69,6 +73,7 @@ class Slice:
     devices: tuple[int, ...]
     version: int
     kind: str | None = None  # the device kind asked for (None: any), kept for remap
+    hosts: int | None = None  # the hosts asked for (None: as the rule spreads), kept likewise
 
 
 class ResourceManager:
@@ -157,29 +162,51 @@ class ResourceManager:
         shape: Iterable[int],
         island: int | None = None,
         kind: str | None = None,
+        hosts: int | None = None,
     ) -> Slice:
-        """Map a virtual slice of mesh ``shape`` onto alive devices of one island (module rule)."""
+        """Map a virtual slice of mesh ``shape`` onto alive devices of one island (module
+        rule); ``hosts``: on exactly that many hosts, an equal share on each (rule 4)."""
         shape = _check_shape(shape)
-        island, devices = self.plan(shape, island, kind)
-        new = Slice(self._next_slice, client, shape, island, devices, 0, kind)
+        island, devices = self.plan(shape, island, kind, hosts=hosts)
+        new = Slice(self._next_slice, client, shape, island, devices, 0, kind, hosts)
         self._next_slice += 1
         self._slices[new.slice_id] = new
         self._load.update(new.devices)
         return new
 
     def plan(self, shape, island: int | None = None, kind: str | None = None,
-             avoid=frozenset()) -> tuple[int, tuple[int, ...]]:
+             avoid=frozenset(), hosts: int | None = None) -> tuple[int, tuple[int, ...]]:
         """The island and devices ``allocate`` would give a slice of ``shape`` now; none of
         ``avoid`` (the island must have enough others)."""
         shape = _check_shape(shape)
         n = math.prod(shape)
         of_kind = "" if kind is None else f" of kind {kind!r}"
         what = f"slice of shape {shape} ({n} devices{of_kind})"  # names the request in errors
+        if hosts is not None and not (isinstance(hosts, int) and 0 < hosts <= n
+                                      and n % hosts == 0):
+            raise ResourceError(f"{what} on {hosts!r} hosts: an equal share on each needs a"
+                                f" whole number of hosts that divides {n}")
         if island is None:
             island = self._choose_island(what, n, kind)
         pool = self._island_pool(what, n, island, kind, frozenset(avoid))
-        chosen = sorted(_choose(pool, n, self._load, Counter()), key=_layout_key)
-        return island, tuple(d.id for d in chosen)
+        if hosts is None:
+            chosen = _choose(pool, n, self._load, Counter())
+        else:
+            chosen = self._on_hosts(what, pool, hosts, n // hosts)
+        return island, tuple(d.id for d in sorted(chosen, key=_layout_key))
+
+    def _on_hosts(self, what: str, pool: list[DeviceInfo], hosts: int,
+                  each: int) -> list[DeviceInfo]:
+        """``each`` devices on each of ``hosts`` hosts of ``pool`` (rule 4)."""
+        on: dict[int, list[DeviceInfo]] = defaultdict(list)
+        for d in sorted(pool, key=lambda d: (self._load[d.id], d.index)):
+            on[d.host].append(d)
+        shares = sorted((sum(self._load[d.id] for d in devs[:each]), h)
+                        for h, devs in on.items() if len(devs) >= each)
+        if len(shares) < hosts:
+            raise ResourceError(f"{what} on {hosts} hosts of {each} devices each: only"
+                                f" {len(shares)} hosts have {each} such devices")
+        return [d for _, h in shares[:hosts] for d in on[h][:each]]
 
     def client_of(self, slice_id: int):
         """The client of a live or suspended slice; None if there is no such slice."""
@@ -209,7 +236,7 @@ class ResourceManager:
         so possibly other devices than before, but none of ``avoid``); bumps its version.
         ResourceError if the island has too few devices: the slice stays suspended."""
         old = self._suspended_slice(slice_id)
-        _, devices = self.plan(old.shape, old.island, old.kind, avoid)
+        _, devices = self.plan(old.shape, old.island, old.kind, avoid, old.hosts)
         return self._unsuspend(replace(old, devices=devices, version=old.version + 1))
 
     def restore(self, slice_id: int) -> Slice:
@@ -283,7 +310,14 @@ class ResourceManager:
                 f"island {old.island} has only {len(pool)} healthy devices outside the slice"
             )
         kept_hosts = Counter(self._devices[d].host for d in old.devices if d in self._alive)
-        spares = sorted(_choose(pool, len(lost), self._load, kept_hosts), key=_layout_key)
+        if old.hosts is None:
+            spares = sorted(_choose(pool, len(lost), self._load, kept_hosts), key=_layout_key)
+        else:  # hosts are lost whole: each lost share goes to a host the slice does not use
+            each = len(old.devices) // old.hosts
+            spares = sorted(self._on_hosts(
+                f"cannot remap slice {slice_id} of shape {old.shape}",
+                [d for d in pool if d.host not in kept_hosts], len(lost) // each, each),
+                key=_layout_key)
         devices = list(old.devices)
         for pos, spare in zip(lost, spares):
             self._load[devices[pos]] -= 1

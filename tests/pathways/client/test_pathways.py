@@ -394,3 +394,16 @@ def test_a_none_in_a_tree_is_a_subtree_without_arrays_as_in_jax(client):
     np.testing.assert_array_equal(scaled(params, 3.0).result(60), w * 3)
     with pytest.raises(pw.ProgramError, match=r"where argument 0\['b'\] is None"):
         pw.shard_map(lambda p: p["w"], mesh, ({"w": P("d"), "b": (P(), P())},), P("d"))(params)
+
+
+def test_a_mesh_may_ask_for_how_many_hosts_it_spans(client):
+    host = {d.id: d.host for d in client.devices()}
+    one, two = client.mesh((4,), ("d",), hosts=1), client.mesh((4,), ("d",), hosts=2)
+    assert len({host[d] for d in one.ids}) == 1 and len({host[d] for d in two.ids}) == 2
+    f = pw.shard_map(lambda v: pw.psum(v, "d"), two, P("d"), P())  # across the two hosts
+    assert float(f(client.put(np.arange(4.0), two, P("d"))).result()[0]) == 6.0
+    with pytest.raises(pw.ResourceError, match="divides 4"):
+        client.mesh((4,), ("d",), hosts=3)
+    with pytest.raises(pw.ResourceError, match="an int"):
+        client.mesh((4,), ("d",), hosts="2")
+

@@ -115,6 +115,22 @@ def test_spreading_counts_earlier_picks_on_a_host():
     assert rm.allocate("a", (2, 4)).devices == (0, 1, 2, 4, 5, 6, 8, 9)
 
 
+def test_a_slice_may_ask_for_how_many_hosts_it_spans():
+    rm = cluster([4, 4, 4])
+    s = rm.allocate("a", (4,), hosts=2)  # across two hosts, two devices on each
+    assert s.devices == (0, 1, 4, 5) and s.hosts == 2
+    assert rm.allocate("b", (2, 2), hosts=2).devices == (2, 3, 6, 7)  # the unloaded shares
+    with pytest.raises(ResourceError, match="divides 4"):
+        rm.allocate("c", (4,), hosts=3)
+    with pytest.raises(ResourceError, match="only 3 hosts have 1 such devices"):
+        rm.allocate("c", (4,), hosts=4)
+    rm.remove_host(1)
+    assert rm.remap(s.slice_id).devices == (0, 1, 8, 9)  # the lost share onto an unused host
+    rm.suspend(s.slice_id)
+    back = rm.resume(s.slice_id)
+    assert back.hosts == 2 and len({d // 4 for d in back.devices}) == 2  # kept on resume
+
+
 def test_island_choice_most_unloaded_then_lowest_id():
     rm = cluster([4], [4, 4])
     assert rm.allocate("a", (4,)).island == 1  # 8 unloaded devices against 4
