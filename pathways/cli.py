@@ -159,15 +159,12 @@ def _stop_on_signals() -> SignalStop:
 
 
 def _wait_for_stop(stop: SignalStop, ended=None, every: float = 0.5):
-    """Block until Ctrl-C or ``stop`` (``_stop_on_signals``): None; or until ``ended()``,
-    asked every ``every`` seconds, says how what we serve ended: that."""
-    try:
-        while not stop.wait(min(every, SIGNAL_POLL)):
-            how = ended() if ended is not None else None
-            if how is not None:  # unless the same signal stopped both: its handler runs here
-                return None if stop.is_set() else how  # (on this thread) after the wait
-    except KeyboardInterrupt:
-        pass
+    """Block until ``stop`` (``_stop_on_signals``: Ctrl-C among them): None; or until
+    ``ended()``, asked every ``every`` seconds, says how what we serve ended: that."""
+    while not stop.wait(min(every, SIGNAL_POLL)):
+        how = ended() if ended is not None else None
+        if how is not None:  # unless the same signal stopped both: its handler runs here
+            return None if stop.is_set() else how  # (on this thread) after the wait
     return None
 
 

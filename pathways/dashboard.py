@@ -169,22 +169,22 @@ class Dashboard:
         frontier = _merge_frontiers(self._status[h].get("frontier", {})
                                     for h, live in self._live.items() if live)
         ago = st.get("now", 0.0)  # the coordinator's clock: ages, not times, are shown
+        begin = max(now - self.window, self._started)  # what busy is over, to now
         return {
-            "now": now, "window": self.window, "hz": self.hz,
-            "busy_from": max(now - self.window, self._started),  # what busy is over, to now
+            "now": now, "window": self.window, "hz": self.hz, "busy_from": begin,
             "policy": st["policy"],
             "hosts": [{"id": h, "island": hello.get("island"),
                        "hostname": hello.get("hostname"), "pid": hello.get("pid"),
                        "live": self._live.get(h, False), "member": h in st["hosts"]}
                       for h, hello in sorted(self._hosts_seen.items())],
-            "devices": self._devices(now),
+            "devices": self._devices(begin, now),
             "clients": [_client_row(cid, info, frontier, ago)
                         for cid, info in st["clients"].items() if cid != c.id],
             "slices": _slices(st.get("resources", {})),
             "errors": [{**e, "age": ago - e["at"]} for e in reversed(st.get("errors", ()))],
         }, new
 
-    def _devices(self, now: float) -> list[dict]:
+    def _devices(self, begin: float, now: float) -> list[dict]:
         """Each device seen so far: live or not, busy (``_busy``), HBM as of its host's last
         answer."""
         devices = []
@@ -194,17 +194,18 @@ class Dashboard:
             live = self._live.get(d["host"], False)
             devices.append({"id": d["id"], "host": d["host"], "island": d["island"],
                             "kind": d["kind"], "live": live,
-                            "busy": self._busy(d["id"], now) if live else 0.0,
+                            "busy": self._busy(d["id"], begin, now) if live else 0.0,
                             "hbm_used": info.get("hbm_used", 0),
                             "hbm_capacity": info.get("hbm_capacity", 0)})
         return devices
 
-    def _busy(self, device: int, now: float) -> float:
-        """The share of the timeline's window (the last ``window`` seconds, or since our first
-        look) that the device's kernels on it cover: what its row shows, as one figure.
-        (Counted from the kernels kept, with the parts outside the window taken off: one
-        device runs one kernel at a time, so they do not overlap.)"""
-        begin = max(now - self.window, self._started)  # (the snapshot's busy_from)
+    def _busy(self, device: int, begin: float, now: float) -> float:
+        """The share of the timeline's window, [``begin``, ``now``] (the last ``window``
+        seconds, or since our first look), that the device's kernels cover: what its row
+        shows, as one figure. Counted from the running sum of the kept kernels' lengths
+        (``_kept``: a window holds thousands of kernels, summed at every update otherwise),
+        with the parts outside the window taken off; one device runs one kernel at a time,
+        so they do not overlap."""
         if now <= begin:
             return 0.0
         with self._changed:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from plaque import security
-from plaque.cli import wait_for_signal
+from plaque.cli import SignalStop, wait_for_signal
 
 from .cluster import LocalCluster, hosts_per_island, stop_processes
 from .errors import PathwaysError
@@ -155,9 +155,10 @@ def run(args, environ=os.environ) -> int:
         if address_file is not None:
             address_file.write_text(cluster.address + "\n")
         command = args.run[1:] if args.run[:1] == ["--"] else args.run
-        if not command:
-            # until Slurm's SIGTERM at the job's end (its handler raises), or Ctrl-C
-            wait_for_signal()
+        if not command:  # until Slurm's SIGTERM at the job's end, or Ctrl-C
+            stop = SignalStop((signal.SIGINT, signal.SIGTERM))
+            wait_for_signal(stop)
+            return 128 + stop.signal
         return _run_command(command, command_env(environ, cluster.address))
     except KeyboardInterrupt:
         return 130

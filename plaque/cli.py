@@ -11,7 +11,6 @@ import select
 import signal
 import socket
 import sys
-import time
 
 import uvloop
 
@@ -93,11 +92,10 @@ class SignalStop:
         return self.signal is not None
 
 
-def wait_for_signal(stop: SignalStop | None = None) -> None:
-    """On the main thread: return once ``stop`` took its signal (never without one), looking
-    every ``SIGNAL_POLL`` seconds so that the handler runs whichever thread took the signal. A
-    handler that raises ends the wait with its exception."""
-    while not (stop.wait(SIGNAL_POLL) if stop is not None else time.sleep(SIGNAL_POLL)):
+def wait_for_signal(stop: SignalStop) -> None:
+    """On the main thread: return once ``stop`` took its signal, looking every
+    ``SIGNAL_POLL`` seconds so that the handler runs whichever thread took the signal."""
+    while not stop.wait(SIGNAL_POLL):
         pass
 
 

@@ -31,7 +31,6 @@ from ..errors import (
     ClientClosed,
     PathwaysError,
     ProgramError,
-    ResourceError,
     SliceSuspended,
     received,
 )
@@ -247,10 +246,6 @@ class Client:
         if len(shape) != len(tuple(axis_names)):
             raise sharding.ShardingError(f"mesh shape {shape} and axis names {axis_names}"
                                          " differ in length")
-        if hosts is not None and (isinstance(hosts, bool) or
-                                  not isinstance(hosts, (int, np.integer))):
-            raise ResourceError(f"hosts must be an int (how many hosts), not {hosts!r}")
-        hosts = None if hosts is None else int(hosts)
         sl = self.session.request(self.address, protocol.AllocateMesh(
             None, self.id, shape, island, bool(preempt), hosts)).result(self.timeout)
         self.cluster.refresh()

@@ -182,10 +182,8 @@ class ResourceManager:
         n = math.prod(shape)
         of_kind = "" if kind is None else f" of kind {kind!r}"
         what = f"slice of shape {shape} ({n} devices{of_kind})"  # names the request in errors
-        if hosts is not None and not (isinstance(hosts, int) and 0 < hosts <= n
-                                      and n % hosts == 0):
-            raise ResourceError(f"{what} on {hosts!r} hosts: an equal share on each needs a"
-                                f" whole number of hosts that divides {n}")
+        if hosts is not None:
+            hosts = _check_hosts(what, hosts, n)
         if island is None:
             island = self._choose_island(what, n, kind)
         pool = self._island_pool(what, n, island, kind, frozenset(avoid))
@@ -205,7 +203,7 @@ class ResourceManager:
                         for h, devs in on.items() if len(devs) >= each)
         if len(shares) < hosts:
             raise ResourceError(f"{what} on {hosts} hosts of {each} devices each: only"
-                                f" {len(shares)} hosts have {each} such devices")
+                                f" {len(shares)} hosts can give {each}")
         return [d for _, h in shares[:hosts] for d in on[h][:each]]
 
     def client_of(self, slice_id: int):
@@ -416,6 +414,18 @@ def _check_shape(shape: Iterable[int]) -> tuple[int, ...]:
     if not dims or any(s < 1 for s in dims):
         raise ResourceError(f"slice shape {dims} must be a non-empty tuple of positive integers")
     return dims
+
+
+def _check_hosts(what: str, hosts, n: int) -> int:
+    """``hosts`` as an int, if a slice of ``n`` devices can have an equal share on each."""
+    try:
+        count = operator.index(hosts)
+    except TypeError:
+        count = 0
+    if isinstance(hosts, bool) or count < 1 or n % count:
+        raise ResourceError(f"{what} on {hosts!r} hosts: an equal share on each needs a"
+                            f" number of hosts that divides {n}")
+    return count
 
 
 def _layout_key(d: DeviceInfo) -> tuple[int, int]:

@@ -31,11 +31,11 @@ gets KeyError at once, so a kernel whose input was deleted fails instead of hold
 
 A host's executor and event loop share one thread, but input functions run on worker threads
 (and a device made on its own has an executor thread), so the store is thread-safe: one lock
-guards the bookkeeping, and done-callbacks run outside it, in the thread that resolves the entry. The store keeps
-references to the arrays it is given; it does not copy them. A value is a numpy array, or a
-``jax.Array`` on its device where the host's devices are JAX's (``pathways host --backend
-jax``): kernels pass them on without a round trip through the host's memory, and what leaves
-the host is made numpy on the way (``dtypes.shippable``).
+guards the bookkeeping, and done-callbacks run outside it, in the thread that resolves the
+entry. The store keeps references to the arrays it is given; it does not copy them. A value is
+a numpy array, or a ``jax.Array`` on its device where the host's devices are JAX's (``pathways
+host --backend jax``): kernels pass them on without a round trip through the host's memory,
+and what leaves the host is made numpy on the way (``dtypes.shippable``).
 """
 
 from __future__ import annotations
@@ -486,8 +486,8 @@ class ObjectStore:
         or fail the entry and raise ``DeviceOutOfMemory``."""
         try:
             device = self._device(key)
-            if not device.hbm.try_allocate(entry.nbytes):
-                hbm = device.hbm
+            hbm = device.hbm
+            if not hbm.try_allocate(entry.nbytes):
                 raise DeviceOutOfMemory(
                     f"{device.name} is closed" if hbm.closed else
                     f"{device.name}: no room for {entry.nbytes} bytes of HBM now: only"

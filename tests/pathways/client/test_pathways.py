@@ -404,6 +404,6 @@ def test_a_mesh_may_ask_for_how_many_hosts_it_spans(client):
     assert float(f(client.put(np.arange(4.0), two, P("d"))).result()[0]) == 6.0
     with pytest.raises(pw.ResourceError, match="divides 4"):
         client.mesh((4,), ("d",), hosts=3)
-    with pytest.raises(pw.ResourceError, match="an int"):
+    with pytest.raises(pw.ResourceError, match="on '2' hosts"):
         client.mesh((4,), ("d",), hosts="2")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -120,9 +121,11 @@ def test_a_slice_may_ask_for_how_many_hosts_it_spans():
     s = rm.allocate("a", (4,), hosts=2)  # across two hosts, two devices on each
     assert s.devices == (0, 1, 4, 5) and s.hosts == 2
     assert rm.allocate("b", (2, 2), hosts=2).devices == (2, 3, 6, 7)  # the unloaded shares
-    with pytest.raises(ResourceError, match="divides 4"):
-        rm.allocate("c", (4,), hosts=3)
-    with pytest.raises(ResourceError, match="only 3 hosts have 1 such devices"):
+    for bad in (3, 0, True, 2.0, "2"):  # an equal share, a count of hosts
+        with pytest.raises(ResourceError, match="hosts: an equal share on each needs a"):
+            rm.allocate("c", (4,), hosts=bad)
+    assert rm.allocate("c", (4,), hosts=np.int64(1)).hosts == 1  # numpy's ints are counts
+    with pytest.raises(ResourceError, match="only 3 hosts can give 1"):
         rm.allocate("c", (4,), hosts=4)
     rm.remove_host(1)
     assert rm.remap(s.slice_id).devices == (0, 1, 8, 9)  # the lost share onto an unused host
