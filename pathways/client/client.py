@@ -221,12 +221,12 @@ class Client:
              hosts: int | None = None) -> Mesh:
         """A virtual slice of ``shape`` devices from the resource manager, as a mesh.
 
-        The least loaded devices are taken, round-robin over hosts among equals, and laid out
-        row-major by host (``pathways.control.resource_manager``). ``hosts=H`` asks for
-        exactly H hosts with an equal share on each: a (2, 4) mesh on 3 hosts of 4 devices
-        with ``hosts=2`` is two whole hosts, its last axis inside each (without it: 3, 3 and
-        2 devices of the three); a (4,) mesh with ``hosts=2`` has two devices on each of two
-        hosts. A remap or resume keeps that.
+        The least loaded devices are taken, whole hosts before a host is split, and laid out
+        row-major by host (``pathways.control.resource_manager``), so the last axes stay
+        inside a host: a (2, 4) mesh on 3 hosts of 4 devices is two whole hosts, its last
+        axis inside each. ``hosts=H`` asks for exactly H hosts with an equal share on each:
+        a (4,) mesh with ``hosts=2`` has two devices on each of two hosts. A remap or resume
+        keeps the layout.
         ``island`` asks for devices of that island; by default the resource manager chooses.
         ``preempt=True`` makes room: clients of lower priority (``pw.connect(priority=...)``)
         with slices on the devices this one gets are suspended first (their runtime moves

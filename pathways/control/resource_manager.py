@@ -11,13 +11,15 @@ physical devices of a single island, by this rule:
 
 1. Island: the one given; else, among the islands with at least n alive devices (of the kind),
    the one with the most devices of load 0. Ties go to the lowest island id.
-2. Devices: the load of a device is the number of live slices mapped to it. Devices are taken
-   one at a time, smallest key first, where the key is (load, devices already taken on its host,
-   host, index): least loaded first, and among equally loaded devices round-robin over hosts.
-   Always taking the n least-loaded devices keeps an island balanced: while every slice has the
-   same size, the loads of its devices never differ by more than one.
+2. Devices: the load of a device is the number of live slices mapped to it. The least loaded
+   devices are taken first, a whole load level at a time while it fits, so while every slice
+   has the same size the loads of an island's devices never differ by more than one. Among
+   the devices of the last level needed, hosts are used whole before one is split: the hosts
+   with the most such devices first, as long as each fits whole in what is still needed;
+   the rest from the host with the fewest such devices that still holds it (best fit, so
+   other hosts stay whole), preferring a host the slice already uses, then the lowest id.
 3. Layout: the chosen devices are sorted by (host, index) and laid out in the mesh's row-major
-   order, so the last mesh axis varies fastest within a host. When a slice exactly covers whole
+   order, so the last mesh axis varies fastest within a host. When a slice covers whole
    hosts this is the TPU layout: shape (2, 4) on hosts A and B of 4 devices each gets row 0 =
    A's devices 0..3 and row 1 = B's devices 0..3.
 4. Hosts asked for: a slice given ``hosts=H`` takes n / H devices on each of H hosts: on each
@@ -33,8 +35,8 @@ left, version unchanged, as if it had never been suspended.
 
 Losing a host breaks the slices that use its devices (``broken_slices``); they keep their load on
 the lost devices until remapped or released. ``remap`` keeps a broken slice's healthy devices in
-place and fills each lost position by the same rule (least loaded, spread, same island and kind,
-not already in the slice), then bumps the slice's ``version`` so the client knows to re-lower
+place and fills each lost position by the same rule (least loaded, whole hosts first, same
+island and kind, not already in the slice), then bumps the slice's ``version`` so the client knows to re-lower
 programs built on the old mapping.
 """
 
@@ -42,7 +44,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections import Counter, defaultdict, deque
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -73,7 +75,7 @@ class Slice:
     devices: tuple[int, ...]
     version: int
     kind: str | None = None  # the device kind asked for (None: any), kept for remap
-    hosts: int | None = None  # the hosts asked for (None: as the rule spreads), kept likewise
+    hosts: int | None = None  # the hosts asked for (None: as rule 2 packs them), kept likewise
 
 
 class ResourceManager:
@@ -435,13 +437,12 @@ def _layout_key(d: DeviceInfo) -> tuple[int, int]:
 def _choose(
     pool: list[DeviceInfo], n: int, load: Counter[int], taken: Counter[int]
 ) -> list[DeviceInfo]:
-    """The n devices of ``pool`` taken one by one by (load, taken on host, host, index).
+    """The n devices of ``pool`` the module's rule 2 takes: least loaded levels first, whole
+    while they fit; the last level needed is packed by host (``_packed``).
 
-    ``taken`` counts devices already held per host (a remapped slice's healthy ones). Works
-    level by level: a load level that fits whole is taken whole, since the order inside it
-    does not change the set; the last level is shared round-robin over hosts.
+    ``taken`` counts devices already held per host (a remapped slice's healthy ones).
     """
-    taken = Counter(taken)
+    taken = Counter(taken)  # and the hosts of the levels taken before
     levels: dict[int, list[DeviceInfo]] = defaultdict(list)
     for d in pool:
         levels[load[d.id]].append(d)
@@ -451,23 +452,25 @@ def _choose(
         if need <= 0:
             break
         group = levels[level]
-        picked = group if len(group) <= need else _round_robin(group, need, taken)
+        picked = group if len(group) <= need else _packed(group, need, taken)
         taken.update(d.host for d in picked)
         chosen += picked
     return chosen
 
 
-def _round_robin(group: list[DeviceInfo], need: int, taken: Counter[int]) -> list[DeviceInfo]:
-    """``need`` devices of ``group``, each from the host with fewest taken (then lowest id)."""
-    queues: dict[int, deque[DeviceInfo]] = defaultdict(deque)
+def _packed(group: list[DeviceInfo], need: int, taken: Counter[int]) -> list[DeviceInfo]:
+    """``need`` devices of ``group``, hosts used whole before one is split: hosts with the
+    most devices of ``group`` first while each fits whole; the rest from the smallest host
+    left (one the slice already uses first, then the lowest id), its lowest indices."""
+    on: dict[int, list[DeviceInfo]] = defaultdict(list)
     for d in sorted(group, key=_layout_key):
-        queues[d.host].append(d)
-    counts = Counter(taken)
-    picked = []
-    for _ in range(need):
-        host = min(queues, key=lambda h: (counts[h], h))
-        picked.append(queues[host].popleft())
-        counts[host] += 1
-        if not queues[host]:
-            del queues[host]
+        on[d.host].append(d)
+    picked: list[DeviceInfo] = []
+    for host in sorted(on, key=lambda h: (-len(on[h]), -taken[h], h)):
+        if len(on[host]) <= need - len(picked):
+            picked += on.pop(host)
+    left = need - len(picked)
+    if left:  # every host left was passed over for having more than that: all hold it
+        host = min(on, key=lambda h: (len(on[h]), -taken[h], h))
+        picked += on[host][:left]
     return picked

@@ -52,7 +52,7 @@ def failing(v):
 
 def test_a_failed_producer_fails_the_consumer_across_a_transfer(client):
     a = client.mesh((2,), ("p",))
-    b = client.mesh((2,), ("q",))
+    b = client.mesh((2,), ("q",), hosts=2)  # one device on a's host, one on another
     bad = pw.shard_map(failing, a, P("p"), P("p"))
     g = pw.shard_map(lambda v: v * 3, b, P(), P())
 

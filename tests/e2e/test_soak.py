@@ -34,7 +34,8 @@ def run_client(address, seed, stop, tally, problems):
     with pw.connect(address) as c:
         while not stop.is_set():
             try:
-                mesh = c.mesh((2,), ("d",))
+                # packed on one host, or across two: a psum whose peer's host dies
+                mesh = c.mesh((2,), ("d",), hosts=rng.choice([None, 2]))
                 step = pw.shard_map(lambda v: pw.psum(v, "d") * 0.5 + 1.0, mesh, P("d"),
                                     P("d"), cost=rng.choice([0.0, 0.005, 0.02]))
 

@@ -77,7 +77,8 @@ def run_op(c, box, step, op, rng, live, path) -> bool:
 def client_loop(address, seed, stop, directory, tally, problems):
     try:
         with pw.connect(address) as c:
-            mesh = c.mesh((4,) if seed % 2 == 0 else (2,), ("d",))
+            # a (4,) mesh is both hosts; a (2,) one is packed on one host, or across both
+            mesh = c.mesh((4,) if seed % 2 == 0 else (2,), ("d",), hosts=2 if seed % 3 else None)
             step = pw.shard_map(lambda v: pw.psum(v, "d") * 0.5 + 1.0, mesh, P("d"), P("d"),
                                 cost=0.002)
             box = {"mesh": mesh}

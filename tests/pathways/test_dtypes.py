@@ -206,7 +206,7 @@ def test_every_dtype_end_to_end(c, progs, tmp_path_factory, dtype, seed, rows, c
 
 @pytest.mark.parametrize("dtype", ML, ids=str)
 def test_moe_routing_carries_every_ml_dtype(c, dtype):
-    tm, em = c.mesh((4,), ("data",)), c.mesh((4,), ("expert",))  # both span the two hosts
+    tm, em = c.mesh((4,), ("data",), hosts=2), c.mesh((4,), ("expert",), hosts=2)  # both span the two hosts
     ident = pw.expert_map(lambda x: x, tm, em, num_experts=4, name="ident")
     route = np.random.default_rng(3).integers(-1, 4, size=(16, 2)).astype(np.int32)
     x = bits(dtype, (16, 3), 4)

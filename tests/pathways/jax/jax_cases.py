@@ -11,6 +11,13 @@ import jax  # noqa: I001 - after pathways: the tests that import this skip witho
 from jax.sharding import Mesh as JaxMesh
 
 
+def across_hosts(client, shape, names):
+    """A mesh of ``shape`` spread evenly over the session cluster's two hosts when it splits
+    so (meshes are packed onto whole hosts by default): the cases then run collectives
+    between hosts as well as inside one."""
+    return client.mesh(shape, names, hosts=2 if np.prod(shape) % 2 == 0 else None)
+
+
 def plain_jax(body, shape, names, in_specs, out_specs, *args):
     devices = np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape)
     mapped = jax.shard_map(body, mesh=JaxMesh(devices, names), in_specs=jax_specs(in_specs),
@@ -40,7 +47,7 @@ def put(client, mesh, args, in_specs):
 def same_as_jax(client, body, in_specs, out_specs, *args, shape=(4,), names=("i",)):
     """Run ``body`` every way and compare each with JAX; the function, for more checks."""
     want = plain_jax(body, shape, names, in_specs, out_specs, *args)
-    mesh = client.mesh(shape, names)
+    mesh = across_hosts(client, shape, names)
     fn = pw.shard_map(body, mesh, in_specs, out_specs)
     arrays = put(client, mesh, args, in_specs)
     assert_same(results(fn(*arrays)), want, "called directly")

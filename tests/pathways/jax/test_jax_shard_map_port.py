@@ -24,7 +24,7 @@ jnp = jax.numpy
 lax = jax.lax
 from jax.sharding import Mesh as JaxMesh  # noqa: E402
 from jax.sharding import PartitionSpec as JaxP  # noqa: E402
-from jax_cases import plain_jax, put, results, same_as_jax  # noqa: E402
+from jax_cases import across_hosts, plain_jax, put, results, same_as_jax  # noqa: E402
 
 X3 = ((2, 2, 2), ("x", "y", "z"))
 X22 = ((2, 2), ("x", "y"))
@@ -64,7 +64,7 @@ def refused(client, body, in_specs, out_specs, *args, mesh=X4, match):
 def pathways_refuses(client, body, in_specs, out_specs, args, mesh, match, fetch):
     """``body`` called directly and inside a program fails with a ProgramError matching
     ``match`` (by the time ``fetch`` has its results)."""
-    pw_mesh = client.mesh(*mesh)
+    pw_mesh = across_hosts(client, *mesh)
     fn = pw.shard_map(body, pw_mesh, in_specs, out_specs)
     arrays = put(client, pw_mesh, args, in_specs)
     for call in (lambda: fn(*arrays), lambda: pw.program(lambda *a: fn(*a))(*arrays)):
@@ -218,7 +218,7 @@ class TestAxisIndexGroups:
             return lax.fori_loop(0, 2, lambda i, c: lax.all_to_all(
                 c, "x", 1, 1, tiled=True, axis_index_groups=((0, 1), (2, 3))), a)
 
-        fn = pw.shard_map(body, client.mesh(*X4), P("x", None), P("x", None))
+        fn = pw.shard_map(body, across_hosts(client, *X4), P("x", None), P("x", None))
         with pytest.raises(pw.ProgramError, match="all_to_all with axis_index_groups"):
             pw.reference(fn)(iota(4, 4))
 
@@ -517,12 +517,12 @@ class TestSpecsAndArguments:
         with pytest.raises(ValueError):
             plain_jax(lambda *a: a[0] @ a[1], *X22, (P("x", "y", None),) * 2, P("x", "y"),
                       A88, A88)
-        mesh = client.mesh(*X22)
+        mesh = across_hosts(client, *X22)
         with pytest.raises(pw.ShardingError):
             client.put(A88, mesh, P("x", "y", None))
 
     def test_in_specs_tree_that_does_not_fit(self, client):  # JAX: test_tree_prefix_error
-        mesh = client.mesh(*X22)
+        mesh = across_hosts(client, *X22)
         fn = pw.shard_map(lambda x: x, mesh, ([P("x", "y")],), P("x", "y"))
         with pytest.raises(pw.ProgramError, match="in_specs"):
             pw.reference(fn)([A88, A88])
@@ -555,7 +555,7 @@ class TestSpecsAndArguments:
         def body(x, s):
             return x + jnp.ones(s, x.dtype)
 
-        mesh = client.mesh(*X22)
+        mesh = across_hosts(client, *X22)
         want = jax.jit(jax.shard_map(body, mesh=jax_mesh(*X22), in_specs=(JaxP("x", "y"), None),
                                      out_specs=JaxP("x", "y")), static_argnums=1)(A88, (4, 4))
         fn = pw.shard_map(body, mesh, (P("x", "y"), None), P("x", "y"))
@@ -570,7 +570,7 @@ class TestSpecsAndArguments:
         def body(o, x):
             return jnp.sin(x)
 
-        mesh = client.mesh(*I42)
+        mesh = across_hosts(client, *I42)
         thing = object()
         want = jax.jit(jax.shard_map(body, mesh=jax_mesh(*I42), in_specs=(None, JaxP("i")),
                                      out_specs=JaxP("i")), static_argnums=0)(thing, iota(4, 2))
@@ -632,7 +632,7 @@ class TestDtypesAndOps:
     def test_typed_keys(self, client):  # JAX: test_sharded_random_bits, test_random_normal_rules
         # typed PRNG keys cannot be put (issue 46 item 6); the error names their type
         keys = jax.random.split(jax.random.key(0), 4)
-        mesh = client.mesh(*X4)
+        mesh = across_hosts(client, *X4)
         with pytest.raises(pw.ProgramError, match="put: the value is a .*PRNGKeyArray"):
             client.put(keys, mesh, P("x"))
 

@@ -10,7 +10,7 @@ from pathways import P
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
-from jax_cases import plain_jax, same_as_jax  # noqa: E402
+from jax_cases import across_hosts, plain_jax, same_as_jax  # noqa: E402
 
 X = np.arange(8, dtype=np.float32)
 
@@ -56,7 +56,7 @@ def test_a_body_returning_a_list_returns_a_list(client):
 
 
 def test_a_program_returning_a_list_returns_a_list(client):
-    mesh = client.mesh((4,), ("i",))
+    mesh = across_hosts(client, (4,), ("i",))
     double = pw.shard_map(lambda a: a * 2, mesh, P("i"), P("i"))
     both = pw.program(lambda a: [a, double(a)])
     got = both(client.put(X, mesh, P("i")))
@@ -65,7 +65,7 @@ def test_a_program_returning_a_list_returns_a_list(client):
 
 
 def _mismatch(client, body, in_specs, out_specs, *args):
-    mesh = client.mesh((4,), ("i",))
+    mesh = across_hosts(client, (4,), ("i",))
     fn = pw.shard_map(body, mesh, in_specs, out_specs)
     arrays = [client.put(a, mesh, P("i")) for a in args]
     errors = []
@@ -86,7 +86,7 @@ def test_an_out_spec_tree_that_does_not_fit_names_the_output(client):
 def test_in_specs_that_do_not_fit_name_the_argument(client):
     for error in _mismatch(client, lambda a, b: a + b, (P("i"),) * 3, P("i"), X, X):
         assert "in_specs has 3 entries for 2 arguments" in error
-    mesh = client.mesh((4,), ("i",))
+    mesh = across_hosts(client, (4,), ("i",))
     fn = pw.shard_map(lambda d: d["a"], mesh, ({"a": P("i"), "c": P("i")},), P("i"))
     with pytest.raises(pw.ProgramError, match=r"in_specs.* where argument 0 is a dict"):
         pw.reference(fn)({"a": X, "b": X})

@@ -144,8 +144,8 @@ def any_client(request, pw_cluster):
 
 def meshes(client):
     """Tokens on 4 devices, experts on the other 4; both span the two hosts."""
-    tm = client.mesh((4,), ("data",))
-    em = client.mesh((4,), ("expert",))
+    tm = client.mesh((4,), ("data",), hosts=2)
+    em = client.mesh((4,), ("expert",), hosts=2)
     hosts = {d.id: d.host for d in client.devices()}
     assert len({hosts[d] for d in em.ids}) == 2
     return tm, em
@@ -182,7 +182,7 @@ def test_distributed_gradients_equal_differences_of_the_dense_layer(client):
 
 def test_float32_layer_with_more_experts_than_devices(client):
     tm = client.mesh((8,), ("data",))
-    em = client.mesh((2,), ("expert",))  # 4 experts per device
+    em = client.mesh((2,), ("expert",), hosts=2)  # 4 experts per device, one per host
     layer = moe.MoELayer(tm, em, E, top_k=2, capacity_factor=1.5)
     arrays = problem(4, np.float32)
     got = layer_step(layer)(*put_problem(client, tm, em, arrays))

@@ -46,8 +46,9 @@ def assert_same(got, want):
 
 
 def on_cluster(client, body, shape, names, in_specs, out_specs, *args):
-    """Run ``body`` with pathways on the shared cluster and with plain JAX; compare."""
-    mesh = client.mesh(shape, names)
+    """Run ``body`` with pathways on the shared cluster and with plain JAX; compare (over
+    both of its hosts when the mesh splits evenly: collectives between hosts too)."""
+    mesh = client.mesh(shape, names, hosts=2 if np.prod(shape) % 2 == 0 else None)
     fn = pw.shard_map(body, mesh, in_specs, out_specs)
     specs = in_specs if type(in_specs) is tuple else (in_specs,) * len(args)
     put = [client.put(a, mesh, s) for a, s in zip(args, specs)]

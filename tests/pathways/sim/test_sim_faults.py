@@ -135,7 +135,8 @@ def replay(seed: int, tmp) -> tuple[str, list, float]:
             users = []
             for i, client in enumerate((a, b)):
                 try:
-                    mesh = client.mesh((2,), ("d",))
+                    # a's packed on one host, b's across two: a psum whose peer's host dies
+                    mesh = client.mesh((2,), ("d",), hosts=2 if i else None)
                 except PathwaysError:
                     continue  # no devices left for it: a clear error
                 users.append(Checked(client, mesh, random.Random(seed * 100 + i), tmp))
