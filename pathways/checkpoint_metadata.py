@@ -31,6 +31,7 @@ class ArrayInfo:
     dtype: str
     spec: tuple | None  # as saved: the default layout of ``load``
     layout: fmt.Layout | None  # None: stored with other codecs, read through zarr-python
+    key: str | None = None  # saved from JAX PRNG keys: their impl (the array: their data)
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,10 @@ def open_array(path: str, name: str) -> ArrayInfo:
     layout = _layout(meta, file, shape, dtype)
     _check_seal(meta, ours, file, required=layout is not None and layout.checksum)
     spec = _saved_spec(ours, file, shape, layout)
-    return ArrayInfo(name, shape, dtype, spec, layout)
+    key = ours.get("prng_key")
+    _expect(key is None or (isinstance(key, str) and dtype == "uint32" and shape), file,
+            f"has prng_key {key!r}, not the name of an impl of keys saved as uint32 data")
+    return ArrayInfo(name, shape, dtype, spec, layout, key)
 
 
 def _dtype(data_type, ours: dict, file: str) -> str:

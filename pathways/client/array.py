@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import PathwaysError, ProgramError, ShardingError
+from ..program import prng
 from ..program.ir import Aval, RemoteValue
 from ..program.mesh import Mesh
 from ..program.sharding import P, as_spec
@@ -78,19 +79,25 @@ class Array(RemoteValue):
         self._deleted = False
         client.ledger.track(self)
 
-    shape = property(lambda self: self.aval.shape)
-    dtype = property(lambda self: self.aval.dtype)
-    ndim = property(lambda self: len(self.aval.shape))
-    size = property(lambda self: math.prod(self.aval.shape))
+    # as JAX says them: a key array's are its keys', not its key data's (``aval``)
+    shape = property(lambda self: self.aval.logical_shape)
+    dtype = property(lambda self: self.aval.dtype if self.aval.key is None
+                     else prng.key_dtype(self.aval.key))
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: math.prod(self.shape))
     sharding = property(lambda self: NamedSharding(self.mesh, self.spec))
 
     def __len__(self):
-        if not self.aval.shape:
+        if not self.shape:
             raise TypeError("len() of unsized object")  # numpy's words for a 0-d array
-        return self.aval.shape[0]
+        return self.shape[0]
 
     def __array__(self, dtype=None, copy=None):
         """``np.asarray(a)``: the global value (waits for it and fetches it, as result())."""
+        if self.aval.key is not None:  # as JAX refuses it for its own key arrays
+            raise TypeError(f"{self.aval} is an array of PRNG keys, which numpy cannot hold;"
+                            " a.result() gives them as a JAX key array, and"
+                            " jax.random.key_data(a.result()) their key data")
         value = self.result()
         return value if dtype is None else value.astype(dtype)
 
@@ -102,7 +109,8 @@ class Array(RemoteValue):
         ``jnp.asarray(a)``, as JAX's own error says."""
         import jax.numpy as jnp
 
-        return jnp.asarray(self.result())
+        value = self.result()
+        return value if self.aval.key is not None else jnp.asarray(value)
 
     def _scalar(self, convert):
         """``convert`` of the fetched value, as numpy does it; what numpy refuses for this
@@ -171,10 +179,16 @@ class Array(RemoteValue):
 
     def result(self, timeout=None) -> np.ndarray:
         """The global value as a numpy array (waits for it, then fetches the shards, unless
-        they came with the run's end: a small result).
+        they came with the run's end: a small result); an array of PRNG keys as a JAX key
+        array.
 
         >>> value = y.result(timeout=60)     # np.ndarray of shape y.shape
         """
+        value = self.data(timeout)
+        return value if self.aval.key is None else prng.wrap(value, self.aval.key)
+
+    def data(self, timeout=None) -> np.ndarray:
+        """``result`` as numpy: a key array's key data."""
         if self._deleted:
             raise PathwaysError("this array was deleted")
         self._status.result(timeout)

@@ -26,6 +26,7 @@ import os
 import shutil
 import sys
 import uuid
+from dataclasses import replace
 
 from .. import checkpoint_format as fmt
 from .. import checkpoint_metadata as meta
@@ -87,7 +88,7 @@ def _start(client, path, structure, named, overwrite, held) -> tuple[str, list]:
     for name, a in named:
         if a.is_deleted() and not held:
             raise ProgramError(f"save: {name} was deleted")
-        fmt.check_dtype(a.dtype, f"save: {name}")
+        fmt.check_dtype(a.aval.dtype, f"save: {name}")
         fmt.check_name(name, "save")
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(f"save: {path} exists (pass overwrite=True to replace it)")
@@ -123,12 +124,14 @@ def load(client, path, mesh: Mesh, specs=None, timeout: float | None = None):
     for name, spec in zip(leaves, chosen):
         info = ckpt.arrays[name]
         try:
-            out.append(client.generate(fmt.ChunkReader(path, name, info.layout), info.shape,
-                                       info.dtype, mesh,
-                                       sharding.P(*spec) if spec is not None else None,
-                                       timeout))
+            array = client.generate(fmt.ChunkReader(path, name, info.layout), info.shape,
+                                    info.dtype, mesh,
+                                    sharding.P(*spec) if spec is not None else None, timeout)
         except ShardingError as exc:
             raise ShardingError(f"load {name}: {exc}") from None
+        if info.key is not None:  # saved from keys: keys again
+            array.aval = replace(array.aval, key=info.key)
+        out.append(array)
     return tree.unflatten(treedef, out)
 
 
@@ -140,22 +143,24 @@ def reader(path: str, name: str) -> fmt.ChunkReader:
 
 
 def _metadata(name, a: Array) -> tuple:
-    m = a.mesh
-    block = sharding.shard_shape(a.shape, m.axis_sizes, m.axis_names, a.spec)
+    m, aval = a.mesh, a.aval  # (a key array: its key data, and its impl's name)
+    block = sharding.shard_shape(aval.shape, m.axis_sizes, m.axis_names, a.spec)
     attributes = {"spec": fmt.encode_spec(a.spec),
                   "mesh": {"shape": list(m.axis_sizes), "axes": list(m.axis_names)}}
-    return name, a.shape, a.dtype, block, attributes
+    if aval.key is not None:
+        attributes["prng_key"] = aval.key
+    return name, aval.shape, aval.dtype, block, attributes
 
 
 def _writers(a: Array):
     """(device, chunk index) for each distinct shard of ``a``: its first holder writes it."""
-    m = a.mesh
-    if 0 in a.shape:
+    m, shape = a.mesh, a.aval.shape
+    if 0 in shape:
         return []
-    block = sharding.shard_shape(a.shape, m.axis_sizes, m.axis_names, a.spec)
+    block = sharding.shard_shape(shape, m.axis_sizes, m.axis_names, a.spec)
     seen, out = set(), []
     for i, d in enumerate(m.ids):
-        where = sharding.device_slices(a.shape, m.axis_sizes, m.axis_names, a.spec, i)
+        where = sharding.device_slices(shape, m.axis_sizes, m.axis_names, a.spec, i)
         chunk = tuple(s.start // b for s, b in zip(where, block))
         if chunk not in seen:
             seen.add(chunk)

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 
 from ..errors import ProgramError, ShardingError
-from ..program import sharding
+from ..program import prng, sharding
 from ..program.compiled import Aval
 from ..program.mesh import Mesh
 from . import pytrees
@@ -75,15 +75,20 @@ def _place(client, value, items, is_item, where, what: str, keep_placed: bool = 
             if keep_placed and _placed(client, leaf, mesh, spec):
                 plans.append(leaf)
                 continue
-            array = pytrees.numeric(leaf, path, what)  # no copy yet: a huge view must
-            spec = sharding.normalize_spec(spec, array.ndim, mesh.axis_names)  # fail first
+            key = None
+            if prng.is_key(leaf):  # kept as its key data (``prng``)
+                array, key = prng.data_of(leaf)
+            else:
+                array = pytrees.numeric(leaf, path, what)  # no copy yet: a huge view must
+            spec = sharding.spec_for(Aval(array.shape, array.dtype, key), spec,  # fail first
+                                     mesh.axis_names)
             block = sharding.shard_shape(array.shape, mesh.axis_sizes, mesh.axis_names, spec)
         except ShardingError as exc:
             raise pytrees.at(path, exc) from None
         client.shards.check_fits(math.prod(block) * array.dtype.itemsize, mesh, what)
         if array.dtype.hasobject:
             _check_picklable(array)
-        plans.append((array, mesh, spec))
+        plans.append((array, mesh, spec, key))
     return pytrees.unflatten(treedef, [_send(client, p) for p in plans])
 
 
@@ -91,22 +96,23 @@ def _placed(client, leaf, mesh: Mesh, spec) -> bool:
     """Whether ``leaf`` is a live array of ``client`` on ``mesh`` with ``spec``."""
     if not isinstance(leaf, Array) or leaf.client is not client or leaf.is_deleted():
         return False
-    return leaf.mesh == mesh and leaf.spec == sharding.normalize_spec(
-        spec, leaf.ndim, mesh.axis_names)
+    return leaf.mesh == mesh and leaf.spec == sharding.spec_for(leaf.aval, spec,
+                                                                mesh.axis_names)
 
 
 def _send(client, plan) -> Array:
     """The array ``_place`` planned: a copy of the value, split and sent to the hosts."""
     if isinstance(plan, Array):
         return plan
-    value, mesh, spec = plan
+    value, mesh, spec, key = plan
     value = np.array(value, copy=True)
     shards = sharding.split(value, mesh.axis_sizes, mesh.axis_names, spec)
     array_id = client.shards.new_id()
     client.shards.put(array_id, mesh, shards)
     done: cf.Future = cf.Future()
     done.set_result(None)
-    return Array(client, array_id, Aval.of(value), mesh, spec, done, value=value)
+    return Array(client, array_id, Aval(value.shape, value.dtype, key), mesh, spec, done,
+                 value=value)
 
 
 def _is_jax_sharding(obj) -> bool:

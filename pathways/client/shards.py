@@ -76,7 +76,8 @@ class Shards:
         assembled (waits at most ``timeout`` seconds for each)."""
         self._suspensions.check([array.mesh])
         m = array.mesh
-        parts = sharding.distinct_parts(array.shape, m.axis_sizes, m.axis_names, array.spec)
+        parts = sharding.distinct_parts(array.aval.shape, m.axis_sizes, m.axis_names,
+                                        array.spec)
         futures = {}
         for _, members in parts:
             d = m.ids[members[0]]
@@ -107,17 +108,17 @@ class Shards:
             values = got.get(array.id)
             if not values or array.is_deleted() or array.local_copy() is not None:
                 continue
-            m = array.mesh
-            parts = sharding.distinct_parts(array.shape, m.axis_sizes, m.axis_names, array.spec)
+            m, aval = array.mesh, array.aval  # (a key array's: its key data's)
+            parts = sharding.distinct_parts(aval.shape, m.axis_sizes, m.axis_names, array.spec)
             pieces = [values.get(part.holders[0]) for part in parts]
-            if not all(isinstance(v, np.ndarray) and v.dtype == array.dtype
+            if not all(isinstance(v, np.ndarray) and v.dtype == aval.dtype
                        and v.shape == tuple(s.stop - s.start for s in part.slices)
                        for v, part in zip(pieces, parts)):
                 continue  # not what the run makes: fetched when asked for
             if len(parts) == 1:  # replicated (or one device): the part is the whole
                 array.hold(pieces[0])
                 continue
-            whole = np.empty(array.shape, array.dtype)
+            whole = np.empty(aval.shape, aval.dtype)
             for v, part in zip(pieces, parts):
                 whole[part.slices] = v
             array.hold(whole)

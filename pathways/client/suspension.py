@@ -340,8 +340,8 @@ def _read_back(client, state: Suspended, new: Mesh) -> None:
         if a is None or a.is_deleted():
             continue
         array_id = client.shards.new_id()
-        status = client.shards.generate(array_id, checkpoint.reader(path, name), a.shape,
-                                        a.dtype, new, a.spec)
+        status = client.shards.generate(array_id, checkpoint.reader(path, name),
+                                        a.aval.shape, a.aval.dtype, new, a.spec)
         a.rebind(array_id, new, status)
         statuses.append(status)
 

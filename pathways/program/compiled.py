@@ -23,7 +23,7 @@ from .arguments import check_arguments
 from . import cost as cost_model
 from .ir import Aval, RemoteValue, current_trace, is_device_array
 from .mesh import Mesh
-from .sharding import P, as_spec, global_shape_of, normalize_spec, shard_shape
+from .sharding import P, as_spec, global_shape_of, normalize_spec, shard_shape, spec_for
 
 COSTS_KEPT = 1024  # signatures whose modelled cost a compiled function remembers
 
@@ -151,8 +151,9 @@ class CompiledFunction:
         specs = self.arg_specs(len(in_avals)) if specs is None else specs
         for i, (a, spec) in enumerate(zip(in_avals, specs)):
             try:
-                spec = normalize_spec(spec, len(a.shape), m.axis_names)
-                out.append(Aval(shard_shape(a.shape, m.axis_sizes, m.axis_names, spec), a.dtype))
+                spec = spec_for(a, spec, m.axis_names)
+                out.append(Aval(shard_shape(a.shape, m.axis_sizes, m.axis_names, spec), a.dtype,
+                                a.key))
             except ShardingError as exc:
                 raise ShardingError(f"{self.name}: argument {i} {a}: {exc}") from None
         return out
@@ -198,12 +199,17 @@ class CompiledFunction:
 
     def _abstract_eval(self, in_avals) -> Signature:
         m = self.mesh
-        if self.jax is None and jax_body.uses_jax(self.body):
-            self._as_jax()
+        if self.jax is None and (any(a.key for a in in_avals) or jax_body.uses_jax(self.body)):
+            self._as_jax()  # (keys are JAX's: a body that takes them is JAX's too)
         if self.jax is not None:
             self.shard_avals(in_avals)  # our errors for a wrong count or an uneven split
-            outs, shards = ([Aval(tuple(a.shape), np.dtype(a.dtype)) for a in avals]
-                            for avals in self.jax.avals(in_avals, self.single_output))
+            outs, shards = self.jax.avals(in_avals, self.single_output)
+            for k, (a, spec) in enumerate(zip(outs, self.out_specs)):
+                if a.key is not None:  # a key output's spec names its keys' dimensions
+                    try:
+                        spec_for(a, spec, m.axis_names)
+                    except ShardingError as exc:
+                        raise ShardingError(f"{self.name}: output {k} {a}: {exc}") from None
             return Signature(tuple(outs), tuple(shards), tuple(() for _ in outs),
                              tuple(in_avals))
         zeros = [np.zeros(a.shape, a.dtype) for a in self.shard_avals(in_avals)]
@@ -397,7 +403,7 @@ class CompiledFunction:
         """What ``run`` (the body on argument leaves) returns on one device's shards
         (``shard_avals``; of global ``avals`` split by ``in_specs``): arrays, or JAX's
         shape-dtype structs for a JAX body."""
-        if not jax_body.uses_jax(self.body):
+        if not (any(a.key for a in avals) or jax_body.uses_jax(self.body)):
             zeros = [np.zeros(a.shape, a.dtype) for a in shard_avals]
             try:
                 return self._on_zeros(lambda z: run(*z), zeros)
@@ -443,5 +449,5 @@ def run_op_by_op(fn: CompiledFunction, args):
     """A compiled-function call outside a program: a one-equation program, run at once
     (``args`` as ``check_arguments`` passed them)."""
     client = args[0].client if args else fn.mesh.client
-    program = client.op_program(fn, [Aval(a.shape, a.dtype) for a in args])
+    program = client.op_program(fn, [Aval.of(a) for a in args])
     return client.run_program(program, args)

@@ -200,7 +200,7 @@ class FusedJax(jax_body.JaxBody):
             for j, avals, single in self.parts:
                 key = (id(j), tuple(avals), single)
                 if key not in traced:
-                    traced[key] = open_body(j.traced(avals, single), self.name)
+                    traced[key] = open_body(j.traced(avals, single)[0], self.name)
             bodies = [traced[id(j), tuple(avals), single] for j, avals, single in self.parts]
             self._chain = chain_bodies(bodies, self.wiring, self.exports)
         return (*self._chain, list(self.sig.avals))

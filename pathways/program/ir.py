@@ -16,24 +16,41 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import collectives, sharding
+from . import collectives, prng, sharding
 
 _state = threading.local()  # this thread's stack of programs being traced
 
 
 @dataclass(frozen=True)
 class Aval:
-    """The abstract value of a global array: shape and dtype."""
+    """The abstract value of a global array: shape and dtype; for JAX's typed PRNG keys
+    (``pathways.program.prng``), those of its key data, and ``key``, its impl's name."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
+    key: str | None = None
 
     @classmethod
     def of(cls, x) -> Aval:
+        """The aval of a numpy or JAX array, a key array, or a ``pw.Array`` (its own)."""
+        own = getattr(x, "aval", None)  # a pw.Array's, a traced value's (not JAX's own)
+        if isinstance(own, Aval):
+            return own
+        if prng.is_key(x):
+            data, impl = prng.data_of(x)
+            return cls(data.shape, data.dtype, impl)
         return cls(tuple(int(n) for n in x.shape), np.dtype(x.dtype))
 
+    @property
+    def logical_shape(self) -> tuple[int, ...]:
+        """The shape a user sees: a key array's, without its key data's trailing dims."""
+        if self.key is None:
+            return self.shape
+        return self.shape[:len(self.shape) - prng.key_ndim(self.key)]
+
     def __str__(self):
-        return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
+        name = self.dtype.name if self.key is None else f"key<{self.key}>"
+        return f"{name}[{','.join(map(str, self.logical_shape))}]"
 
 
 def is_device_array(value) -> bool:
@@ -133,7 +150,7 @@ def evaluate_eqn(eqn: Eqn, args: list, timeout: float = 60.0) -> list:
                                 sharding.normalize_spec(s, a.ndim, m.axis_names))
                  for a, s in zip(args, specs)]
     per_device = [tuple(shards[i] for shards in per_input) for i in range(m.size)]
-    sig = fn.signature([Aval.of(a) for a in args])
+    sig = fn.signature([v.aval for v in eqn.inputs])  # (a key array's data: its aval says)
 
     def body(*shards):
         env = collectives.current_env()

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ProgramError
-from . import collectives, reduction
+from . import collectives, prng, reduction
 from .ir import is_device_array
 from .jax_plan import Segment, xla_cost
 from .jaxpr_eval import COLLECTIVES, INLINED_CALLS, axes_of, communicates, eval_eqns, sub_jaxprs
@@ -115,16 +115,19 @@ class HostBatch:
         axes, extents, n = self.axis_names, self.extents, self.size
         lower = _Lowering(self)
 
-        def per_device(coords, *values):
-            env = dict(zip(ins, values))
+        impls = [prng.impl_of_dtype(v.aval.dtype) for v in ins]
+
+        def per_device(coords, *values):  # keys cross its edges as their key data
+            env = dict(zip(ins, prng.wrapped(values, impls)))
             eval_eqns(eqns, env, lambda eqn, args: lower.collective(eqn, args, coords))
-            return tuple(env[v] for v in outs)
+            return prng.unwrapped(env[v] for v in outs)
 
         mapped = per_device
         in_axes = (0, *(0 if s else None for s in stacked))
         for axis in reversed(axes):
             mapped = jax.vmap(mapped, in_axes=in_axes, axis_name=axis)
-        shapes = [tuple(v.aval.shape) for v in ins]
+        data = [prng.data_aval(v.aval) for v in ins]
+        shapes = [shape for shape, _ in data]
 
         def run(coords, *values):
             values = [v.reshape(extents + shape) if s else v
@@ -134,9 +137,8 @@ class HostBatch:
                          for r in results)
 
         structs = [jax.ShapeDtypeStruct((n, len(axes)), np.int32)]
-        structs += [jax.ShapeDtypeStruct(self.stacked_shape(shape) if s else shape,
-                                         v.aval.dtype)
-                    for v, s, shape in zip(ins, stacked, shapes)]
+        structs += [jax.ShapeDtypeStruct(self.stacked_shape(shape) if s else shape, dtype)
+                    for (shape, dtype), s in zip(data, stacked)]
         jitted = jax.jit(run, **self._placed(stacked))
         try:
             compiled = jitted.lower(*structs).compile()

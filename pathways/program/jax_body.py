@@ -31,8 +31,11 @@ import types
 import uuid
 from collections import OrderedDict
 
+import numpy as np
+
 from ..errors import ProgramError, ShardingError
-from . import collectives
+from . import collectives, prng
+from .ir import Aval
 from .jax_batch import HostBatch
 from .jax_plan import Plan, open_body, plan_body, shapes_of
 
@@ -276,30 +279,41 @@ class JaxBody:
         plan the host may need as well, a batched plan's or not)."""
         key = (self.token, tuple(in_avals))
         traced = (_avals.get if keep else _avals.pop)(key, None)
-        closed = traced[1] if traced else self.traced(in_avals, single_output)
-        if keep and not traced:
-            _avals[key] = (shapes_of(closed, self.name), closed)
-        return (*open_body(closed, self.name), list(closed.out_avals))
+        if traced is None:
+            traced = self._traced_avals(in_avals, single_output)
+            if keep:
+                _avals[key] = traced
+        (outs, _), closed = traced
+        return (*open_body(closed, self.name), outs)
 
     def avals(self, in_avals, single_output: bool) -> tuple[list, list]:
-        """(global output avals, one device's output avals) for global argument avals, from
-        the trace alone: what a client needs, with nothing compiled (its hosts compile, in
-        ``plan``). Traced once per process."""
+        """(global output avals, one device's output avals), as ``Aval``s, for global
+        argument avals, from the trace alone: what a client needs, with nothing compiled
+        (its hosts compile, in ``plan``). Traced once per process."""
         key = (self.token, tuple(in_avals))
         plan = _plans.get((*key, None))
         if plan is not None:
-            return plan.out_avals, plan.shard_out_avals
+            return plan.out_avals, [Aval(tuple(a.shape), np.dtype(a.dtype), o.key)
+                                    for a, o in zip(plan.shard_out_avals, plan.out_avals)]
         with _plans_lock:
             got = _avals.get(key)
             if got is None:
-                closed = self.traced(in_avals, single_output)
-                got = _avals[key] = (shapes_of(closed, self.name), closed)
+                got = _avals[key] = self._traced_avals(in_avals, single_output)
                 while len(_avals) > PLANS_KEPT:
                     _avals.popitem(last=False)
             return got[0]
 
+    def _traced_avals(self, in_avals, single_output: bool) -> tuple:
+        """((global output avals, one device's), the closed jaxpr) of the body's trace."""
+        closed, keys = self.traced(in_avals, single_output)
+        outs, shards = shapes_of(closed, self.name)
+        return ([Aval(tuple(a.shape), np.dtype(a.dtype), k) for a, k in zip(outs, keys)],
+                [Aval(tuple(a.shape), np.dtype(a.dtype), k) for a, k in zip(shards, keys)]), closed
+
     def traced(self, in_avals, single_output):
-        """The closed jaxpr of the body's ``jax.shard_map`` on arguments of ``in_avals``."""
+        """(the closed jaxpr of the body's ``jax.shard_map`` on arguments of ``in_avals``,
+        the impl of each output that is a key array, else None). Keys cross the shard_map
+        as their key data (``prng``): the body gets keys, and gives its key outputs' data."""
         jax = require()
         from jax.sharding import AbstractMesh
         from jax.sharding import PartitionSpec as JaxP
@@ -310,10 +324,15 @@ class JaxBody:
             in_specs = in_specs * len(in_avals)
         out_specs = tuple(JaxP(*s) if s is not None else JaxP() for s in self.out_specs)
         body = self.body
+        in_keys = [a.key for a in in_avals]
+        out_keys: list = []
 
         def flat(*args):
-            outs = body(*args)
-            return (outs,) if single_output else tuple(outs)
+            outs = body(*[a if k is None else prng.wrap(a, k) for a, k in zip(args, in_keys)])
+            outs = (outs,) if single_output else tuple(outs)
+            data = [prng.unwrap(o) for o in outs]
+            out_keys[:] = [k for _, k in data]
+            return tuple(d for d, _ in data)
 
         flat.__name__ = flat.__qualname__ = self.name  # JAX's errors name the function
         mapped = jax.shard_map(_naming_missing_axes(self.name, self.axis_names)(flat),
@@ -321,7 +340,7 @@ class JaxBody:
                                check_vma=self.check_rep)
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals]
         with _traced(self.name, in_avals), jax.enable_x64(self.x64):
-            return jax.make_jaxpr(mapped)(*structs)
+            return jax.make_jaxpr(mapped)(*structs), out_keys
 
     def run(self, shards, in_avals, single_output: bool) -> tuple:
         """One device's outputs (numpy) for its ``shards``, inside its kernel environment
@@ -370,11 +389,12 @@ def out_shapes(fn, axis_names, mesh_shape, in_avals, in_specs, name):
     from jax.sharding import PartitionSpec as JaxP
 
     shapes = []
+    keys = [a.key for a in in_avals]
 
     def keep(*args):
-        out = fn(*args)
+        out = fn(*[a if k is None else prng.wrap(a, k) for a, k in zip(args, keys)])
         shapes.append(jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype), out))
-        return jax.tree.map(lambda o: jax.numpy.zeros((), o.dtype), out)
+        return jax.tree.map(lambda o: jax.numpy.zeros((), prng.unwrap(o)[0].dtype), out)
 
     mapped = jax.shard_map(_naming_missing_axes(name, axis_names)(keep),
                            mesh=AbstractMesh(tuple(mesh_shape), tuple(axis_names)),

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ProgramError
-from . import collectives
+from . import collectives, prng
 from .ir import is_device_array
 from .jaxpr_eval import (
     COLLECTIVES,
@@ -136,6 +136,8 @@ class Plan:
     def __init__(self, jaxpr, consts, steps, name):
         self.jaxpr, self.consts, self.steps, self.name = jaxpr, consts, steps, name
         self.shard_out_avals = [v.aval for v in jaxpr.outvars]  # one device's results
+        # what its arguments are kept as (a key's data: a nested plan's may be keys)
+        self._in_dtypes = [prng.data_aval(v.aval)[1] for v in jaxpr.invars]
         self._results = [(v, is_literal(v)) for v in jaxpr.outvars]
         self.out_avals: list = []  # global results (of the top plan: see plan_of)
         costs = [_step_cost(step) for step in self.steps]
@@ -150,9 +152,9 @@ class Plan:
         env = dict(zip(self.jaxpr.constvars, self.consts))
         kernel = collectives.current_env()
         device = kernel.jax_device if kernel is not None else None
-        for var, value in zip(self.jaxpr.invars, args):
-            if device is None or not is_device_array(value) or value.dtype != var.aval.dtype:
-                value = np.asarray(value, dtype=var.aval.dtype)
+        for var, value, dtype in zip(self.jaxpr.invars, args, self._in_dtypes):
+            if device is None or not is_device_array(value) or value.dtype != dtype:
+                value = np.asarray(value, dtype=dtype)
             env[var] = value
         for step in self.steps:
             if isinstance(step, Segment):
@@ -243,8 +245,28 @@ def plan_of(closed, name, batch=None) -> Plan:
 
 def plan_body(body, consts, name, batch=None) -> Plan:
     """The plan of a per-device jaxpr (``open_body``'s, or several chained by
-    ``chain_bodies``) on its constants."""
+    ``chain_bodies``) on its constants; per device, not batched, if vmap would change its
+    values (``vmap_invariant``)."""
+    if batch is not None and not vmap_invariant(body):
+        batch = None
     return _plan_jaxpr(body, consts, name, batch, {})
+
+
+_VMAP_VARIANT_KEYS = ("rbg", "unsafe_rbg")
+
+
+def vmap_invariant(jaxpr) -> bool:
+    """Whether vmapping ``jaxpr`` over a host's devices leaves each device's values as run
+    alone: not where XLA's RngBitGenerator draws bits (``lax.rng_bit_generator``, keys of
+    the rbg and unsafe_rbg impls), whose bits JAX documents to change under vmap."""
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "rng_bit_generator" or any(
+                prng.impl_of_dtype(getattr(getattr(v, "aval", None), "dtype", None))
+                in _VMAP_VARIANT_KEYS for v in eqn.invars):
+            return False
+        if not all(vmap_invariant(sub) for sub in sub_jaxprs(eqn)):
+            return False
+    return True
 
 
 def open_body(closed, name) -> tuple[Jaxpr, list]:
@@ -403,12 +425,14 @@ def _segment(eqns, ins, outs, name) -> Segment:
     outside) to ``outs`` (``segment_vars``)."""
     import jax  # the optional extra: only JAX bodies get here
 
-    def run(*values):
-        env = dict(zip(ins, values))
-        eval_eqns(eqns, env)
-        return tuple(env[v] for v in outs)
+    impls = [prng.impl_of_dtype(v.aval.dtype) for v in ins]
 
-    structs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in ins]
+    def run(*values):  # keys cross a segment's edges as their key data
+        env = dict(zip(ins, prng.wrapped(values, impls)))
+        eval_eqns(eqns, env)
+        return prng.unwrapped(env[v] for v in outs)
+
+    structs = [jax.ShapeDtypeStruct(*prng.data_aval(v.aval)) for v in ins]
     jitted = jax.jit(run)
     try:
         compiled = jitted.lower(*structs).compile()

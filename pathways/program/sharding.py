@@ -153,6 +153,15 @@ def normalize_spec(spec, ndim: int, axis_names) -> P:
     return P(*entries, *([None] * (ndim - len(entries))))
 
 
+def spec_for(aval, spec, axis_names) -> P:
+    """``normalize_spec`` for an array of ``aval`` (an ``Aval``): a key array's spec names its
+    keys' dimensions only, and comes back padded over its key data's (``prng``)."""
+    if aval.key is None:
+        return normalize_spec(spec, len(aval.shape), axis_names)
+    keys = normalize_spec(spec, len(aval.logical_shape), axis_names)
+    return P(*keys, *([None] * (len(aval.shape) - len(keys))))
+
+
 def _entry_axes(spec: P, i: int, entry) -> tuple[str, ...]:
     """The axis names of entry i of ``spec``, or a ShardingError naming the bad entry."""
     if entry is None:

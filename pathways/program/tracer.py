@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 
 from ..errors import ProgramError
-from . import fusion, tree
+from . import fusion, prng, tree
 from .arguments import check_arguments, describe
 from .compiled import CompiledFunction
 from .ir import Aval, Eqn, Program, Var, current_trace, evaluate, tracing
@@ -25,9 +25,11 @@ class Tracer:
     def __init__(self, trace: Trace, var: Var):
         self._trace, self.var = trace, var
 
-    shape = property(lambda self: self.var.aval.shape)
-    dtype = property(lambda self: self.var.aval.dtype)
-    ndim = property(lambda self: len(self.var.aval.shape))
+    aval = property(lambda self: self.var.aval)
+    shape = property(lambda self: self.var.aval.logical_shape)  # a key array's: its keys'
+    dtype = property(lambda self: self.var.aval.dtype if self.var.aval.key is None
+                     else prng.key_dtype(self.var.aval.key))
+    ndim = property(lambda self: len(self.shape))
 
     def __repr__(self):
         return f"Tracer({self.var}:{self.var.aval})"
@@ -140,7 +142,7 @@ class ProgramFunction:
         if arrays:  # (a program of no arguments runs where the functions it calls do)
             check_arguments(self.__name__, arrays)
         leaves, in_def = tree.flatten(arrays)
-        program, out_def = self.trace_tree(in_def, [Aval(a.shape, a.dtype) for a in leaves])
+        program, out_def = self.trace_tree(in_def, [Aval.of(a) for a in leaves])
         client = leaves[0].client if leaves else _client_of(program)
         outs = client.run_program(self.runnable(program), leaves)
         return tree.unflatten(out_def, outs)
@@ -191,14 +193,18 @@ def reference(f):
         if isinstance(f, CompiledFunction):  # static arguments: as a call hands them over
             fn, args = f.without_statics(args)
         leaves, in_def = tree.flatten(args)
-        leaves = [np.asarray(a) for a in leaves]
+        leaves = [a if prng.is_key(a) else np.asarray(a) for a in leaves]
         avals = [Aval.of(a) for a in leaves]
         if isinstance(fn, ProgramFunction):
             prog, out_def = fn.trace_tree(in_def, avals)
         else:
             flat, _, out_def = fn.twin(tree.unflatten(in_def, leaves))
             prog = single_call_program(flat, avals)
-        outs = evaluate(prog, *leaves)
+        outs = evaluate(prog, *[prng.data_of(a)[0] if v.key else a
+                                for a, v in zip(leaves, avals)])
+        outs = [o if v.aval.key is None else prng.wrap(o, v.aval.key)  # keys, as they came
+                for o, v in zip((outs,) if prog.single_output else outs, prog.outputs)]
+        outs = outs[0] if prog.single_output else tuple(outs)
         return outs if out_def is None else tree.unflatten(out_def, outs)
 
     return run

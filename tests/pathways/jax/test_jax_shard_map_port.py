@@ -629,12 +629,15 @@ class TestDtypesAndOps:
         body = lambda k: jax.random.randint(k[0], (1, 16), 0, 16, dtype=jnp.int32)  # noqa: E731
         same(client, body, P("x", None), P("x", None), keys)
 
-    def test_typed_keys(self, client):  # JAX: test_sharded_random_bits, test_random_normal_rules
-        # typed PRNG keys cannot be put (issue 46 item 6); the error names their type
+    @pytest.mark.parametrize("impl", ["threefry2x32", "rbg", "unsafe_rbg"])
+    def test_sharded_random_bits(self, client, impl):  # JAX: test_sharded_random_bits
+        keys = jax.random.split(jax.random.key(0, impl=impl), 4)
+        same(client, lambda k: jax.random.bits(k[0], shape=(4,), dtype=jnp.uint8), P("x"),
+             P("x"), keys)
+
+    def test_random_normal_of_typed_keys(self, client):  # JAX: test_random_normal_rules
         keys = jax.random.split(jax.random.key(0), 4)
-        mesh = across_hosts(client, *X4)
-        with pytest.raises(pw.ProgramError, match="put: the value is a .*PRNGKeyArray"):
-            client.put(keys, mesh, P("x"))
+        same(client, lambda k: jax.random.normal(k[0], (1,)), P("x"), P("x"), keys)
 
 
 # ----------------------------------------------------------------------------- systematic
