@@ -255,7 +255,7 @@ class AbortGangs(Message):
     gangs: list
     reason: str
     outputs: list
-    root: object = None  # the run's error (a RemoteError): what their kernels fail with
+    root: object = None  # the run's error (a RemoteError, a HostLost): what they fail with
 
 
 @message

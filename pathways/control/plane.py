@@ -514,13 +514,14 @@ class ControlPlane:
 
     def _abort(self, runs, reason: str, root=None) -> None:
         """Fail the gangs of these runs on every host (collectives and waiting kernels);
-        ``root``: the runs' error, when it is a kernel's own (a RemoteError)."""
+        ``root``: the runs' error, when it is a kernel's own (a RemoteError) or a lost host
+        (HostLost: what readers of the runs' outputs get there too)."""
         gangs = [(run.prog.client, run.run_id, e) for run in runs
                  for e in range(len(run.prog.gangs))]
         outputs = [aid for run in runs for aid in run.arg.outputs.values()]
         if gangs:
-            self._to_hosts(m.AbortGangs(gangs, reason, outputs,
-                                        root if isinstance(root, RemoteError) else None))
+            self._to_hosts(m.AbortGangs(gangs, reason, outputs, root if isinstance(
+                root, (RemoteError, HostLost)) else None))
 
     def _explain(self, error):
         """What a client should see: a lost Plaque worker is a lost host, named; a kernel's

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from .. import protocol
 from ..dtypes import is_ml_dtype
-from ..errors import ClientGone, RemoteError
+from ..errors import ClientGone, HostLost, RemoteError
 from ..program.cost import DeviceSpec
 from .clock import MONOTONIC, Clock
 from .device import EmulatedDevice, enqueue_all
@@ -140,7 +140,9 @@ class Host:
             runs.add(tuple(gang[:2]))
         # kernels of these runs waiting for inputs that will never come must not hold
         # their devices: fail the run's buffers nobody has produced yet
-        err = RemoteError(f"the run failed: {msg.reason}")
+        # (a save or fetch of them fails as the run did: HostLost when a host was lost)
+        err = (HostLost if isinstance(msg.root, HostLost) else RemoteError)(
+            f"the run failed: {msg.reason}")
         self.store.fail_awaited(lambda key: protocol.key_run(key) in runs, err)
         # nor may a reader of an output these runs will never make (a save, a fetch, a
         # kernel of a later run) wait for it, now or later
