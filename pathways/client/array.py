@@ -80,7 +80,8 @@ class Array(RemoteValue):
         client.ledger.track(self)
 
     # as JAX says them: a key array's are its keys', not its key data's (``aval``)
-    shape = property(lambda self: self.aval.logical_shape)
+    shape = property(lambda self: self.aval.shape if self.aval.key is None
+                     else self.aval.logical_shape)
     dtype = property(lambda self: self.aval.dtype if self.aval.key is None
                      else prng.key_dtype(self.aval.key))
     ndim = property(lambda self: len(self.shape))

@@ -45,11 +45,12 @@ def check_arguments(name: str, args, client=None) -> None:
         for path, leaf in tree.with_paths(arg, f"argument {i}"):
             if _is_jax_tracer(leaf):
                 raise ProgramError(
-                    f"{name}: {path} is a JAX tracer ({type(leaf).__name__}): a pw function"
-                    " was called inside a JAX transformation (jax.grad, jax.jit, jax.vmap,"
-                    " ...), which is not supported from outside. Transform inside the body"
-                    " (pw.shard_map(jax.value_and_grad(loss), ...)), and use @pw.program for"
-                    " what jax.jit would compile")
+                    f"{name}: {path} is a JAX tracer ({type(leaf).__name__}): it was called"
+                    " inside a JAX transformation (jax.grad, jax.jit, jax.vmap, ...), which"
+                    " only pw.shard_map functions support from outside (their gradient runs"
+                    " on the cluster too); a @pw.program or an expert_map cannot be"
+                    " transformed so: call the shard_map functions themselves there, or"
+                    " transform inside the body (pw.shard_map(jax.value_and_grad(loss), ...))")
             if not isinstance(leaf, RemoteValue):
                 raise ProgramError(
                     f"{name}: {path} is {describe(leaf)}, not a pw.Array. Put the value on"

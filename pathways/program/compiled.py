@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ProgramError, ShardingError
-from . import collectives, flat_call, jax_body, replication, tree
+from . import collectives, flat_call, jax_body, jax_outer, replication, tree
 from .arguments import check_arguments
 from . import cost as cost_model
 from .ir import Aval, RemoteValue, current_trace, is_device_array
@@ -327,7 +327,12 @@ class CompiledFunction:
         if trace is not None:
             trace.check_arguments(self.name, args)
         else:
-            check_arguments(self.name, args, self.mesh.client)
+            try:
+                check_arguments(self.name, args, self.mesh.client)
+            except ProgramError:  # inside jax.grad, jax.jit, ...: a part of JAX's work
+                if self.routed or not jax_outer.traced(args):
+                    raise
+                return jax_outer.call(self, args)
         flat, leaves, out_def = self.twin(args)
         outs = trace.record(flat, leaves) if trace is not None else run_op_by_op(flat, leaves)
         return outs if out_def is None else tree.unflatten(out_def, outs)

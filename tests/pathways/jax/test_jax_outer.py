@@ -1,0 +1,156 @@
+"""JAX transformations from outside a pw function (issue 46 item 3): jax.grad, value_and_grad,
+vjp, jit and vmap of a function that calls pw.shard_map run it on the cluster, and equal the
+same with jax.shard_map on this process's CPU devices. Cases after JAX's own shard_map tests
+(named in each)."""
+
+import numpy as np
+import pytest
+
+import pathways as pw
+from pathways import P
+from pathways.testing import jax_specs
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+from jax.sharding import Mesh as JaxMesh  # noqa: E402
+from jax_cases import across_hosts  # noqa: E402
+
+TOL = {"rtol": 2e-5, "atol": 2e-5}
+
+
+def both(client, body, shape, names, in_specs, out_specs, check_rep=True):
+    """(the pw function on the cluster, jax.shard_map's on JAX's CPU devices) of ``body``."""
+    pw_fn = pw.shard_map(body, across_hosts(client, shape, names), in_specs, out_specs,
+                         check_rep=check_rep)
+    devices = np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape)
+    jax_fn = jax.shard_map(body, mesh=JaxMesh(devices, names), in_specs=jax_specs(in_specs),
+                           out_specs=jax_specs(out_specs), check_vma=check_rep)
+    return pw_fn, jax_fn
+
+
+def same_grads(client, body, shape, names, in_specs, out_specs, *args, check_rep=True,
+               argnums=0):
+    """jax.value_and_grad of the sum of ``body``'s outputs, both ways, equal."""
+    pw_fn, jax_fn = both(client, body, shape, names, in_specs, out_specs, check_rep)
+
+    def loss(fn):
+        return lambda *a: sum(jnp.sum(o) for o in jax.tree.leaves(fn(*a)))
+
+    got = jax.value_and_grad(loss(pw_fn), argnums=argnums)(*args)
+    want = jax.value_and_grad(loss(jax_fn), argnums=argnums)(*args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(g, w, **TOL)
+    return pw_fn, jax_fn
+
+
+X = np.arange(16.0, dtype=np.float32)
+
+
+def test_grad_of_a_sharded_loss(client):
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(3, 2)).astype(np.float32)
+    x = rng.normal(size=(8, 3)).astype(np.float32)
+    same_grads(client, lambda w, x: jax.lax.psum(jnp.sum(jnp.tanh(x @ w) ** 2), "i"), (4,),
+               ("i",), (P(), P("i")), P(), w, x, argnums=(0, 1))
+
+
+def test_a_replicated_argument_fanned_out_transposes_to_a_sum(client):
+    # JAX: test_fanout_specs_transpose_to_psum
+    same_grads(client, lambda x: x * 2.0, (4,), ("i",), P(), P("i"), np.arange(1.0, 3.0))
+
+
+def test_psum_transposes(client):
+    # JAX: test_fanin_psum_transposes_to_fanout, test_psum_with_implicit_fanout_self_transposes
+    same_grads(client, lambda x: jax.lax.psum(x, "i"), (4,), ("i",), P("i"), P(), X)
+    same_grads(client, lambda x: jax.lax.psum(x, "i") * x, (4,), ("i",), P("i"), P("i"), X)
+
+
+def test_psum_transpose_with_two_outputs(client):
+    # JAX: test_psum_transpose_non_zero_cts, under jax.grad and jax.jit(jax.grad)
+    pw_fn, jax_fn = both(client, lambda b: (b, jax.lax.psum(b, "i")), (8,), ("i",), P("i"),
+                         (P("i"), P()))
+
+    def loss(fn):
+        return lambda x: fn(x)[0].sum() + 3.0 * fn(x)[1].sum()
+
+    want = jax.grad(loss(jax_fn))(X)
+    np.testing.assert_allclose(jax.grad(loss(pw_fn))(X), want, **TOL)
+    np.testing.assert_allclose(jax.jit(jax.grad(loss(pw_fn)))(X), want, **TOL)
+
+
+def test_grads_without_the_replication_check(client):
+    # JAX: test_check_rep_false_grads
+    q = np.arange(32.0, dtype=np.float32).reshape(4, 8)
+    kv = np.arange(8.0, dtype=np.float32)
+    same_grads(client, lambda q, k, v: q * k[None, :] + v[None, :], (4,), ("heads",),
+               (P("heads", None), P(None), P(None)), P("heads", None), q, kv, kv,
+               check_rep=False, argnums=(0, 1, 2))
+
+
+def test_vmap_of_a_pw_function(client):
+    # JAX: test_vmap_basic (a 2x2 mesh), and vmap of a grad
+    pw_fn, jax_fn = both(client, lambda x: 2.0 * x, (2, 2), ("x", "y"), P("y"), P("y"))
+    x = np.arange(64.0, dtype=np.float32).reshape(8, 8)
+    np.testing.assert_allclose(jax.vmap(pw_fn)(x), 2 * x, **TOL)
+    f, _ = both(client, lambda w, x: jax.lax.psum(jnp.sum(x * w), "i"), (4,), ("i",),
+                (P(), P("i")), P())
+    g = jax.vmap(jax.grad(f), in_axes=(0, None))(np.ones((3, 1), np.float32), X)
+    np.testing.assert_allclose(g, np.full((3, 1), X.sum()), **TOL)
+
+
+def test_an_integer_argument_gets_no_cotangent(client):
+    # JAX: test_transpose_float0 (what grad gives an integer argument)
+    f, _ = both(client, lambda x, n: x * n.astype(x.dtype), (4,), ("i",), P("i"), P("i"))
+    n = np.arange(16, dtype=np.int32)
+    g = jax.grad(lambda x, n: f(x, n).sum(), argnums=(0, 1), allow_int=True)(X, n)
+    np.testing.assert_allclose(g[0], n.astype(np.float32))
+    assert g[1].dtype == jax.dtypes.float0
+
+
+def test_forward_mode_is_refused_clearly(client):
+    f, _ = both(client, lambda x: x * 2.0, (4,), ("i",), P("i"), P("i"))
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.jvp(f, (X,), (X,))
+
+
+def test_a_training_loop_with_value_and_grad_outside(client):
+    """The issue's target: a loss computed by a sharded forward pass, its gradient by JAX's
+    value_and_grad outside pw.shard_map, a few steps of SGD: losses equal jax.shard_map's."""
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(16, 4)).astype(np.float32)
+    y = rng.normal(size=(16, 1)).astype(np.float32)
+    params = {"w": rng.normal(size=(4, 1)).astype(np.float32) * 0.5,
+              "b": np.zeros((1,), np.float32)}
+
+    def body(p, x, y):  # data parallel: each device its rows, the mean loss over all
+        err = x @ p["w"] + p["b"] - y
+        return jax.lax.psum(jnp.sum(err ** 2), "d") / 16.0
+
+    pw_fn, jax_fn = both(client, body, (4,), ("d",), ({"w": P(), "b": P()}, P("d"), P("d")),
+                         P())
+    losses = {}
+    for name, fn in (("pw", pw_fn), ("jax", jax_fn)):
+        p, losses[name] = params, []
+        for _ in range(5):
+            loss, grads = jax.value_and_grad(fn)(p, x, y)
+            p = jax.tree.map(lambda a, g: a - 0.1 * g, p, grads)
+            losses[name].append(float(loss))
+    np.testing.assert_allclose(losses["pw"], losses["jax"], rtol=1e-5)
+    assert losses["pw"][-1] < losses["pw"][0]
+
+
+def test_pw_arrays_stay_on_the_cluster_as_constants(client):
+    """Data put on the cluster once, parameters from JAX: the gradient flows to the JAX
+    values only, and the pw.Array is used where it is."""
+    rng = np.random.default_rng(2)
+    w = rng.normal(size=(3, 2)).astype(np.float32)
+    x = rng.normal(size=(8, 3)).astype(np.float32)
+    body = lambda w, x: jax.lax.psum(jnp.sum(jnp.tanh(x @ w) ** 2), "i")  # noqa: E731
+    pw_fn, jax_fn = both(client, body, (4,), ("i",), (P(), P("i")), P())
+    on_cluster = client.put(x, pw_fn.mesh, P("i"))
+    got = jax.value_and_grad(lambda w: pw_fn(w, on_cluster))(w)
+    want = jax.value_and_grad(lambda w: jax_fn(w, x))(w)
+    for g, v in zip(got, want):
+        np.testing.assert_allclose(g, v, **TOL)
+    np.testing.assert_allclose(on_cluster.result(), x)  # still there, unchanged
+
