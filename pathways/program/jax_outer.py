@@ -115,6 +115,8 @@ def _on_cluster(fn, args) -> tuple:
     is used where it is), runs ``fn`` on the cluster and fetches what it returns."""
     import jax
 
+    args = [a if isinstance(a, RemoteValue) or hasattr(a, "shape") else jax.numpy.asarray(a)
+            for a in args]  # (a weakly typed Python number, as JAX hands it to a custom_vjp)
     avals = [Aval.of(a) for a in args]
     outs = fn.abstract_eval(avals)
     if any(a.key is not None for a in (*outs, *avals)):

@@ -153,4 +153,9 @@ def test_pw_arrays_stay_on_the_cluster_as_constants(client):
     for g, v in zip(got, want):
         np.testing.assert_allclose(g, v, **TOL)
     np.testing.assert_allclose(on_cluster.result(), x)  # still there, unchanged
+    # a Python number as the differentiated argument (JAX hands it on weakly typed)
+    pw_fn, jax_fn = both(client, lambda s, x: jax.lax.psum(jnp.sum(x * s), "i"), (4,), ("i",),
+                         (P(), P("i")), P())
+    np.testing.assert_allclose(jax.grad(lambda s: pw_fn(s, on_cluster))(1.0),
+                               jax.grad(lambda s: jax_fn(s, x))(1.0), **TOL)
 
