@@ -47,10 +47,9 @@ def check_arguments(name: str, args, client=None) -> None:
                 raise ProgramError(
                     f"{name}: {path} is a JAX tracer ({type(leaf).__name__}): it was called"
                     " inside a JAX transformation (jax.grad, jax.jit, jax.vmap, ...), which"
-                    " only pw.shard_map functions support from outside (their gradient runs"
-                    " on the cluster too); a @pw.program or an expert_map cannot be"
-                    " transformed so: call the shard_map functions themselves there, or"
-                    " transform inside the body (pw.shard_map(jax.value_and_grad(loss), ...))")
+                    " pw.shard_map functions and @pw.program support from outside (their"
+                    " gradient runs on the cluster too), but an expert_map does not:"
+                    " transform inside its expert body instead")
             if not isinstance(leaf, RemoteValue):
                 raise ProgramError(
                     f"{name}: {path} is {describe(leaf)}, not a pw.Array. Put the value on"

@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 
 from ..errors import ProgramError
-from . import fusion, prng, tree
+from . import fusion, jax_outer, prng, tree
 from .arguments import check_arguments, describe
 from .compiled import CompiledFunction
 from .ir import Aval, Eqn, Program, Var, current_trace, evaluate, tracing
@@ -140,7 +140,12 @@ class ProgramFunction:
         if current_trace() is not None:  # called while tracing another program: inlined
             return self.fn(*arrays)      # into it, as nested jax.jit calls are
         if arrays:  # (a program of no arguments runs where the functions it calls do)
-            check_arguments(self.__name__, arrays)
+            try:
+                check_arguments(self.__name__, arrays)
+            except ProgramError:  # inside jax.grad, jax.jit, ...: its calls are JAX's work,
+                if not jax_outer.traced(arrays):  # one by one (``jax_outer``), as
+                    raise                         # pw.reference runs them
+                return self.fn(*arrays)
         leaves, in_def = tree.flatten(arrays)
         program, out_def = self.trace_tree(in_def, [Aval.of(a) for a in leaves])
         client = leaves[0].client if leaves else _client_of(program)

@@ -159,3 +159,30 @@ def test_pw_arrays_stay_on_the_cluster_as_constants(client):
     np.testing.assert_allclose(jax.grad(lambda s: pw_fn(s, on_cluster))(1.0),
                                jax.grad(lambda s: jax_fn(s, x))(1.0), **TOL)
 
+
+def test_a_program_under_jax_transformations_runs_its_calls_one_by_one(client):
+    """jax.grad, jax.jit and jax.vmap of a @pw.program: its shard_map calls are JAX's work,
+    each as above (as pw.reference runs them); grads equal the jax.shard_map chain's."""
+    layer, jax_layer = both(client, lambda w, x: jnp.tanh(x @ w), (4,), ("i",), (P(), P("i")),
+                            P("i"))
+    total, jax_total = both(client, lambda y: jax.lax.psum(jnp.sum(y ** 2), "i"), (4,),
+                            ("i",), P("i"), P())
+    rng = np.random.default_rng(3)
+    w1, w2 = (rng.normal(size=(3, 3)).astype(np.float32) for _ in range(2))
+    x = rng.normal(size=(8, 3)).astype(np.float32)
+
+    @pw.program
+    def loss(w1, w2, x):
+        return total(layer(w2, layer(w1, x)))
+
+    def jax_loss(w1, w2, x):
+        return jax_total(jax_layer(w2, jax_layer(w1, x)))
+
+    want = jax.grad(jax_loss, argnums=(0, 1))(w1, w2, x)
+    for fn in (jax.grad(loss, argnums=(0, 1)), jax.jit(jax.grad(loss, argnums=(0, 1)))):
+        for g, v in zip(fn(w1, w2, x), want):
+            np.testing.assert_allclose(g, v, **TOL)
+    xs = np.stack([x, 2 * x])
+    np.testing.assert_allclose(jax.vmap(loss, in_axes=(None, None, 0))(w1, w2, xs),
+                               jax.vmap(jax_loss, in_axes=(None, None, 0))(w1, w2, xs), **TOL)
+

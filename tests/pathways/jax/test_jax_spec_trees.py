@@ -103,19 +103,3 @@ def test_one_out_spec_over_several_jax_outputs_is_checked_when_traced(client):
         plain_jax(body, (4,), ("i",), P("i"), P(), X)
     for error in _mismatch(client, body, P("i"), P(), X):
         assert "out_specs" in error and "'body'" in error
-
-
-def test_a_program_transformed_from_outside_is_refused_naming_the_tracer(client):
-    """jax.grad/jit/vmap of a @pw.program are not supported (pw.shard_map functions are:
-    test_jax_outer.py): each says so, naming the tracer it got and what to do instead,
-    instead of asking to put the value on the cluster first."""
-    mesh = client.mesh((8,), ("i",))
-    f = pw.program(pw.shard_map(lambda a: a * 2, mesh, P("i"), P("i")))
-    x = jnp.asarray(X)
-    for transform, kind in ((jax.grad(lambda a: f(a).sum()), "JVPTracer|LinearizeTracer"),
-                            (jax.jit(f), "DynamicJaxprTracer"),
-                            (jax.vmap(f), "BatchTracer")):
-        with pytest.raises(pw.ProgramError, match=rf"argument 0 is a JAX tracer \(({kind})\)"
-                           r".*only pw.shard_map functions support"):
-            transform(x[None] if kind == "BatchTracer" else x)
-
