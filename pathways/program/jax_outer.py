@@ -147,7 +147,8 @@ def _transposed(fn, n: int, wrt: tuple):
         return made
     import jax
 
-    body, single, specs = fn.body, fn.single_output, fn.arg_specs(n)
+    # (locals, not ``fn``: the body below is pickled to the hosts, and fn with it otherwise)
+    body, single, specs, check_rep = fn.body, fn.single_output, fn.arg_specs(n), fn.check_rep
     mesh = dict(zip(fn.mesh.axis_names, fn.mesh.axis_sizes))
     out_axes = [spec_axes(s or ()) for s in fn.out_specs]
     unmentioned = [tuple(a for a in mesh if a not in spec_axes(specs[i] or ())) for i in wrt]
@@ -160,24 +161,24 @@ def _transposed(fn, n: int, wrt: tuple):
                 xs[i] = d
             out = body(*xs)
             out = (out,) if single else tuple(out)
-            if not fn.check_rep:
+            if not check_rep:
                 return out
             # an output is as varying as its spec, as its cotangent is: the cast transposes
             # to the sum over the devices that shared it (JAX's shard_map transpose)
             return tuple(_varying_over(o, axes) for o, axes in zip(out, out_axes))
 
-        if not fn.check_rep:  # no types to follow: JAX's rule without them
+        if not check_rep:  # no types to follow: JAX's rule without them
             cts = [ct / np.prod([mesh[a] for a in mesh if a not in axes])
                    for ct, axes in zip(cts, out_axes)]
         _, vjp = jax.vjp(forward, *[xs[i] for i in wrt])
         got = vjp(tuple(cts))
-        if not fn.check_rep:
+        if not check_rep:
             got = [jax.lax.psum(g, axes) if axes else g for g, axes in zip(got, unmentioned)]
         return tuple(got)
 
     made = cache[(n, wrt)] = type(fn)(  # a CompiledFunction, as fn is
         backward, fn.mesh, tuple(specs) + tuple(fn.out_specs), tuple(specs[i] for i in wrt),
-        name=f"{fn.name}.vjp", check_rep=fn.check_rep)
+        name=f"{fn.name}.vjp", check_rep=check_rep)
     return made
 
 
