@@ -80,10 +80,8 @@ class Array(RemoteValue):
         client.ledger.track(self)
 
     # as JAX says them: a key array's are its keys', not its key data's (``aval``)
-    shape = property(lambda self: self.aval.shape if self.aval.key is None
-                     else self.aval.logical_shape)
-    dtype = property(lambda self: self.aval.dtype if self.aval.key is None
-                     else prng.key_dtype(self.aval.key))
+    shape = property(lambda self: self.aval.logical_shape)
+    dtype = property(lambda self: self.aval.logical_dtype)
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: math.prod(self.shape))
     sharding = property(lambda self: NamedSharding(self.mesh, self.spec))

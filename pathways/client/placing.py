@@ -80,15 +80,15 @@ def _place(client, value, items, is_item, where, what: str, keep_placed: bool = 
                 array, key = prng.data_of(leaf)
             else:
                 array = pytrees.numeric(leaf, path, what)  # no copy yet: a huge view must
-            spec = sharding.spec_for(Aval(array.shape, array.dtype, key), spec,  # fail first
-                                     mesh.axis_names)
+            aval = Aval(array.shape, array.dtype, key)
+            spec = sharding.spec_for(aval, spec, mesh.axis_names)  # fail first
             block = sharding.shard_shape(array.shape, mesh.axis_sizes, mesh.axis_names, spec)
         except ShardingError as exc:
             raise pytrees.at(path, exc) from None
         client.shards.check_fits(math.prod(block) * array.dtype.itemsize, mesh, what)
         if array.dtype.hasobject:
             _check_picklable(array)
-        plans.append((array, mesh, spec, key))
+        plans.append((array, mesh, spec, aval))
     return pytrees.unflatten(treedef, [_send(client, p) for p in plans])
 
 
@@ -104,15 +104,14 @@ def _send(client, plan) -> Array:
     """The array ``_place`` planned: a copy of the value, split and sent to the hosts."""
     if isinstance(plan, Array):
         return plan
-    value, mesh, spec, key = plan
+    value, mesh, spec, aval = plan
     value = np.array(value, copy=True)
     shards = sharding.split(value, mesh.axis_sizes, mesh.axis_names, spec)
     array_id = client.shards.new_id()
     client.shards.put(array_id, mesh, shards)
     done: cf.Future = cf.Future()
     done.set_result(None)
-    return Array(client, array_id, Aval(value.shape, value.dtype, key), mesh, spec, done,
-                 value=value)
+    return Array(client, array_id, aval, mesh, spec, done, value=value)
 
 
 def _is_jax_sharding(obj) -> bool:

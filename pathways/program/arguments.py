@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 
 from ..errors import ProgramError
 from . import tree
 from .ir import Aval, RemoteValue
+from .jax_outer import is_tracer
 
 __all__ = ["check_arguments", "describe"]
 
@@ -43,7 +43,7 @@ def check_arguments(name: str, args, client=None) -> None:
     first = None  # else the first leaf that is not, named by its path
     for i, arg in enumerate(args):
         for path, leaf in tree.with_paths(arg, f"argument {i}"):
-            if _is_jax_tracer(leaf):
+            if is_tracer(leaf):
                 raise ProgramError(
                     f"{name}: {path} is a JAX tracer ({type(leaf).__name__}): it was called"
                     " inside a JAX transformation (jax.grad, jax.jit, jax.vmap, ...), which"
@@ -72,12 +72,6 @@ def check_arguments(name: str, args, client=None) -> None:
     if first is None:
         raise ProgramError(f"{name}: the arguments hold no pw.Array; call with arrays put on"
                            " the cluster (client.put(...))")
-
-
-def _is_jax_tracer(value) -> bool:
-    """Whether ``value`` is a JAX tracer (looked up only if JAX is loaded already)."""
-    jax = sys.modules.get("jax")
-    return jax is not None and isinstance(value, jax.core.Tracer)
 
 
 def describe(value) -> str:

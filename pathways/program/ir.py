@@ -48,6 +48,11 @@ class Aval:
             return self.shape
         return self.shape[:len(self.shape) - prng.key_ndim(self.key)]
 
+    @property
+    def logical_dtype(self):
+        """The dtype a user sees: a key array's is JAX's (``key<fry>``)."""
+        return self.dtype if self.key is None else prng.key_dtype(self.key)
+
     def __str__(self):
         name = self.dtype.name if self.key is None else f"key<{self.key}>"
         return f"{name}[{','.join(map(str, self.logical_shape))}]"

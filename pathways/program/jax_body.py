@@ -293,8 +293,7 @@ class JaxBody:
         key = (self.token, tuple(in_avals))
         plan = _plans.get((*key, None))
         if plan is not None:
-            return plan.out_avals, [Aval(tuple(a.shape), np.dtype(a.dtype), o.key)
-                                    for a, o in zip(plan.shard_out_avals, plan.out_avals)]
+            return plan.out_avals, _ours(plan.shard_out_avals, [o.key for o in plan.out_avals])
         with _plans_lock:
             got = _avals.get(key)
             if got is None:
@@ -307,8 +306,7 @@ class JaxBody:
         """((global output avals, one device's), the closed jaxpr) of the body's trace."""
         closed, keys = self.traced(in_avals, single_output)
         outs, shards = shapes_of(closed, self.name)
-        return ([Aval(tuple(a.shape), np.dtype(a.dtype), k) for a, k in zip(outs, keys)],
-                [Aval(tuple(a.shape), np.dtype(a.dtype), k) for a, k in zip(shards, keys)]), closed
+        return (_ours(outs, keys), _ours(shards, keys)), closed
 
     def traced(self, in_avals, single_output):
         """(the closed jaxpr of the body's ``jax.shard_map`` on arguments of ``in_avals``,
@@ -328,7 +326,7 @@ class JaxBody:
         out_keys: list = []
 
         def flat(*args):
-            outs = body(*[a if k is None else prng.wrap(a, k) for a, k in zip(args, in_keys)])
+            outs = body(*prng.wrapped(args, in_keys))
             outs = (outs,) if single_output else tuple(outs)
             data = [prng.unwrap(o) for o in outs]
             out_keys[:] = [k for _, k in data]
@@ -373,6 +371,11 @@ class JaxBody:
         return plan.flops, plan.bytes
 
 
+def _ours(avals, keys) -> list[Aval]:
+    """JAX's ``avals`` (of key data where ``keys`` names an impl) as ``Aval``s."""
+    return [Aval(tuple(a.shape), np.dtype(a.dtype), k) for a, k in zip(avals, keys)]
+
+
 _plans: OrderedDict[tuple, Plan] = OrderedDict()
 _avals: OrderedDict[tuple, tuple] = OrderedDict()  # ``avals`` of bodies not planned: (its
 # answer, the closed jaxpr, which ``plan`` takes up if a host of this process runs the body)
@@ -392,7 +395,7 @@ def out_shapes(fn, axis_names, mesh_shape, in_avals, in_specs, name):
     keys = [a.key for a in in_avals]
 
     def keep(*args):
-        out = fn(*[a if k is None else prng.wrap(a, k) for a, k in zip(args, keys)])
+        out = fn(*prng.wrapped(args, keys))
         shapes.append(jax.tree.map(lambda o: jax.ShapeDtypeStruct(o.shape, o.dtype), out))
         return jax.tree.map(lambda o: jax.numpy.zeros((), prng.unwrap(o)[0].dtype), out)
 

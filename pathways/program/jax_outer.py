@@ -32,7 +32,7 @@ from . import tree
 from .ir import Aval, RemoteValue
 from .replication import spec_axes
 
-__all__ = ["call", "traced"]
+__all__ = ["call", "is_tracer", "traced"]
 
 # per function, what it was made into here (not on the function: it is pickled to hosts)
 _MADE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -42,11 +42,15 @@ def _made(fn) -> dict:
     return _MADE.setdefault(fn, {})
 
 
-def traced(args) -> bool:
-    """Whether a leaf of ``args`` is a JAX tracer (False, importing nothing, without JAX)."""
+def is_tracer(value) -> bool:
+    """Whether ``value`` is a JAX tracer (False, importing nothing, without JAX)."""
     jax = sys.modules.get("jax")
-    return jax is not None and any(isinstance(leaf, jax.core.Tracer)
-                                   for leaf in tree.flatten(args)[0])
+    return jax is not None and isinstance(value, jax.core.Tracer)
+
+
+def traced(args) -> bool:
+    """Whether a leaf of ``args`` is a JAX tracer."""
+    return any(is_tracer(leaf) for leaf in tree.flatten(args)[0])
 
 
 def call(fn, args):

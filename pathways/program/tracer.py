@@ -27,8 +27,7 @@ class Tracer:
 
     aval = property(lambda self: self.var.aval)
     shape = property(lambda self: self.var.aval.logical_shape)  # a key array's: its keys'
-    dtype = property(lambda self: self.var.aval.dtype if self.var.aval.key is None
-                     else prng.key_dtype(self.var.aval.key))
+    dtype = property(lambda self: self.var.aval.logical_dtype)
     ndim = property(lambda self: len(self.shape))
 
     def __repr__(self):
