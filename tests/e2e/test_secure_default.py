@@ -60,7 +60,10 @@ def stranger(ctx, address: str, frames: list, kind=zmq.DEALER, keys=None) -> str
     monitor = s.get_monitor_socket(events)
     try:
         s.connect(address)
-        s.send_multipart(frames, zmq.NOBLOCK)  # queued until a handshake succeeds
+        try:
+            s.send_multipart(frames, zmq.NOBLOCK)  # queued until a handshake succeeds
+        except zmq.Again:  # the handshake failed already, and its pipe went: nothing sent
+            pass
         while True:
             assert monitor.poll(30_000), f"no handshake with {address} at all"
             event = recv_monitor_message(monitor)["event"]
