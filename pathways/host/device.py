@@ -81,6 +81,9 @@ class DeviceWork:
     not_before: float = 0.0  # modelled arrival of data pushed to it: it starts no earlier
     limit: float | None = None  # seconds its body may run (None: the executor's default)
     calls: int = 1  # program calls it runs (a fused kernel: several), each the default
+    # kernels sharing a gang (its shards on one host) whose ends come together are
+    # published by one ``gang.on_done_all([(kernel, finish)])`` instead of each ``on_done``
+    gang: object = None
 
     def input_keys(self) -> list:
         return []
@@ -242,15 +245,6 @@ class EmulatedDevice:
                 self.executor.idle.notify_all()
             return slot
 
-    def finished(self, shard, record: KernelRecord) -> None:
-        """The executor is done with the current kernel: record it, free the device."""
-        with self._lock:
-            self._timeline.append(record)
-            self._busy += record.end - record.start
-            self.lane.release(shard)
-            if self.executor.idle_waiters:
-                self.executor.idle.notify_all()
-
     # -- what can be observed --------------------------------------------------------------
 
     @property
@@ -321,6 +315,18 @@ def report_error(kernel, error: BaseException) -> None:
         kernel.on_error(error)
     except Exception:
         log.exception("on_error of kernel %r raised", kernel)
+
+
+def finished_all(executor, done) -> None:
+    """The executor is done with the current kernel of each ``(device, slot, record)`` of
+    ``done`` (devices it runs): record it and free the device, under one lock."""
+    with executor.lock:
+        for device, slot, record in done:
+            device._timeline.append(record)
+            device._busy += record.end - record.start
+            device.lane.release(slot)
+        if executor.idle_waiters:
+            executor.idle.notify_all()
 
 
 def enqueue_all(items) -> None:

@@ -47,7 +47,14 @@ from ..program.cost import DeviceSpec
 from .admission import Admissions
 from .body_runner import BodyRunner, Shard, kernel_name
 from .clock import MONOTONIC, Clock
-from .device import EmulatedDevice, Finish, KernelRecord, device_name, report_error
+from .device import (
+    EmulatedDevice,
+    Finish,
+    KernelRecord,
+    device_name,
+    finished_all,
+    report_error,
+)
 from .drivers import LoopDriver, ThreadDriver
 from .exchange import Exchanges
 from .hbm import HBM_WAIT, HbmGrant, no_room
@@ -96,6 +103,8 @@ class Executor:
         self._tick = itertools.count()
         self._resumable: deque = deque()
         self.turn_cut = False  # the last turn stopped at its budget, with work left
+        self._bands: dict = {}  # gang -> its _Band: its shards whose ends came so far
+        self._ending: list = []  # bands (and lone shards) to finish at the end of this pass
         # outputs take HBM through the store's admissions (its own when there is no store)
         self._admit = (store.admissions if store is not None else Admissions(self.devices)).admit
 
@@ -181,6 +190,9 @@ class Executor:
             while self._resumable:
                 self.bodies.resume(*self._resumable.popleft())
                 busy = True
+            if self._ending:
+                self._finish_ended()
+                busy = True
             # the clock is read after work only (a device's next kernel may run a body)
             if not (busy and self._over(ends)):
                 for device in list(self.devices.values()):
@@ -189,6 +201,8 @@ class Executor:
                         if self._over(ends):
                             break
             busy = busy and not self._over(ends)
+        if self._ending:  # (a turn cut at its budget publishes what ended before it goes)
+            self._finish_ended()
         if self.link is not None:
             self.link.flush(self._unsent)
 
@@ -213,7 +227,7 @@ class Executor:
 
     def next_deadline(self) -> float | None:
         """When the next turn is due (0.0: at once; None: only when woken)."""
-        if self._inbox or self._resumable or self.turn_cut:
+        if self._inbox or self._resumable or self.turn_cut or self._ending:
             return 0.0
         times = [t for t in (self.timeline.next_wake(),
                              self._timers[0][0] if self._timers else None) if t is not None]
@@ -245,8 +259,11 @@ class Executor:
     def body_done(self, shard: Shard) -> None:
         """``shard``'s body returned or raised: finish it at its modelled end."""
         if self.timeline.finish(shard, shard.ended_at):
-            self._finish(shard)
+            self._ended(shard, deferred=False)
         else:
+            gang = shard.kernel.gang
+            if gang is not None:  # its band waits for this end too
+                self._band(gang).coming += 1
             self._changed()
 
     def _changed(self) -> None:
@@ -271,7 +288,7 @@ class Executor:
         if type(action) is Start:
             self.bodies.begin(action.slot, now)
         else:
-            self._finish(action.slot)
+            self._ended(action.slot, deferred=True)
 
     # -- a device's next kernel --------------------------------------------------------------
 
@@ -330,24 +347,65 @@ class Executor:
 
     # -- its modelled end --------------------------------------------------------------------
 
+    def _band(self, gang) -> _Band:
+        band = self._bands.get(gang)
+        if band is None:
+            band = self._bands[gang] = _Band(gang)
+        return band
+
+    def _ended(self, shard: Shard, deferred: bool) -> None:
+        """Real time has reached ``shard``'s modelled end (``deferred``: an ``End`` the
+        timeline kept): it is finished at the end of this pass, with the shards of its gang
+        whose ends came too, once none is still to come (they come together: a gang's
+        shards end at the same virtual time, give or take their own real time)."""
+        gang = shard.kernel.gang
+        if gang is None:
+            self._ending.append([shard])
+            return
+        band = self._band(gang)
+        if deferred:
+            band.coming -= 1
+        band.shards.append(shard)
+        if not band.coming and not band.queued:
+            band.queued = True
+            self._ending.append(band)
+
+    def _finish_ended(self) -> None:
+        ending, self._ending = self._ending, []
+        for shards in ending:
+            if type(shards) is _Band:
+                band, shards = shards, shards.shards
+                band.queued = False
+                if band.coming:  # another end of its gang was kept meanwhile: wait for it
+                    continue
+                del self._bands[band.gang]
+            self._publish([s for s in shards if self._admit_outputs(s)])
+
     def _finish(self, shard: Shard) -> None:
-        """Real time has reached the kernel's modelled end: take its outputs' HBM (the
-        device is held until frees make room), then publish, record and free the device."""
+        """Real time has reached the kernel's modelled end: take its outputs' HBM, then
+        publish, record and free the device."""
+        if self._admit_outputs(shard):
+            self._publish([shard])
+
+    def _admit_outputs(self, shard: Shard) -> bool:
+        """Take ``shard``'s outputs' HBM: True if it is taken (or it failed) and the shard
+        may be published now; else it keeps its device until frees make room (``_admitted``
+        publishes it then) or ``hbm_wait`` has passed (``_no_room``)."""
         if shard.error is None and shard.grant is None:
             if not shard.nbytes:
                 shard.grant = HbmGrant(shard.device.device_id, 0, shard.device.hbm)
-            else:
-                try:
-                    admission = self._admit(shard.device.device_id, shard.nbytes,
-                                            lambda got: self._admitted(shard, got), urgent=True)
-                except Exception as exc:  # e.g. a bad output_bytes()
-                    self._admitted(shard, exc)
-                    return
-                if shard.grant is None and shard.error is None:
-                    self.timeline.hold(shard)  # keeps its device until room is made
-                    self.at(self.now() + self.hbm_wait, lambda: self._no_room(shard, admission))
-                return
-        self._publish(shard)
+                return True
+            try:
+                admission = self._admit(shard.device.device_id, shard.nbytes,
+                                        lambda got: self._admitted(shard, got), urgent=True)
+            except Exception as exc:  # e.g. a bad output_bytes()
+                shard.error = exc
+                return True
+            if shard.grant is None and shard.error is None:
+                self.timeline.hold(shard)  # keeps its device until room is made
+                self.at(self.now() + self.hbm_wait, lambda: self._no_room(shard, admission))
+                return False
+        return True
 
     def _no_room(self, shard: Shard, admission) -> None:
         """The kernel waited ``hbm_wait`` for its outputs' HBM: it fails, and its device
@@ -359,35 +417,69 @@ class Executor:
                               f"the outputs of {kernel_name(shard.kernel)} ",
                               "give the host a longer kernel limit")
         self.timeline.admitted(shard, self.now())  # it occupied its device until now
-        self._publish(shard)
+        self._publish([shard])
 
     def _admitted(self, shard: Shard, got) -> None:
-        if isinstance(got, BaseException):  # more than the whole HBM
+        """Its outputs' HBM, or why there is none (more than the whole HBM): at once, in
+        ``_admit_outputs``, or later, for a shard that kept its device while it waited
+        (then it is published here, alone, its device occupied until now)."""
+        waited = shard.held
+        if isinstance(got, BaseException):
             shard.error = got
         else:
             shard.grant = got
-            if shard.held:  # it kept its device while it waited: until now
+            if waited:
                 self.timeline.admitted(shard, self.now())
-        self._publish(shard)
+        if waited:
+            self._publish([shard])
 
-    def _publish(self, shard: Shard) -> None:
-        device, kernel = shard.device, shard.kernel
-        error = shard.error
-        if error is None:
+    def _publish(self, shards: list) -> None:
+        """Publish the outputs of ``shards`` (of one gang, or one shard), record each on its
+        device and free it; a failed shard's kernel is told instead."""
+        if not shards:
+            return
+        done = [s for s in shards if s.error is None]
+        if len(done) > 1:
             try:
-                kernel.on_done(Finish(shard.end, shard.grant))
+                done[0].kernel.gang.on_done_all([(s.kernel, Finish(s.end, s.grant))
+                                                 for s in done])
+                done = []
+            except Exception:  # all or nothing: each then finds its own error
+                log.debug("executor %s: publishing a gang's shards together failed", self.name,
+                          exc_info=True)
+        for shard in done:
+            try:
+                shard.kernel.on_done(Finish(shard.end, shard.grant))
             except Exception as exc:
-                error = exc
-        if error is not None:
-            report_error(kernel, error)
-        labels = dict(kernel.labels or {})
-        if shard.hosted:  # the device idled from its start while its host compiled
-            labels["compile"] = shard.hosted
-        if shard.waited:  # of its time on the device, this went on waiting for peers
-            labels["waited"] = shard.waited
-        device.finished(shard, KernelRecord(
-            shard.seq, kernel_name(kernel), labels, shard.began, shard.end,
-            error is not None, shard.arrived, self.now()))
+                shard.error = exc
+        now = self.now()
+        records = []
+        for shard in shards:
+            kernel = shard.kernel
+            if shard.error is not None:
+                report_error(kernel, shard.error)
+            labels = dict(kernel.labels or {})
+            if shard.hosted:  # the device idled from its start while its host compiled
+                labels["compile"] = shard.hosted
+            if shard.waited:  # of its time on the device, this went on waiting for peers
+                labels["waited"] = shard.waited
+            records.append((shard.device, shard, KernelRecord(
+                shard.seq, kernel_name(kernel), labels, shard.began, shard.end,
+                shard.error is not None, shard.arrived, now)))
+        finished_all(self, records)
+
+
+class _Band:
+    """The shards of one gang on this executor whose ends have come, finished together
+    once no end of theirs is still ``coming`` (kept by the timeline for later)."""
+
+    __slots__ = ("gang", "coming", "shards", "queued")
+
+    def __init__(self, gang):
+        self.gang = gang
+        self.coming = 0
+        self.shards: list = []
+        self.queued = False  # in the executor's ``_ending``
 
 
 def standalone_device(device_id: int, spec: DeviceSpec | None = None,

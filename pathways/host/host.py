@@ -96,10 +96,11 @@ class Host:
                            self.executor, device.current,
                            self.executor.jax_of.get(device.device_id))
 
-    def post_release(self, cap, outputs=()) -> None:
-        """Executor thread: release ``cap`` on the loop, ``outputs`` first handed to the
-        run's driver (``cap.output``); one loop wake for a whole turn's."""
-        self._released.append((cap, outputs))
+    def post_release(self, caps) -> None:
+        """Executor thread: release each ``(cap, outputs)`` of ``caps`` on the loop,
+        ``outputs`` first handed to the run's driver (``cap.output``); one loop wake for a
+        whole turn's."""
+        self._released.extend(caps)
         if not self._release_posted:
             self._release_posted = True
             self.core.call_soon(self._release_all)

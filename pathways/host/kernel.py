@@ -55,14 +55,13 @@ def input_key(spec, arg, i: int, device: int):
     return (arg.array_id(spec.inputs[i]), device)
 
 
-def release_input(spec, host: HostServices, i: int, key) -> None:
-    """This user is done with input ``i`` (its buffer ``key``, as ``input_key`` names it):
-    free a transfer buffer, or count one use of a value shared by ``spec.releases[i]`` users
-    (the last frees it); kept values stay."""
-    if i in spec.incoming:
-        host.store.delete(key)
-    elif spec.releases[i]:
-        host.store.release_use(key, spec.releases[i])
+def releases(spec, inputs) -> list:
+    """What a user of the inputs ``[(i, key)]`` of equation ``spec.index`` (their buffers, as
+    ``input_key`` names them) lets go of when done, as ``ObjectStore.release_uses`` takes it:
+    a transfer buffer is its only user's, a value shared by ``spec.releases[i]`` users is
+    freed by the last of them; kept values stay."""
+    return [(key, 1 if i in spec.incoming else spec.releases[i]) for i, key in inputs
+            if i in spec.incoming or spec.releases[i]]
 
 
 class DispatchedOp(plaque.Operator):
@@ -184,7 +183,7 @@ class KernelGang:
         self.outputs = tuple(arg.array_id(v) for v in spec.outputs)
         self.ships = tuple((k, shards, arg.outputs[v]) for k, shards in spec.ships
                            if (v := spec.outputs[k]) in arg.ship)
-        # the inputs a shard lets go of when done (``release_input``): not the kept ones
+        # the inputs a shard lets go of when done (``releases``): not the kept ones
         self.released = [i for i in range(len(spec.inputs))
                          if i in spec.incoming or spec.releases[i]]
 
@@ -193,6 +192,27 @@ class KernelGang:
         return [(aid, device) if aid is not None
                 else transfer_key(self.arg, self.spec.index, i, device)
                 for i, aid in enumerate(self.inputs)]
+
+    def on_done_all(self, done: list) -> None:
+        """``on_done`` of its kernels ``done`` (``[(kernel, finish)]``, on devices of this
+        host) as one: their outputs put under one lock, their inputs let go of under one,
+        their capabilities released in one wake of the loop. All or nothing: if it raises,
+        nothing was published."""
+        host = done[0][0].host
+        batches, uses, caps = [], [], []
+        for kernel, finish in done:
+            device, outs, keys = kernel.device_id, kernel._outputs, kernel.input_keys()
+            batches.append(([((aid, device), o) for aid, o in zip(self.outputs, outs)],
+                            finish.end, finish.grant))
+            uses += releases(self.spec, [(i, keys[i]) for i in self.released])
+            caps.append((kernel.cap, [(array, kernel.shard, shippable(outs[k]))
+                                      for k, shards, array in self.ships
+                                      if kernel.shard in shards]))
+        host.store.put_all(batches, self.owner)
+        for kernel, _ in done:
+            kernel._outputs = None
+        host.store.release_uses(uses)
+        host.post_release(caps)
 
 
 class Assembler:
@@ -307,25 +327,16 @@ class Kernel(DeviceWork):
 
     def on_done(self, finish: Finish):
         """The device has been occupied for the kernel's time: publish its outputs (their
-        HBM is already taken: ``finish.grant``), available from its modelled end."""
-        device, outs = self.device_id, self._outputs
-        self.host.store.put_all([((aid, device), o) for aid, o in zip(self.gang.outputs, outs)],
-                                self.gang.owner, finish.end, finish.grant)
-        small = [(array, self.shard, shippable(outs[k])) for k, shards, array in self.gang.ships
-                 if self.shard in shards]
-        self._release_inputs()
-        self._outputs = None
-        self.host.post_release(self.cap, small)
-
-    def _release_inputs(self):
-        keys = self.input_keys()
-        for i in self.gang.released:
-            release_input(self.spec, self.host, i, keys[i])
+        HBM is already taken: ``finish.grant``), available from its modelled end (as its
+        gang's ``on_done_all`` publishes several at once)."""
+        self.gang.on_done_all([(self, finish)])
 
     def on_error(self, exc):
         err = kernel_error(self.name, self.device_id, exc)
         poison(self.host, self.output_keys(), err, self.gang.owner)
-        self._release_inputs()
+        keys = self.input_keys()
+        self.host.store.release_uses(releases(self.spec, [(i, keys[i])
+                                                          for i in self.gang.released]))
         self.host.abort_gang(self.gang.key, self.spec.fn.mesh.ids, f"{self.name} failed on"
                              f" device {self.device_id}: {exc!r}", root=err)
 
@@ -402,6 +413,6 @@ class SendOp(DispatchedOp):
                     block = block.copy()
                 cap.emit(Piece(dst_slices, shippable(block), link), shard=dst)
         if self.spec.uses:
-            host.store.release_use(key, self.spec.uses)
+            host.store.release_uses([(key, self.spec.uses)])
         cap.release()
 

@@ -171,31 +171,40 @@ class ObjectStore:
         entry.arrival = self.clock.time() if arrival is None else arrival
         self._resolve(key, entry, BufferState.READY, value=value)
 
-    def put_all(self, items, owner: Owner, arrival: float, grant: HbmGrant) -> None:
-        """``put(key, value, owner, arrival=arrival, grant=grant)`` of each ``(key, value)``
-        of ``items`` -- a kernel's outputs on its device: new keys, one grant -- under one
-        lock. All are stored, or none (ValueError: a key exists already or twice, or the
-        grant is short; KeyError: no such device) and nothing is charged; readers and
-        callbacks are told once all are."""
-        items = [(key, _stored(value)) for key, value in items]
-        total = 0
-        for key, value in items:
-            total += value.nbytes
-            grant.check(key, total)
-        if items:
-            _check_owner(items[0][0], owner)
+    def put_all(self, batches, owner: Owner) -> None:
+        """``put(key, value, owner, arrival=arrival, grant=grant)`` of each ``(key, value)`` of
+        each ``(items, arrival, grant)`` of ``batches`` -- the outputs of a gang's kernels on
+        this host, each kernel's on its device with its grant: new keys -- under one lock.
+        All are stored, or none (ValueError: a key exists already or twice, or a grant is
+        short; KeyError: no such device) and nothing is charged; readers and callbacks are
+        told once all are."""
+        batches = [([(key, _stored(value)) for key, value in items], arrival, grant)
+                   for items, arrival, grant in batches]
+        totals, keys = [], set()
+        for items, _, grant in batches:
+            total = 0
+            for key, value in items:
+                total += value.nbytes
+                grant.check(key, total)
+                _check_owner(key, owner)
+                keys.add(key)
+            totals.append(total)
         told = []
         with self._lock:
-            for key, _ in items:
-                self._device(key)
-                self._check_new_locked(key)
-            if len({key for key, _ in items}) != len(items):
-                raise ValueError(f"outputs put twice: {[key for key, _ in items]}")
-            for key, value in items:  # (every key checked new above)
-                entry = self._own_locked(key, value.nbytes, owner)
-                entry.allocated, entry.arrival = True, arrival
-                told.append((key, self._resolve_locked(key, entry, BufferState.READY, value)))
-            grant.spend(total)
+            for items, _, _ in batches:
+                for key, _ in items:
+                    self._device(key)
+                    self._check_new_locked(key)
+            if len(keys) != sum(len(items) for items, _, _ in batches):
+                raise ValueError(f"outputs put twice: "
+                                 f"{[key for items, _, _ in batches for key, _ in items]}")
+            for (items, arrival, grant), total in zip(batches, totals):
+                for key, value in items:  # (every key checked new above)
+                    entry = self._own_locked(key, value.nbytes, owner)
+                    entry.allocated, entry.arrival = True, arrival
+                    told.append((key, self._resolve_locked(key, entry, BufferState.READY,
+                                                           value)))
+                grant.spend(total)
         for key, callbacks in told:
             for fn in callbacks:
                 _call(fn, key)
@@ -340,15 +349,17 @@ class ObjectStore:
         for device, nbytes in frees.items():
             self._devices[device].hbm.free(nbytes)
 
-    def release_use(self, key: Key, uses: int) -> None:
-        """One user of ``key`` is done with it; the last of its ``uses`` users deletes it."""
+    def release_uses(self, items) -> None:
+        """For each ``(key, uses)`` of ``items``, under one lock: one user of ``key`` is done
+        with it, and the last of its ``uses`` users deletes it (1: the only user deletes)."""
         with self._lock:
-            n = self._uses.get(key, 0) + 1
-            if n < uses:
-                self._uses[key] = n
-                return
-            self._uses.pop(key, None)
-            self._delete_locked(key)  # its last user: deleted under the same lock
+            for key, uses in items:
+                n = self._uses.get(key, 0) + 1
+                if n < uses:
+                    self._uses[key] = n
+                    continue
+                self._uses.pop(key, None)
+                self._delete_locked(key)  # its last user: deleted under the same lock
 
     def delete_owner(self, client_id: Hashable) -> int:
         """Delete every entry owned by ``client_id`` (any program); returns how many."""

@@ -39,9 +39,10 @@ class HostServices(Protocol):
     def kernel_env(self, mesh, flat_index: int, gang_key, device) -> ExecutorEnv:
         """Executor thread: where the collectives of the kernel running on ``device`` go."""
 
-    def post_release(self, cap, outputs=()) -> None:
-        """Executor thread: release the Plaque capability ``cap`` on the host's loop, after
-        handing ``outputs`` to the run's driver with it (small results for the client)."""
+    def post_release(self, caps) -> None:
+        """Executor thread: release each Plaque capability ``cap`` of ``caps`` (``[(cap,
+        outputs)]``) on the host's loop, after handing its ``outputs`` to the run's driver
+        (small results for the client)."""
 
     def abort_gang(self, gang_key, devices, reason: str, root=None) -> None:
         """Executor thread: stop this gang's collectives here and on its other hosts;

@@ -100,10 +100,12 @@ def test_a_wait_behind_a_kernel_that_gives_up_is_retried(store):
 
 def test_the_last_of_a_values_users_deletes_it(store):
     store.put(("shared", 1), np.zeros(4), OWNER)
-    store.release_use(("shared", 1), 3)
-    store.release_use(("shared", 1), 3)
+    store.put(("own", 1), np.zeros(2), OWNER)
+    store.release_uses([(("shared", 1), 3), (("own", 1), 1)])  # a value only one user reads
+    assert store.state(("own", 1)) is None
+    store.release_uses([(("shared", 1), 3)])
     assert store.state(("shared", 1)) is not None
-    store.release_use(("shared", 1), 3)
+    store.release_uses([(("shared", 1), 3)])
     assert store.state(("shared", 1)) is None and store.used_bytes(1) == 0
 
 

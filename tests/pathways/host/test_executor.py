@@ -154,13 +154,13 @@ class GangKernel(Kernel):
         super().__init__(f"{gang}[{flat}]", duration, clock=executor.now, body=self._shard,
                          **kwargs)
         self.executor, self.mesh, self.flat, self.device_of = executor, mesh, flat, device_of
-        self.gang, self.fn, self.args, self.before = gang, fn, args, before
+        self.gang_key, self.fn, self.args, self.before = gang, fn, args, before
         self.result = None
         self.env: ExecutorEnv | None = None
 
     def _shard(self, device):
         shape, names = self.mesh
-        self.env = ExecutorEnv(shape, names, self.flat, self.device_of, self.gang,
+        self.env = ExecutorEnv(shape, names, self.flat, self.device_of, self.gang_key,
                                self.executor, device.current)
         if self.before is not None:
             self.before()
@@ -264,6 +264,60 @@ def test_on_done_runs_once_the_clock_reached_the_end(make_executor):
             assert k.done_at is not None and k.done_at >= record.end
             assert record.published >= k.done_at >= record.end
             assert not record.error
+
+
+class Together:
+    """What a gang's kernels share (as ``pathways.host.kernel.KernelGang``): it publishes
+    those whose ends came together in one call, or fails to (``fail``: then each kernel
+    publishes itself)."""
+
+    def __init__(self, fail: bool = False):
+        self.fail = fail
+        self.calls: list = []
+
+    def on_done_all(self, done):
+        if self.fail:
+            raise RuntimeError("could not publish them together")
+        self.calls.append(sorted(kernel.name for kernel, _ in done))
+        for kernel, finish in done:
+            kernel.on_done(finish)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_gangs_shards_that_end_together_are_published_together(make_executor, fail):
+    """Shards of one gang on a host whose ends come in one pass (or whose ends the timeline
+    keeps for later, at the same virtual time) are published by one ``on_done_all``; a failed
+    shard is told on its own; a shard whose peer has not run yet (its device is busy) is not
+    held for it; publishing them together failing falls back to each kernel's ``on_done``."""
+    fake = FakeTime()
+    ex = make_executor(fake, (0, 1, 2, 3))
+    gang, late = Together(fail), Together(fail)
+
+    def boom(_device):
+        raise RuntimeError("kernel bug")
+
+    shards = [Kernel(f"g{d}", 1.0, clock=fake.clock, body=boom if d == 2 else None)
+              for d in range(3)]
+    busy = Kernel("busy", 2.0, clock=fake.clock)
+    lagging = [Kernel(f"l{d}", 0.5, clock=fake.clock) for d in (0, 3)]
+    for k in shards:
+        k.gang = gang
+    for k in lagging:
+        k.gang = late
+    ex.devices[3].enqueue(0, busy)  # l3 runs after it; l0 at once
+    for d, k in enumerate(shards):
+        ex.devices[d].enqueue(0, k)
+    ex.devices[0].enqueue(1, lagging[0])
+    ex.devices[3].enqueue(1, lagging[1])
+    run_all(ex)
+    assert gang.calls == ([] if fail else [["g0", "g1"]])
+    assert [k.done_at for k in shards[:2]] == [1.0, 1.0] and shards[2].done_at is None
+    assert "kernel bug" in str(shards[2].errors[0]) and ex.devices[2].timeline[0].error
+    assert lagging[0].done_at == 1.5 and lagging[1].done_at == 2.5  # neither waited
+    assert late.calls == []  # each was alone when its end came
+    for d in range(4):
+        for record in ex.devices[d].timeline:
+            assert record.published >= record.end
 
 
 def test_back_to_back_kernels_are_contiguous_despite_late_wake_ups(make_executor):
@@ -498,7 +552,7 @@ def test_a_deadlock_fails_every_kernel_of_both_gangs(make_executor, abort_on_err
     if abort_on_error:
         for k in gangs["A"] + gangs["B"]:
             k.on_error = lambda exc, k=k: (Kernel.on_error(k, exc),
-                                           ex.abort_gang(k.gang, f"{k.name} failed"))
+                                           ex.abort_gang(k.gang_key, f"{k.name} failed"))
     run_all(ex)
     timed_out = {k.name: bool(k.errors) and isinstance(k.errors[0], CollectiveTimeout)
                  for k in gangs["A"] + gangs["B"]}

@@ -360,25 +360,34 @@ def test_keys_nobody_will_make_fail_their_readers_now_and_later(store):
 
 
 def test_a_kernels_outputs_are_stored_together_or_not_at_all(store, devices):
-    """``put_all`` (a kernel's outputs on its device, one grant), ``get_all`` and
-    ``delete_all``: one lock each, the meaning of ``put``, ``get`` and ``delete`` of every
-    key, and a batch that cannot be stored whole stores nothing and charges nothing."""
+    """``put_all`` (the outputs of a gang's kernels, each on its device with its grant),
+    ``get_all`` and ``delete_all``: one lock each, the meaning of ``put``, ``get`` and
+    ``delete`` of every key, and a batch that cannot be stored whole stores nothing and
+    charges nothing."""
     grants = []
     store.admit(0, 300, grants.append)
-    grant = grants[0]
+    store.admit(1, 50, grants.append)
+    grant, other = grants
     k1, k2, k3 = (("client-1", 1), 0), (("client-1", 2), 0), (("client-1", 3), 0)
+    k4 = (("client-1", 1), 1)
     seen = []
     store.add_done_callback(k1, seen.append)  # a reader came before the producer
     store.put(k3, array(10), OWNER)
-    with pytest.raises(ValueError, match="already exists"):
-        store.put_all([(k1, array(100)), (k3, array(100))], OWNER, 1.0, grant)
+    with pytest.raises(ValueError, match="already exists"):  # in the other device's batch
+        store.put_all([([(k4, array(50))], 2.0, other),
+                       ([(k1, array(100)), (k3, array(100))], 1.0, grant)], OWNER)
     with pytest.raises(ValueError, match="left"):  # more than the grant holds
-        store.put_all([(k1, array(200)), (k2, array(200))], OWNER, 1.0, grant)
+        store.put_all([([(k1, array(200)), (k2, array(200))], 1.0, grant)], OWNER)
     with pytest.raises(ValueError, match="twice"):
-        store.put_all([(k1, array(100)), (k1, array(100))], OWNER, 1.0, grant)
-    assert store.state(k1) is None and grant.nbytes == 300 and seen == []
-    store.put_all([(k1, array(100, 5)), (k2, array(200, 6))], OWNER, 1.0, grant)
-    assert seen == [k1] and grant.nbytes == 0 and store.arrival(k2) == 1.0
+        store.put_all([([(k1, array(100)), (k1, array(100))], 1.0, grant)], OWNER)
+    assert store.state(k1) is None and store.state(k4) is None and seen == []
+    assert grant.nbytes == 300 and other.nbytes == 50
+    store.put_all([([(k1, array(100, 5)), (k2, array(200, 6))], 1.0, grant),
+                   ([(k4, array(50, 7))], 2.0, other)], OWNER)
+    assert seen == [k1] and grant.nbytes == other.nbytes == 0
+    assert store.arrival(k2) == 1.0 and store.arrival(k4) == 2.0
+    assert devices[1].hbm.used == 50
+    store.delete(k4)
     assert [v[0] for v in store.get_all([k1, k2, k3])] == [5, 6, 1]
     assert devices[0].hbm.used == 310
     store.delete_all([k1, k2, k3, (("client-1", 9), 0)])  # the unknown one is remembered
