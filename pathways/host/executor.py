@@ -362,7 +362,7 @@ class Executor:
         if gang is None:
             self._ending.append([shard])
             return
-        band = self._band(gang)
+        band = self._bands.get(gang) or self._band(gang)
         if deferred:
             band.coming -= 1
         band.shards.append(shard)

@@ -169,7 +169,7 @@ class KernelGang:
     write, and which outputs ride on the run's end to the client."""
 
     __slots__ = ("spec", "arg", "labels", "owner", "key", "inputs", "outputs", "ships",
-                 "released")
+                 "uses")
 
     def __init__(self, spec: KernelSpec, arg, input_avals: list):
         self.spec, self.arg = spec, arg
@@ -183,9 +183,9 @@ class KernelGang:
         self.outputs = tuple(arg.array_id(v) for v in spec.outputs)
         self.ships = tuple((k, shards, arg.outputs[v]) for k, shards in spec.ships
                            if (v := spec.outputs[k]) in arg.ship)
-        # the inputs a shard lets go of when done (``releases``): not the kept ones
-        self.released = [i for i in range(len(spec.inputs))
-                         if i in spec.incoming or spec.releases[i]]
+        # (input index, its users) of the inputs a shard lets go of when done (``releases``
+        # of each input named by its index)
+        self.uses = releases(spec, [(i, i) for i in range(len(spec.inputs))])
 
     def input_keys(self, device: int) -> list:
         """The buffers its shard on ``device`` reads, as ``input_key`` says."""
@@ -199,15 +199,19 @@ class KernelGang:
         their capabilities released in one wake of the loop. All or nothing: if it raises,
         nothing was published."""
         host = done[0][0].host
+        outputs, ships, gang_uses = self.outputs, self.ships, self.uses
         batches, uses, caps = [], [], []
         for kernel, finish in done:
-            device, outs, keys = kernel.device_id, kernel._outputs, kernel.input_keys()
-            batches.append(([((aid, device), o) for aid, o in zip(self.outputs, outs)],
+            device, outs = kernel.device_id, kernel._outputs
+            batches.append(([((aid, device), o) for aid, o in zip(outputs, outs)],
                             finish.end, finish.grant))
-            uses += releases(self.spec, [(i, keys[i]) for i in self.released])
+            if gang_uses:
+                keys = kernel.input_keys()
+                for i, n in gang_uses:
+                    uses.append((keys[i], n))
             caps.append((kernel.cap, [(array, kernel.shard, shippable(outs[k]))
-                                      for k, shards, array in self.ships
-                                      if kernel.shard in shards]))
+                                      for k, shards, array in ships
+                                      if kernel.shard in shards] if ships else ()))
         host.store.put_all(batches, self.owner)
         for kernel, _ in done:
             kernel._outputs = None
@@ -335,8 +339,7 @@ class Kernel(DeviceWork):
         err = kernel_error(self.name, self.device_id, exc)
         poison(self.host, self.output_keys(), err, self.gang.owner)
         keys = self.input_keys()
-        self.host.store.release_uses(releases(self.spec, [(i, keys[i])
-                                                          for i in self.gang.released]))
+        self.host.store.release_uses([(keys[i], n) for i, n in self.gang.uses])
         self.host.abort_gang(self.gang.key, self.spec.fn.mesh.ids, f"{self.name} failed on"
                              f" device {self.device_id}: {exc!r}", root=err)
 

@@ -180,22 +180,23 @@ class ObjectStore:
         told once all are."""
         batches = [([(key, _stored(value)) for key, value in items], arrival, grant)
                    for items, arrival, grant in batches]
-        totals, keys = [], set()
+        totals, keys, n = [], set(), 0
         for items, _, grant in batches:
             total = 0
             for key, value in items:
                 total += value.nbytes
                 grant.check(key, total)
-                _check_owner(key, owner)
                 keys.add(key)
             totals.append(total)
+            n += len(items)
+        if keys:
+            _check_owner(next(iter(keys)), owner)
         told = []
         with self._lock:
-            for items, _, _ in batches:
-                for key, _ in items:
-                    self._device(key)
-                    self._check_new_locked(key)
-            if len(keys) != sum(len(items) for items, _, _ in batches):
+            for key in keys:
+                self._device(key)
+                self._check_new_locked(key)
+            if len(keys) != n:
                 raise ValueError(f"outputs put twice: "
                                  f"{[key for items, _, _ in batches for key, _ in items]}")
             for (items, arrival, grant), total in zip(batches, totals):
