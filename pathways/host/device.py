@@ -182,6 +182,7 @@ class EmulatedDevice:
             skipped, dropped = self.lane.skip(seq)
             if not skipped:
                 return False
+            self.executor.changed_lane(self)
             if dropped is None:  # its kernel may still come: drop it then
                 self._skips[seq] = reason
                 if len(self._skips) > SKIPS_KEPT:
@@ -211,6 +212,7 @@ class EmulatedDevice:
         with self._lock:
             self._closing = True
             dropped = self.lane.drain()
+            self.executor.changed_lane(self)
             self.executor.idle.notify_all()
         self.hbm.close()
         for seq, kernel in dropped:
@@ -325,6 +327,7 @@ def finished_all(executor, done) -> None:
             device._timeline.append(record)
             device._busy += record.end - record.start
             device.lane.release(slot)
+            executor.changed_lane(device)
         if executor.idle_waiters:
             executor.idle.notify_all()
 
@@ -342,6 +345,7 @@ def enqueue_all(items) -> None:
             device._check(seq, kernel)
         now = executor.now()
         for device, seq, kernel in items:
+            executor.changed_lane(device)
             reason = device._queue(seq, kernel, now)
             if reason is not None:
                 late.append((device, seq, kernel, reason))

@@ -104,6 +104,9 @@ class Executor:
         self._resumable: deque = deque()
         self.turn_cut = False  # the last turn stopped at its budget, with work left
         self._bands: dict = {}  # gang -> its _Band: its shards whose ends came so far
+        # devices whose lane changed since a turn last looked (under ``lock``): only these
+        # may have a next kernel to take
+        self._changed_lanes: dict[int, EmulatedDevice] = {}
         self._ending: list = []  # bands (and lone shards) to finish at the end of this pass
         # outputs take HBM through the store's admissions (its own when there is no store)
         self._admit = (store.admissions if store is not None else Admissions(self.devices)).admit
@@ -125,6 +128,7 @@ class Executor:
         device = EmulatedDevice(device_id, spec, name, self)
         with self.lock:
             self.devices[device_id] = device
+            self.changed_lane(device)
         self.wake()
         return device
 
@@ -194,17 +198,35 @@ class Executor:
                 self._finish_ended()
                 busy = True
             # the clock is read after work only (a device's next kernel may run a body)
-            if not (busy and self._over(ends)):
-                for device in list(self.devices.values()):
-                    if device.current is None and self._take_next(device):
-                        busy = True
-                        if self._over(ends):
-                            break
+            if not (busy and self._over(ends)) and self._changed_lanes:
+                busy = self._take_all(ends) or busy
             busy = busy and not self._over(ends)
         if self._ending:  # (a turn cut at its budget publishes what ended before it goes)
             self._finish_ended()
         if self.link is not None:
             self.link.flush(self._unsent)
+
+    def changed_lane(self, device: EmulatedDevice) -> None:
+        """Under ``lock``: ``device``'s lane changed (a kernel queued, a seq skipped, the
+        device freed or closing): the next turn looks whether it has a kernel to take."""
+        self._changed_lanes[device.device_id] = device
+
+    def _take_all(self, ends: float | None) -> bool:
+        """Take the next kernel of each device whose lane changed, if it can start; those
+        left when the turn's budget runs out are looked at by the next."""
+        with self.lock:
+            todo, self._changed_lanes = self._changed_lanes, {}
+        took = False
+        for device_id, device in todo.items():
+            if device.current is None and self._take_next(device):
+                took = True
+                if self._over(ends):
+                    with self.lock:
+                        for other, dev in todo.items():
+                            if other != device_id:
+                                self._changed_lanes.setdefault(other, dev)
+                    break
+        return took
 
     def _over(self, ends: float | None) -> bool:
         """The turn has used its budget: it stops here and the next one comes at once."""
@@ -490,5 +512,6 @@ def standalone_device(device_id: int, spec: DeviceSpec | None = None,
     executor = Executor(device_name(spec, device_id, name), clock=clock)
     device = EmulatedDevice(device_id, spec, name, executor, own_executor=True)
     executor.devices[device_id] = device
+    executor.changed_lane(device)
     executor.start()
     return device

@@ -178,29 +178,41 @@ class ObjectStore:
         All are stored, or none (ValueError: a key exists already or twice, or a grant is
         short; KeyError: no such device) and nothing is charged; readers and callbacks are
         told once all are."""
-        batches = [([(key, _stored(value)) for key, value in items], arrival, grant)
-                   for items, arrival, grant in batches]
+        batches = [([(key, v if type(v) is np.ndarray else _stored(v)) for key, v in items],
+                    arrival, grant) for items, arrival, grant in batches]
         totals, keys, n = [], set(), 0
         for items, _, grant in batches:
             total = 0
             for key, value in items:
                 total += value.nbytes
-                grant.check(key, total)
+                if key[1] != grant.device_id or total > grant.nbytes:
+                    grant.check(key, total)  # raises, saying which
                 keys.add(key)
             totals.append(total)
             n += len(items)
         if keys:
             _check_owner(next(iter(keys)), owner)
         told = []
+        entries, devices = self._entries, self._devices
         with self._lock:
             for key in keys:
-                self._device(key)
-                self._check_new_locked(key)
+                if key[1] not in devices:
+                    self._device(key)  # raises, naming the host's devices
+                entry = entries.get(key)
+                if entry is not None and not entry.awaited:
+                    self._check_new_locked(key)  # raises
             if len(keys) != n:
                 raise ValueError(f"outputs put twice: "
                                  f"{[key for items, _, _ in batches for key, _ in items]}")
+            # a new key nobody waits for, not deleted early, of a live client: made ready at
+            # once (the usual case); any other goes the whole way
+            early, live = self._deleted_early, owner[0] not in self._retired
             for (items, arrival, grant), total in zip(batches, totals):
                 for key, value in items:  # (every key checked new above)
+                    if live and key not in entries and key not in early:
+                        entries[key] = _Entry(owner, value.nbytes, BufferState.READY, value,
+                                              allocated=True, arrival=arrival)
+                        continue
                     entry = self._own_locked(key, value.nbytes, owner)
                     entry.allocated, entry.arrival = True, arrival
                     told.append((key, self._resolve_locked(key, entry, BufferState.READY,
