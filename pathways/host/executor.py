@@ -414,13 +414,16 @@ class Executor:
         may be published now; else it keeps its device until frees make room (``_admitted``
         publishes it then) or ``hbm_wait`` has passed (``_no_room``)."""
         if shard.error is None and shard.grant is None:
-            if not shard.nbytes:
-                shard.grant = HbmGrant(shard.device.device_id, 0, shard.device.hbm)
-                return True
+            device, nbytes = shard.device, shard.nbytes
             try:
-                admission = self._admit(shard.device.device_id, shard.nbytes,
+                # a kernel's outputs go before any other wait: if they fit, they are taken
+                # here (as ``admit`` would, urgent), else ``admit`` waits for room
+                if not nbytes or device.hbm.try_allocate(nbytes):
+                    shard.grant = HbmGrant(device.device_id, nbytes, device.hbm)
+                    return True
+                admission = self._admit(device.device_id, nbytes,
                                         lambda got: self._admitted(shard, got), urgent=True)
-            except Exception as exc:  # e.g. a bad output_bytes()
+            except Exception as exc:  # e.g. a bad output_bytes(), more than the whole HBM
                 shard.error = exc
                 return True
             if shard.grant is None and shard.error is None:
