@@ -21,8 +21,12 @@ In a turn the executor feeds the core its events -- a device's next kernel taken
 ready (the object store), its body done, HBM for its outputs admitted -- and carries out what
 the core says: start a body once real time has reached its start, and at its modelled end
 take HBM for its outputs and publish them (``on_done``: store puts, capability releases,
-progress). A late wake-up delays publication but is not booked as device time, so
-utilization means what the paper means. HBM back-pressure is "not finished yet": a kernel
+progress). The shards of one gang on this host whose ends come together are published as
+one (``gang.on_done_all``: one store lock, one post to the loop), once no end of theirs is
+still to come; a shard is never held for a peer whose body has not ended. A late wake-up
+delays publication but is not booked as device time, so utilization means what the paper
+means. Only devices whose lane changed are looked at for a next kernel. HBM back-pressure
+is "not finished yet": a kernel
 whose outputs do not fit keeps its device until frees make room, ahead of every other wait
 for that HBM, for at most ``hbm_wait`` seconds (the kernel limit); then it fails with
 ``DeviceOutOfMemory`` and the device goes on with the next gang.
@@ -30,7 +34,8 @@ for that HBM, for at most ``hbm_wait`` seconds (the kernel limit); then it fails
 Kernels are ``pathways.host.device.DeviceWork``: ``execute(device) -> modelled seconds``,
 ``input_keys()`` (object-store keys to wait for), ``not_before`` (a modelled arrival of data
 pushed to it), ``output_bytes()`` (HBM its outputs need, taken before ``on_done``),
-``on_done(finish)`` (a ``Finish``: its modelled end and that HBM) and ``on_error(exc)``.
+``on_done(finish)`` (a ``Finish``: its modelled end and that HBM), ``on_error(exc)`` and
+``gang`` (what the kernels of one gang share, or None).
 """
 
 from __future__ import annotations
@@ -384,7 +389,7 @@ class Executor:
         if gang is None:
             self._ending.append([shard])
             return
-        band = self._bands.get(gang) or self._band(gang)
+        band = self._band(gang)
         if deferred:
             band.coming -= 1
         band.shards.append(shard)

@@ -1,6 +1,6 @@
 """JAX transformations from outside a pw function (issue 46 item 3): jax.grad, value_and_grad,
-vjp, jit and vmap of a function that calls pw.shard_map run it on the cluster, and equal the
-same with jax.shard_map on this process's CPU devices. Cases after JAX's own shard_map tests
+vjp, jvp, linearize, jit and vmap of a function that calls pw.shard_map run it on the cluster,
+and equal the same with jax.shard_map on this process's CPU devices. Cases after JAX's own shard_map tests
 (named in each)."""
 
 import numpy as np
@@ -107,10 +107,55 @@ def test_an_integer_argument_gets_no_cotangent(client):
     assert g[1].dtype == jax.dtypes.float0
 
 
-def test_forward_mode_is_refused_clearly(client):
-    f, _ = both(client, lambda x: x * 2.0, (4,), ("i",), P("i"), P("i"))
-    with pytest.raises(TypeError, match="forward-mode"):
-        jax.jvp(f, (X,), (X,))
+@pytest.mark.parametrize("spec", [P("x", "y"), P("x")])
+def test_jvp_and_linearize(client, spec):
+    # JAX: test_jvp_basic, test_linearize_basic, test_linearize_basic_repres(_jit)
+    f, g = both(client, lambda x: jnp.sin(jnp.cos(x)), (2, 2), ("x", "y"), spec, spec)
+    x = np.arange(16.0, dtype=np.float32).reshape(4, 4)
+    want = jax.jvp(g, (x,), (x,))
+    for got in (jax.jvp(f, (x,), (x,)), jax.jit(lambda x: jax.jvp(f, (x,), (x,)))(x)):
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, **TOL)
+    y, lin = jax.linearize(f, x)
+    np.testing.assert_allclose(y, want[0], **TOL)
+    np.testing.assert_allclose(lin(x), want[1], **TOL)
+    np.testing.assert_allclose(jax.linear_transpose(lin, x)(x),
+                               jax.linear_transpose(jax.linearize(g, x)[1], x)(x), **TOL)
+
+
+def test_forward_and_reverse_mode_agree_under_vmap(client):
+    """Per-example gradients (vmap of grad), vmap of jvp and jacfwd against jacrev, each
+    equal to jax.shard_map's; a replicated output's tangent is a psum's."""
+    f, g = both(client, lambda x: lax_sum_squares(x), (4,), ("i",), P("i"), P())
+    xs = np.stack([X, X[::-1] * 0.5])
+    np.testing.assert_allclose(jax.vmap(jax.grad(f))(xs), jax.vmap(jax.grad(g))(xs), **TOL)
+    np.testing.assert_allclose(jax.vmap(lambda x: jax.jvp(f, (x,), (x,))[1])(xs),
+                               jax.vmap(lambda x: jax.jvp(g, (x,), (x,))[1])(xs), **TOL)
+    np.testing.assert_allclose(jax.jacfwd(f)(X), jax.jacrev(g)(X), **TOL)
+
+
+def lax_sum_squares(x):
+    return jax.lax.psum(jnp.sum(x ** 2), "i")
+
+
+def test_an_integer_output_has_a_float0_tangent(client):
+    f, g = both(client, lambda x: (x * 3.0, (x > 4.0).astype(jnp.int32)), (4,), ("i",),
+                P("i"), (P("i"), P("i")))
+    got, want = jax.jvp(f, (X,), (X,)), jax.jvp(g, (X,), (X,))
+    np.testing.assert_allclose(got[1][0], want[1][0], **TOL)
+    assert got[1][1].dtype == want[1][1].dtype == jax.dtypes.float0
+    np.testing.assert_array_equal(got[0][1], want[0][1])
+
+
+@pytest.mark.parametrize("how", ["hessian", "grad of grad", "jvp of grad"])
+def test_a_second_derivative_is_refused_naming_the_function(client, how):
+    f = pw.shard_map(lax_sum_squares, across_hosts(client, (4,), ("i",)), P("i"), P(),
+                     name="loss")
+    second = {"hessian": jax.hessian(f),
+              "grad of grad": jax.grad(lambda x: jax.grad(f)(x).sum()),
+              "jvp of grad": lambda x: jax.jvp(jax.grad(f), (x,), (x,))}[how]
+    with pytest.raises(pw.ProgramError, match="loss: .*second derivative"):
+        second(X)
 
 
 def test_a_training_loop_with_value_and_grad_outside(client):
