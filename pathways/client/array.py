@@ -10,7 +10,7 @@ goes (or ``delete()``), its shards are freed on every host. It follows ``concurr
 Its value converts as a numpy array's does, fetched: ``np.asarray(a)``, ``float(a)``,
 ``int(a)``, ``bool(a)``, ``operator.index(a)``, and ``jnp.asarray(a)`` (``__jax_array__``).
 What numpy refuses for the shape and dtype (``float`` of a non-scalar) is refused before
-anything is fetched.
+anything is fetched. JAX does not trace it (``teach_jax``): it lives on the cluster.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import asyncio
 import concurrent.futures as cf
 import math
 import operator
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,8 +105,9 @@ class Array(RemoteValue):
         """``jnp.asarray(a)``: the fetched value as a JAX array on JAX's default device.
 
         JAX 0.10 converts with it only where it asks for an array itself (``jnp.asarray``,
-        ``jnp.array``, a JAX array's operators): give ``jnp.sum`` and jitted functions
-        ``jnp.asarray(a)``, as JAX's own error says."""
+        ``jnp.array``, a JAX array's operators); where JAX would trace the pw.Array instead
+        (``jnp.sum(a)``, an argument of ``jax.jit``) it is refused (``teach_jax``)."""
+        teach_jax()
         import jax.numpy as jnp
 
         value = self.result()
@@ -268,3 +270,32 @@ class Array(RemoteValue):
                 self.client.ledger.collected(self)
         except Exception:
             pass  # interpreter shutdown: the client frees everything it owns on close
+
+
+def teach_jax() -> None:
+    """Once JAX is loaded (any thread, idempotent): JAX refuses to trace a pw.Array -- an
+    argument of ``jax.jit``, ``jax.grad`` or ``jax.vmap``, an operand of a ``jax.numpy``
+    function -- with a ``ProgramError`` that says what to do, instead of its own
+    "Triggering __jax_array__() during abstractification" (JAX 0.10 traces only its own
+    types; ``jnp.asarray(a)`` still fetches the value). A client calls it when it starts."""
+    if _TAUGHT or "jax" not in sys.modules:
+        return
+    try:
+        from jax._src import core  # where JAX finds the abstract value of a Python type
+    except ImportError:  # another JAX: its own error stays
+        return
+    mappings = getattr(core, "pytype_aval_mappings", None)
+    if isinstance(mappings, dict):
+        mappings.setdefault(Array, _not_traced)
+        _TAUGHT.append(True)
+
+
+_TAUGHT: list = []
+
+
+def _not_traced(array: Array):
+    raise ProgramError(
+        f"JAX cannot trace {array!r}: a pw.Array lives on the cluster, not in JAX (an argument"
+        " of jax.jit, jax.grad or jax.vmap, or of a jax.numpy function). Compute on the"
+        " cluster with a pw.shard_map function (a @pw.program compiles several calls, as"
+        " jax.jit does), or fetch the value first: jnp.asarray(a) or a.result()")

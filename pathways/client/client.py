@@ -40,7 +40,7 @@ from ..program.compiled import Aval, CompiledFunction
 from ..program.mesh import Device, Mesh
 from ..protocol import RunArg
 from . import checkpoint, placing, suspension
-from .array import Array
+from .array import Array, teach_jax
 from .cluster_view import ClusterView
 from .ledger import ArrayLedger
 from .program_cache import ProgramCache
@@ -76,6 +76,7 @@ class Client:
                  suspend_dir: str | None = None, max_in_flight: int = MAX_IN_FLIGHT):
         if dispatch not in ("parallel", "sequential"):
             raise ValueError(f"dispatch must be 'parallel' or 'sequential', got {dispatch!r}")
+        teach_jax()  # (when JAX is loaded: it refuses to trace a pw.Array, saying why)
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or \
                 max_in_flight < 1:
             raise ValueError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
