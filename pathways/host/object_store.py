@@ -210,7 +210,8 @@ class ObjectStore:
             for (items, arrival, grant), total in zip(batches, totals):
                 for key, value in items:  # (every key checked new above)
                     if live and key not in entries and key not in early:
-                        entries[key] = _Entry(owner, value.nbytes, BufferState.READY, value,
+                        entries[key] = _Entry(owner=owner, nbytes=value.nbytes,
+                                              state=BufferState.READY, value=value,
                                               allocated=True, arrival=arrival)
                         continue
                     entry = self._own_locked(key, value.nbytes, owner)
