@@ -73,16 +73,17 @@ class Shards:
 
     def fetch(self, array, timeout) -> np.ndarray:
         """The global value of ``array``: one shard of each distinct part, from its host,
-        assembled (waits at most ``timeout`` seconds for each)."""
+        assembled (waits at most ``timeout`` seconds for each). Shards moved meanwhile (a
+        suspension and resume, a remap: ``Array.rebind``) are fetched from where they went."""
         self._suspensions.check([array.mesh])
-        m = array.mesh
+        m, aid = array.mesh, array.id
         parts = sharding.distinct_parts(array.aval.shape, m.axis_sizes, m.axis_names,
                                         array.spec)
         futures = {}
         for _, members in parts:
             d = m.ids[members[0]]
             futures[members[0]] = self._session.request(self._cluster.data_address(d),
-                                                        protocol.GetShard(None, array.id, d))
+                                                        protocol.GetShard(None, aid, d))
         shards = [None] * m.size
         for _, members in parts:
             try:
@@ -91,6 +92,9 @@ class Shards:
                 self._suspensions.check([array.mesh])
                 if array.is_deleted():
                     raise PathwaysError("this array was deleted while it was fetched") from None
+                if array.id != aid:  # moved meanwhile (suspended and resumed): from there
+                    array.block_until_ready(timeout)
+                    return self.fetch(array, timeout)
                 raise
             for i in members:
                 shards[i] = value

@@ -235,9 +235,19 @@ class CompiledFunction:
             return tuple(() for _ in out_specs)
         in_specs = [normalize_spec(s, len(a.shape), m.axis_names)
                     for a, s in zip(in_avals, self.arg_specs(len(in_avals)))]
-        proven = replication.prove(self.body, zeros, in_specs, m.axis_sizes, m.axis_names,
-                                   len(out_specs), self.single_output)
-        return tuple(tuple(a for a in axes if a not in p) for axes, p in zip(left_out, proven))
+        proven, exact = replication.prove(self.body, zeros, in_specs, m.axis_sizes,
+                                          m.axis_names, len(out_specs), self.single_output)
+        checks = tuple(tuple(a for a in axes if a not in p) for axes, p in zip(left_out, proven))
+        for k, axes in enumerate(checks if exact else ()):
+            if axes:  # it varies along them, as JAX's types say: refused before the run
+                raise ProgramError(
+                    f"{self.name}: out_specs[{k}] is {out_specs[k]}, which says output {k} is"
+                    f" replicated along {axes}, but it varies along them: it is computed from"
+                    " arguments that vary along them, with no psum, pmean, pmax, pmin or"
+                    f" all_gather over them (JAX refuses this too). Reduce it over {axes}, name"
+                    " the axes in out_specs, or pass check_rep=False to shard_map to keep one"
+                    " device's value unchecked")
+        return checks
 
     def check_outputs(self, outs, sig: Signature, device) -> None:
         """Fail unless one device's outputs have the shapes and dtypes abstract evaluation

@@ -7,7 +7,9 @@ the axes each output is certainly replicated over; whatever it cannot prove is c
 time by ``check_replicas`` (one 16-byte digest per device, exchanged inside the kernel).
 
 ``prove`` runs the body once more on the client, on *tagged* zero shards: each value carries
-the set of axes it is known to be the same along. The rules are JAX's:
+the set of axes it is known to be the same along. Where it follows the whole body (nothing
+escapes the analysis), an output that out_specs calls replicated along axes it varies along
+is refused before anything runs, as JAX's types refuse it. The rules are JAX's:
 
 - an argument is replicated along the axes its ``in_specs`` entry leaves out;
 - numpy operations keep the axes all their tagged operands share (constants share all);
@@ -249,13 +251,15 @@ class Tagged(NDArrayOperatorsMixin):
 
 
 def prove(body, shards, in_specs, mesh_shape, axis_names, n_outputs: int,
-          single_output: bool) -> tuple[frozenset, ...]:
+          single_output: bool) -> tuple[tuple[frozenset, ...], bool]:
     """For each output of ``body``, the mesh axes it is certainly the same along (empty sets
-    when the analysis cannot follow the body)."""
+    when the analysis cannot follow the body); and whether the analysis followed all of it
+    (nothing escaped): then an output is known to vary, as JAX's types say, along the axes
+    not proven."""
     env = RepEnv(mesh_shape, axis_names)
     args = [Tagged(np.array(s, copy=True), env.all - spec_axes(spec), env)
             for s, spec in zip(shards, in_specs)]
-    unknown = (frozenset(),) * n_outputs
+    unknown = (frozenset(),) * n_outputs, False
     try:
         with kernel_env(env):
             outs = body(*args)
@@ -265,7 +269,8 @@ def prove(body, shards, in_specs, mesh_shape, axis_names, n_outputs: int,
     if not isinstance(outs, (tuple, list)) or len(outs) != n_outputs:
         return unknown
     final = env.all - env.hidden
-    return tuple((o.rep if isinstance(o, Tagged) else env.all) & final for o in outs)
+    exact = not env.hidden and all(isinstance(o, Tagged) for o in outs)
+    return tuple((o.rep if isinstance(o, Tagged) else env.all) & final for o in outs), exact
 
 
 def check_replicas(name: str, outs, checks, device) -> None:

@@ -95,12 +95,21 @@ def test_a_routed_expert_with_a_data_dependent_dtype_fails_too(client):
 def test_a_replicated_spec_on_a_varying_value_fails_unless_opted_out(client, mesh):
     x0 = np.arange(8.0)
     x = client.put(x0, mesh, P("d"))
-    wrong = pw.shard_map(lambda b: b * 2, mesh, P("d"), P())
-    assert wrong.signature([x.aval]).checks == (("d",),)  # not provable: checked at run time
-    msg = error_of(wrong(x))
+    # followed whole by the analysis: it varies along d, refused before it runs, as by JAX
+    # (even where its values happen to be equal)
+    for body in (lambda b: b * 2, lambda b: b * 0, lambda b: np.zeros_like(b) + 1):
+        wrong = pw.shard_map(body, mesh, P("d"), P())
+        with pytest.raises(pw.ProgramError, match="varies along them.*check_rep=False"):
+            wrong(x)
+        with pytest.raises(pw.ProgramError, match="varies along them"):
+            pw.reference(wrong)(x0)
+    # not followed (its value leaves the analysis): checked at run time
+    escapes = pw.shard_map(lambda b: b * float(np.asarray(b).sum() >= 0), mesh, P("d"), P())
+    assert escapes.signature([x.aval]).checks == (("d",),)
+    msg = error_of(escapes(x))
     assert "differs across devices" in msg and "check_rep=False" in msg
     with pytest.raises(pw.ProgramError, match="differs across devices"):
-        pw.reference(wrong)(x0)
+        pw.reference(escapes)(x0)
     unchecked = pw.shard_map(lambda b: b * 2, mesh, P("d"), P(), check_rep=False)
     assert unchecked(x).result(WAIT).tolist() == [0.0]  # one device's value, as asked
 
