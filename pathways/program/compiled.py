@@ -21,7 +21,7 @@ from ..errors import ProgramError, ShardingError
 from . import collectives, flat_call, jax_body, jax_outer, replication, tree
 from .arguments import check_arguments
 from . import cost as cost_model
-from .ir import Aval, RemoteValue, current_trace, is_device_array
+from .ir import Aval, current_trace, is_device_array
 from .mesh import Mesh
 from .sharding import P, as_spec, global_shape_of, normalize_spec, shard_shape, spec_for
 
