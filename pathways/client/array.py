@@ -278,7 +278,8 @@ def teach_jax() -> None:
     function -- with a ``ProgramError`` that says what to do, instead of its own
     "Triggering __jax_array__() during abstractification" (JAX 0.10 traces only its own
     types; ``jnp.asarray(a)`` still fetches the value). A client calls it when it starts."""
-    if _TAUGHT or "jax" not in sys.modules:
+    global _taught
+    if _taught or "jax" not in sys.modules:
         return
     try:
         from jax._src import core  # where JAX finds the abstract value of a Python type
@@ -287,10 +288,10 @@ def teach_jax() -> None:
     mappings = getattr(core, "pytype_aval_mappings", None)
     if isinstance(mappings, dict):
         mappings.setdefault(Array, _not_traced)
-        _TAUGHT.append(True)
+        _taught = True
 
 
-_TAUGHT: list = []
+_taught = False  # teach_jax has registered _not_traced
 
 
 def _not_traced(array: Array):

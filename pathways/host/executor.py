@@ -222,14 +222,14 @@ class Executor:
         with self.lock:
             todo, self._changed_lanes = self._changed_lanes, {}
         took = False
-        for device_id, device in todo.items():
+        devices = list(todo.values())
+        for i, device in enumerate(devices):
             if device.current is None and self._take_next(device):
                 took = True
-                if self._over(ends):
+                if self._over(ends):  # the rest wait for the next turn
                     with self.lock:
-                        for other, dev in todo.items():
-                            if other != device_id:
-                                self._changed_lanes.setdefault(other, dev)
+                        for rest in devices[i + 1:]:
+                            self.changed_lane(rest)
                     break
         return took
 
@@ -369,7 +369,7 @@ class Executor:
     def _failed_early(self, shard: Shard, error: BaseException) -> bool:
         self.timeline.failed(shard)
         shard.error, shard.done = error, True
-        self._finish(shard)
+        self._publish([shard])  # (a failed shard takes no HBM)
         return True
 
     # -- its modelled end --------------------------------------------------------------------
@@ -407,12 +407,6 @@ class Executor:
                     continue
                 del self._bands[band.gang]
             self._publish([s for s in shards if self._admit_outputs(s)])
-
-    def _finish(self, shard: Shard) -> None:
-        """Real time has reached the kernel's modelled end: take its outputs' HBM, then
-        publish, record and free the device."""
-        if self._admit_outputs(shard):
-            self._publish([shard])
 
     def _admit_outputs(self, shard: Shard) -> bool:
         """Take ``shard``'s outputs' HBM: True if it is taken (or it failed) and the shard

@@ -56,11 +56,11 @@ def input_key(spec, arg, i: int, device: int):
 
 
 def releases(spec, inputs) -> list:
-    """What a user of the inputs ``[(i, key)]`` of equation ``spec.index`` (their buffers, as
-    ``input_key`` names them) lets go of when done, as ``ObjectStore.release_uses`` takes it:
-    a transfer buffer is its only user's, a value shared by ``spec.releases[i]`` users is
-    freed by the last of them; kept values stay."""
-    return [(key, 1 if i in spec.incoming else spec.releases[i]) for i, key in inputs
+    """``[(i, users)]``: which of the inputs ``i`` of equation ``spec.index`` a user lets go of
+    when done, and how many users each has (``ObjectStore.release_uses`` takes their buffers
+    with that count): a transfer buffer is its only user's, a value shared by
+    ``spec.releases[i]`` users is freed by the last of them; kept values are left out."""
+    return [(i, 1 if i in spec.incoming else spec.releases[i]) for i in inputs
             if i in spec.incoming or spec.releases[i]]
 
 
@@ -183,9 +183,8 @@ class KernelGang:
         self.outputs = tuple(arg.array_id(v) for v in spec.outputs)
         self.ships = tuple((k, shards, arg.outputs[v]) for k, shards in spec.ships
                            if (v := spec.outputs[k]) in arg.ship)
-        # (input index, its users) of the inputs a shard lets go of when done (``releases``
-        # of each input named by its index)
-        self.uses = releases(spec, [(i, i) for i in range(len(spec.inputs))])
+        # (input index, its users) of the inputs a shard lets go of when done
+        self.uses = releases(spec, range(len(spec.inputs)))
 
     def input_keys(self, device: int) -> list:
         """The buffers its shard on ``device`` reads, as ``input_key`` says."""

@@ -100,8 +100,8 @@ class RouteOp(DispatchedOp):
                 local = (experts[where == dst] % fn.per_device).astype(np.int32)
                 cap.emit(Rows(shard, sel.astype(np.int32), local, rows, spec.links[shard][dst]),
                          ROUTED_PORT, shard=dst)
-        host.store.release_uses(releases(spec, [(i, input_key(spec, arg, i, device))
-                                                for i in range(1 + fn.token_args)]))
+        host.store.release_uses([(input_key(spec, arg, i, device), n)
+                                 for i, n in releases(spec, range(1 + fn.token_args))])
         cap.release()
 
 
@@ -234,9 +234,9 @@ class ExpertKernel(DeviceWork):
         self.cap.post(send)
 
     def _release_params(self):
-        self.host.store.release_uses(releases(
-            self.spec, [(i, input_key(self.spec, self.arg, i, self.device_id))
-                        for i in self._param_indices()]))
+        spec = self.spec
+        self.host.store.release_uses([(input_key(spec, self.arg, i, self.device_id), n)
+                                      for i, n in releases(spec, self._param_indices())])
 
     def on_error(self, exc):
         err = kernel_error(self.name, self.device_id, exc)

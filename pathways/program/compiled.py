@@ -197,10 +197,15 @@ class CompiledFunction:
             raise jax_body.NotNumpy
         return out
 
+    def _traced_by_jax(self, avals) -> bool:
+        """Whether JAX traces the body on arguments of ``avals``: it refers to JAX, or it
+        takes keys (JAX's: a body that takes them is JAX's too)."""
+        return any(a.key for a in avals) or jax_body.uses_jax(self.body)
+
     def _abstract_eval(self, in_avals) -> Signature:
         m = self.mesh
-        if self.jax is None and (any(a.key for a in in_avals) or jax_body.uses_jax(self.body)):
-            self._as_jax()  # (keys are JAX's: a body that takes them is JAX's too)
+        if self.jax is None and self._traced_by_jax(in_avals):
+            self._as_jax()
         if self.jax is not None:
             self.shard_avals(in_avals)  # our errors for a wrong count or an uneven split
             outs, shards = self.jax.avals(in_avals, self.single_output)
@@ -418,7 +423,7 @@ class CompiledFunction:
         """What ``run`` (the body on argument leaves) returns on one device's shards
         (``shard_avals``; of global ``avals`` split by ``in_specs``): arrays, or JAX's
         shape-dtype structs for a JAX body."""
-        if not (any(a.key for a in avals) or jax_body.uses_jax(self.body)):
+        if not self._traced_by_jax(avals):
             zeros = [np.zeros(a.shape, a.dtype) for a in shard_avals]
             try:
                 return self._on_zeros(lambda z: run(*z), zeros)
