@@ -6,8 +6,13 @@ and turns the per-device jaxpr inside into steps:
 - ``Segment``: the equations between two collectives, compiled once with ``jax.jit`` for the
   CPU (nested calls such as ``jax.jit`` or ``custom_jvp`` functions are inlined into it, and
   ``pvary``, JAX's replication bookkeeping, is an identity);
-- ``Collective``: one collective equation, run by ``pathways.program.collectives`` (on a
-  host, through its ICI path: the device's kernel parks there until its peers' values arrive);
+- ``Collective``: collective equations run by ``pathways.program.collectives`` (on a host,
+  through its ICI path: the device's kernel parks there until its peers' values arrive). A
+  reduction (psum, pmax, pmin) waits until its result is read: the equations after it that
+  do not read it join the segment before it, and the reductions met meanwhile over the same
+  axes go as one exchange (their values concatenated: each element is reduced as alone), as
+  XLA combines all-reduces: a training step's gradient psums cost one round trip, not one per
+  parameter;
 - ``Call``, ``Scan``, ``While``, ``Cond``: a nested call, ``lax.scan``, ``while_loop`` or
   ``cond`` whose own jaxprs contain collectives, planned recursively; the loop runs here, the
   body's plan per iteration.
@@ -60,9 +65,10 @@ class Segment:
 
 @dataclass
 class Collective:
-    """A collective equation of the jaxpr, run here as the pw collective of the same name."""
+    """Collective equations of the jaxpr, run here as the pw collective of the same name: one
+    equation, or reductions of one kind over the same axes, run as one (``_run_collectives``)."""
 
-    eqn: object
+    eqns: list
 
 
 @dataclass
@@ -172,8 +178,9 @@ class Plan:
                     env.update(zip(step.outs, step.batch.run(step, args)))
             elif isinstance(step, Collective):
                 if device is not None:  # collectives fold numpy values
-                    _to_host(env, step.eqn.invars)
-                _run_collective(step.eqn, env)
+                    for eqn in step.eqns:
+                        _to_host(env, eqn.invars)
+                _run_collectives(step.eqns, env)
             else:  # a call or a loop with collectives inside
                 ins = [_read(env, v) for v in step.eqn.invars]
                 env.update(zip(step.eqn.outvars, step.run(ins)))
@@ -334,6 +341,8 @@ def _plan_jaxpr(jaxpr: Jaxpr, consts, name, batch=None, made=None) -> Plan:
     for this plan so far, by structure (``_structure``): a segment equal to one of them
     (the same equations of a body chained again, wired alike) reuses its computation."""
     steps, pending = [], []
+    deferred: list = []  # cut reductions whose results nothing has read yet
+    deferred_outs: set = set()
     later = _uses_after(jaxpr)
     shared = set(jaxpr.constvars)  # the same value on every device
     made = {} if made is None else made
@@ -343,7 +352,10 @@ def _plan_jaxpr(jaxpr: Jaxpr, consts, name, batch=None, made=None) -> Plan:
         if pending:
             eqns = list(pending)  # its own list: a segment's function keeps it (and JAX
             # traces it again for arguments of another type)
-            ins, outs = segment_vars(eqns, later[i])
+            live = later[i]
+            if deferred:  # the deferred reductions read their inputs after this segment
+                live = live | {v for e in deferred for v in e.invars if not is_literal(v)}
+            ins, outs = segment_vars(eqns, live)
             key = _structure(eqns, ins, outs, shared)
             twin = made.get(key)
             if twin is not None:
@@ -354,21 +366,48 @@ def _plan_jaxpr(jaxpr: Jaxpr, consts, name, batch=None, made=None) -> Plan:
                 made[key] = steps[-1]
             pending.clear()
 
+    def flush(i):
+        """The segment so far, then the deferred reductions, one step per kind and axes."""
+        close(i)
+        groups: dict = {}
+        for e in deferred:
+            groups.setdefault(_combined_kind(e), []).append(e)
+        steps.extend(Collective(eqns) for eqns in groups.values())
+        deferred.clear()
+        deferred_outs.clear()
+
     for i, eqn in enumerate(jaxpr.eqns):
         if i in starts:
-            close(i)
+            flush(i)
         prim = eqn.primitive.name
+        reads_deferred = deferred_outs and any(v in deferred_outs for v in eqn.invars
+                                               if not is_literal(v))
         if prim in COLLECTIVES and (batch is None or batch.cuts(eqn)):
-            close(i)
-            steps.append(Collective(eqn))
+            if prim in _COMBINED and not reads_deferred:
+                deferred.append(eqn)
+                deferred_outs.update(eqn.outvars)
+                continue
+            flush(i)
+            steps.append(Collective([eqn]))
         elif prim not in COLLECTIVES and communicates(eqn, COLLECTIVES) and (
                 batch is None or not batch.keeps(eqn)):
-            close(i)
+            flush(i)
             steps.append(_control_step(eqn, name, batch, made))
         else:
+            if reads_deferred:
+                flush(i)
             pending.append(eqn)
-    close(len(jaxpr.eqns))
+    flush(len(jaxpr.eqns))
     return Plan(jaxpr, consts, steps, name)
+
+
+# reductions that wait until their results are read, and with which others they go as one
+_COMBINED = {"psum": "sum", "psum_invariant": "sum", "pmax": "max", "pmin": "min"}
+
+
+def _combined_kind(eqn) -> tuple:
+    """The reductions an exchange can carry together: the same operation over the same axes."""
+    return _COMBINED[eqn.primitive.name], axes_of(eqn.params, "axes")
 
 
 def _control_step(eqn, name, batch=None, made=None):
@@ -473,6 +512,31 @@ def xla_cost(compiled) -> tuple[float, float]:
     analysis = analysis or {}
     return max(0.0, float(analysis.get("flops", 0.0))), \
         max(0.0, float(analysis.get("bytes accessed", 0.0)))
+
+
+def _run_collectives(eqns, env) -> None:
+    """Run a ``Collective`` step's equations into ``env``: several reductions (of one kind,
+    over the same axes) as one per dtype, their values flattened and concatenated, so one
+    exchange carries them all; each element is reduced as it would be alone (the reduction
+    is elementwise), so the results are bitwise those of one exchange each."""
+    if len(eqns) == 1:
+        _run_collective(eqns[0], env)
+        return
+    by_dtype: dict = {}
+    for eqn in eqns:
+        for var, out in zip(eqn.invars, eqn.outvars):
+            x = np.asarray(_read(env, var))
+            by_dtype.setdefault(x.dtype, []).append((x, out))
+    prim, p = eqns[0].primitive.name, eqns[0].params
+    for items in by_dtype.values():
+        total = np.asarray(_collective(prim, p, np.concatenate([x.reshape(-1)
+                                                                for x, _ in items])))
+        start = 0
+        for x, out in items:
+            if type(out).__name__ != "DropVar":
+                env[out] = np.asarray(total[start:start + x.size], dtype=out.aval.dtype) \
+                    .reshape(out.aval.shape)
+            start += x.size
 
 
 def _run_collective(eqn, env) -> None:

@@ -17,6 +17,7 @@ import pathways as pw
 from pathways import P
 from pathways.program.compiled import Aval
 from pathways.program.jax_body import uses_jax
+from pathways.program.jax_plan import Collective
 from pathways.testing import jax_specs, rand
 from pathways.testing.fixtures import in_process_only
 
@@ -142,6 +143,49 @@ def test_pmax_pmin_pmean_and_pw_spellings(client):
             pw.all_gather(x, "i", tiled=True)
 
     on_cluster(client, body, (4,), ("i",), P("i"), (P(), P("i"), P("i")), rand(8, 2))
+
+
+def _combining_body(a, b):
+    """Two independent psums with work between them, a pmax, then their use."""
+    ga = jax.lax.psum(a * 2, "i")
+    gb = jax.lax.psum(jnp.sin(b), "i")
+    top = jax.lax.pmax(b, "i")
+    return ga + 1, gb * ga.sum(), top
+
+
+def test_reductions_wait_until_read_and_go_as_one_exchange():
+    """A reduction runs where its result is first read: independent work after it joins the
+    segment before it, and reductions of one kind over the same axes become one step (one
+    exchange); a reduction that reads another's result still waits for it."""
+    mesh = pw.Mesh.abstract((2,), ("i",))
+
+    def steps(body, n_in, outs):
+        fn = pw.shard_map(body, mesh, (P("i"),) * n_in, outs)
+        avals = [Aval((4, 3), np.dtype(np.float32))] * n_in
+        ins = fn.signature(avals).ins  # (first: it tells a JAX body, fn.jax)
+        plan = fn.jax.plan(ins, fn.single_output)
+        return [type(s).__name__ if not isinstance(s, Collective) else
+                [e.primitive.name for e in s.eqns] for s in plan.steps]
+
+    assert steps(_combining_body, 2, (P(), P(), P())) == [
+        "Segment", ["psum_invariant", "psum_invariant"], ["pmax"], "Segment"]
+    chained = steps(lambda a: jax.lax.psum(jnp.cos(jax.lax.psum(a, "i")), "i"), 1, P())
+    assert chained == [["psum_invariant"], "Segment", ["psum_invariant"]]
+
+
+def test_combined_reductions_are_bitwise_the_single_ones(client):
+    """Reductions carried by one exchange (across two hosts) give bitwise what each gives
+    alone, and the body's results equal plain JAX's."""
+    a, b = rand(8, 3), rand(8, 5, seed=1)
+    fn, got = on_cluster(client, _combining_body, (4,), ("i",), (P("i"), P("i")),
+                         (P(), P(), P()), a, b)
+    mesh = client.mesh((4,), ("i",), hosts=2)
+    alone_a = pw.shard_map(lambda x: jax.lax.psum(x * 2, "i"), mesh, P("i"), P())
+    alone_b = pw.shard_map(lambda x: jax.lax.psum(jnp.sin(x), "i"), mesh, P("i"), P())
+    ga = alone_a(client.put(a, mesh, P("i"))).result()
+    gb = alone_b(client.put(b, mesh, P("i"))).result()
+    np.testing.assert_array_equal(got[0], ga + 1)
+    np.testing.assert_array_equal(got[1], gb * ga.sum())
 
 
 # ---- training with jax.grad inside the body ---------------------------------------------
