@@ -7,12 +7,12 @@ and turns the per-device jaxpr inside into steps:
   CPU (nested calls such as ``jax.jit`` or ``custom_jvp`` functions are inlined into it, and
   ``pvary``, JAX's replication bookkeeping, is an identity);
 - ``Collective``: collective equations run by ``pathways.program.collectives`` (on a host,
-  through its ICI path: the device's kernel parks there until its peers' values arrive). A
-  reduction (psum, pmax, pmin) waits until its result is read: the equations after it that
-  do not read it join the segment before it, and the reductions met meanwhile over the same
-  axes go as one exchange (their values concatenated: each element is reduced as alone), as
-  XLA combines all-reduces: a training step's gradient psums cost one round trip, not one per
-  parameter;
+  through its ICI path: the device's kernel parks there until its peers' values arrive).
+  Reductions (psum, pmax, pmin) run in rounds: everything that does not need a reduction's
+  result runs in the segment before it, and the reductions of a round over the same axes go
+  as one exchange (their values concatenated: each element is reduced as alone), as XLA
+  combines all-reduces: a training step's loss and gradient psums cost one round trip, not
+  one per parameter;
 - ``Call``, ``Scan``, ``While``, ``Cond``: a nested call, ``lax.scan``, ``while_loop`` or
   ``cond`` whose own jaxprs contain collectives, planned recursively; the loop runs here, the
   body's plan per iteration.
@@ -337,55 +337,61 @@ def chain_bodies(bodies, wiring, exports) -> tuple[Jaxpr, list]:
 def _plan_jaxpr(jaxpr: Jaxpr, consts, name, batch=None, made=None) -> Plan:
     """Steps of ``jaxpr``: segments between the collectives it cuts at (with a ``batch``,
     only those reaching devices outside it: the others run inside its segments, and between
-    chained bodies, so a body chained K times compiles once). ``made``: the segments compiled
-    for this plan so far, by structure (``_structure``): a segment equal to one of them
-    (the same equations of a body chained again, wired alike) reuses its computation."""
-    steps, pending = [], []
-    deferred: list = []  # cut reductions whose results nothing has read yet
-    deferred_outs: set = set()
+    chained bodies, so a body chained K times compiles once). Between two barriers (a cut
+    collective that is not a reduction, a call or loop holding collectives, a chained body's
+    start) the cut reductions run in rounds (``_rounds``): round r's reductions read only what
+    r earlier rounds gave, each round's reductions of one kind and axes as one step, every
+    other equation in the segment before the first round that needs its value. ``made``: the
+    segments compiled for this plan so far, by structure (``_structure``): a segment equal to
+    one of them (the same equations of a body chained again, wired alike) reuses its
+    computation."""
+    steps, chunk = [], []
     later = _uses_after(jaxpr)
     shared = set(jaxpr.constvars)  # the same value on every device
     made = {} if made is None else made
     starts = set(jaxpr.starts) if batch is not None else set()
 
-    def close(i):
-        if pending:
-            eqns = list(pending)  # its own list: a segment's function keeps it (and JAX
-            # traces it again for arguments of another type)
-            live = later[i]
-            if deferred:  # the deferred reductions read their inputs after this segment
-                live = live | {v for e in deferred for v in e.invars if not is_literal(v)}
-            ins, outs = segment_vars(eqns, live)
-            key = _structure(eqns, ins, outs, shared)
-            twin = made.get(key)
-            if twin is not None:
-                steps.append(dataclasses.replace(twin, ins=ins, outs=outs))
-            else:
-                steps.append(_segment(eqns, ins, outs, name) if batch is None else
-                             batch.segment(eqns, ins, outs, shared, name))
-                made[key] = steps[-1]
-            pending.clear()
+    def segment(eqns, live) -> None:
+        ins, outs = segment_vars(eqns, live)
+        key = _structure(eqns, ins, outs, shared)
+        twin = made.get(key)
+        if twin is not None:
+            steps.append(dataclasses.replace(twin, ins=ins, outs=outs))
+        else:
+            steps.append(_segment(eqns, ins, outs, name) if batch is None else
+                         batch.segment(eqns, ins, outs, shared, name))
+            made[key] = steps[-1]
 
     def flush(i):
-        """The segment so far, then the deferred reductions, one step per kind and axes."""
-        close(i)
-        groups: dict = {}
-        for e in deferred:
-            groups.setdefault(_combined_kind(e), []).append(e)
-        steps.extend(Collective(eqns) for eqns in groups.values())
-        deferred.clear()
-        deferred_outs.clear()
+        """The chunk since the last barrier, in rounds: each round's segment, then its
+        reductions, one step per kind and axes."""
+        rounds = _rounds(chunk)
+        chunk.clear()
+        # what is read after each round's segment: later rounds' equations, this and later
+        # rounds' reductions, and what follows the chunk
+        live = [set(later[i])]
+        for eqns, reductions in reversed(rounds):
+            reads = {v for e in eqns for v in e.invars if not is_literal(v)}
+            reads |= {v for e in reductions for v in e.invars if not is_literal(v)}
+            live.append(live[-1] | reads)
+        live.reverse()  # live[r]: read by round r on, or after the chunk
+        for r, (eqns, reductions) in enumerate(rounds):
+            if eqns:  # its own list: a segment's function keeps it (and JAX traces it
+                # again for arguments of another type)
+                segment(list(eqns), live[r + 1] | {v for e in reductions for v in e.invars
+                                                   if not is_literal(v)})
+            groups: dict = {}
+            for e in reductions:
+                groups.setdefault(_combined_kind(e), []).append(e)
+            steps.extend(Collective(group) for group in groups.values())
 
     for i, eqn in enumerate(jaxpr.eqns):
         if i in starts:
             flush(i)
         prim = eqn.primitive.name
-        reads_deferred = deferred_outs and any(v in deferred_outs for v in eqn.invars
-                                               if not is_literal(v))
         if prim in COLLECTIVES and (batch is None or batch.cuts(eqn)):
-            if prim in _COMBINED and not reads_deferred:
-                deferred.append(eqn)
-                deferred_outs.update(eqn.outvars)
+            if prim in _COMBINED:
+                chunk.append((eqn, True))
                 continue
             flush(i)
             steps.append(Collective([eqn]))
@@ -394,14 +400,31 @@ def _plan_jaxpr(jaxpr: Jaxpr, consts, name, batch=None, made=None) -> Plan:
             flush(i)
             steps.append(_control_step(eqn, name, batch, made))
         else:
-            if reads_deferred:
-                flush(i)
-            pending.append(eqn)
+            chunk.append((eqn, False))
     flush(len(jaxpr.eqns))
     return Plan(jaxpr, consts, steps, name)
 
 
-# reductions that wait until their results are read, and with which others they go as one
+def _rounds(chunk) -> list[tuple[list, list]]:
+    """``chunk``'s equations (in order, each with whether it is a cut reduction) as rounds
+    ``[(equations, reductions)]``:
+    an equation's round is the number of reductions on its longest chain of inputs (a
+    reduction's, those before it), so round r's equations need only earlier rounds'
+    reductions, and round r's reductions only what round r computed; in each round, the
+    equations keep their order."""
+    level: dict = {}
+    rounds: list = []
+    for eqn, reduction in chunk:
+        r = max((level.get(v, 0) for v in eqn.invars if not is_literal(v)), default=0)
+        while len(rounds) <= r:
+            rounds.append(([], []))
+        rounds[r][1 if reduction else 0].append(eqn)
+        for v in eqn.outvars:
+            level[v] = r + 1 if reduction else r
+    return rounds
+
+
+# the reductions a plan runs in rounds, and with which others they go as one
 _COMBINED = {"psum": "sum", "psum_invariant": "sum", "pmax": "max", "pmin": "min"}
 
 

@@ -153,10 +153,10 @@ def _combining_body(a, b):
     return ga + 1, gb * ga.sum(), top
 
 
-def test_reductions_wait_until_read_and_go_as_one_exchange():
-    """A reduction runs where its result is first read: independent work after it joins the
-    segment before it, and reductions of one kind over the same axes become one step (one
-    exchange); a reduction that reads another's result still waits for it."""
+def test_reductions_run_in_rounds_and_go_as_one_exchange():
+    """Reductions run in rounds: work that does not need a reduction's result runs in the
+    segment before it, and a round's reductions of one kind over the same axes become one
+    step (one exchange); a reduction that reads another's result waits for it."""
     mesh = pw.Mesh.abstract((2,), ("i",))
 
     def steps(body, n_in, outs):
@@ -171,6 +171,13 @@ def test_reductions_wait_until_read_and_go_as_one_exchange():
         "Segment", ["psum_invariant", "psum_invariant"], ["pmax"], "Segment"]
     chained = steps(lambda a: jax.lax.psum(jnp.cos(jax.lax.psum(a, "i")), "i"), 1, P())
     assert chained == [["psum_invariant"], "Segment", ["psum_invariant"]]
+
+    def loss_and_grad(a, b):  # the loss's use does not hold back the gradient's psum
+        loss = jax.lax.psum(jnp.sum(a), "i") / 2
+        return loss, jax.lax.psum(b * 3, "i") + 1
+
+    assert steps(loss_and_grad, 2, (P(), P())) == [
+        "Segment", ["psum_invariant", "psum_invariant"], "Segment"]
 
 
 def test_combined_reductions_are_bitwise_the_single_ones(client):
