@@ -34,9 +34,9 @@ from ..program.sharding import P, as_spec
 @dataclass(frozen=True)
 class NamedSharding:
     """Where an array lives, as JAX's ``NamedSharding``: a mesh (from ``client.mesh``) and a
-    partition spec (a ``P``, or JAX's ``PartitionSpec``, kept as the same ``P``). JAX's own
-    ``jax.sharding.NamedSharding`` cannot hold a pathways mesh: use this one with
-    ``client.put(value, sharding)`` and ``client.device_put(value, sharding)``.
+    partition spec (a ``P``, or JAX's ``PartitionSpec``, kept as the same ``P``), for
+    ``client.put(value, sharding)`` and ``client.device_put(value, sharding)``. JAX's own
+    ``jax.sharding.NamedSharding(mesh, spec)`` over a pathways mesh means the same there.
 
     >>> x.sharding.mesh, x.sharding.spec       # the mesh and P(...) it was placed with
     >>> w = client.device_put(np.eye(4), pw.NamedSharding(mesh, P("data")))

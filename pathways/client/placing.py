@@ -44,16 +44,19 @@ def device_put(client, x, shardings):
     def where(item, path):
         if isinstance(item, NamedSharding):
             return item.mesh, item.spec
+        if _on_our_mesh(item):  # JAX's NamedSharding of a pathways mesh: the same
+            return item.mesh, NamedSharding(item.mesh, item.spec).spec
         if _is_jax_sharding(item):
             raise ShardingError(
                 f"device_put: {pytrees.where(path)} would go to {item!r}, a JAX sharding"
-                " of JAX's own devices; give pw.NamedSharding(mesh, spec) with a mesh"
-                " from client.mesh(...) (the spec may be JAX's PartitionSpec)")
+                " of JAX's own devices; give NamedSharding(mesh, spec) (JAX's or"
+                " pw's) with a mesh from client.mesh(...)")
         raise ShardingError(f"device_put: {pytrees.where(path)} would go to {item!r};"
                             " give a pw.NamedSharding(mesh, spec) (pathways has no"
                             " default device)")
 
-    return _place(client, x, shardings, lambda s: s is None or isinstance(s, NamedSharding),
+    return _place(client, x, shardings,
+                  lambda s: s is None or isinstance(s, NamedSharding) or _on_our_mesh(s),
                   where, "device_put", keep_placed=True)
 
 
@@ -112,6 +115,12 @@ def _send(client, plan) -> Array:
     done: cf.Future = cf.Future()
     done.set_result(None)
     return Array(client, array_id, aval, mesh, spec, done, value=value)
+
+
+def _on_our_mesh(obj) -> bool:
+    """Whether ``obj`` is one of JAX's shardings over a pathways mesh
+    (``jax.sharding.NamedSharding(mesh, spec)``: ``Mesh`` offers what it reads)."""
+    return _is_jax_sharding(obj) and isinstance(getattr(obj, "mesh", None), Mesh)
 
 
 def _is_jax_sharding(obj) -> bool:

@@ -92,6 +92,20 @@ class Mesh:
     def size(self) -> int:
         return len(self.ids)
 
+    # What ``jax.sharding.NamedSharding(mesh, spec)`` reads of a mesh, as of JAX's
+    # ``AbstractMesh`` (no device list: its devices are the cluster's, not this process's),
+    # so a JAX user's own spelling holds a pathways mesh and ``client.put`` and
+    # ``client.device_put`` take it (``pathways.client.placing``).
+    _internal_device_list = None
+
+    @property
+    def axis_types(self) -> tuple:
+        """JAX's axis types (``jax.sharding.AxisType.Auto`` for every axis); JAX asks for
+        them, so it is loaded."""
+        from jax.sharding import AxisType
+
+        return (AxisType.Auto,) * len(self.axis_names)
+
     def axis_size(self, name: str) -> int:
         if name not in self.axis_names:
             raise ShardingError(f"unknown mesh axis {name!r}; this mesh has {self.axis_names}")

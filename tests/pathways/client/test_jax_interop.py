@@ -129,6 +129,24 @@ def test_put_and_device_put_take_a_named_sharding(client, mesh):
     np.testing.assert_array_equal(moved.result(WAIT), value())
 
 
+def test_jax_own_named_sharding_holds_a_pathways_mesh(client, mesh):
+    """JAX's spelling, jax.sharding.NamedSharding(mesh, spec) over a mesh from client.mesh,
+    places as pw.NamedSharding does: put, device_put, and in a tree of shardings."""
+    s = JaxSharding(mesh, JaxP("data"))
+    assert s.mesh is mesh and s.spec == JaxP("data")
+    x = client.put(value(), s)
+    assert x.sharding == pw.NamedSharding(mesh, P("data", None))
+    np.testing.assert_array_equal(x.result(WAIT), value())
+    assert client.device_put(x, s) is x  # placed so already
+    tree = client.device_put({"a": value(), "b": value((8,))},
+                             {"a": JaxSharding(mesh, JaxP(None, "model")),
+                              "b": pw.NamedSharding(mesh, P())})
+    assert tree["a"].spec == P(None, "model") and tree["b"].spec == P(None)
+    np.testing.assert_array_equal(tree["a"].result(WAIT), value())
+    with pytest.raises(ValueError, match="nope"):  # JAX checks the spec against the mesh
+        JaxSharding(mesh, JaxP("nope"))
+
+
 def test_shardings_that_cannot_be_used_are_refused_clearly(client, mesh):
     with pytest.raises(pw.ShardingError, match="a NamedSharding alone"):
         client.put(value(), pw.NamedSharding(mesh, P()), P())
