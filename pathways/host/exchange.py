@@ -497,7 +497,6 @@ class ExecutorEnv(KernelEnv):
                  shard, jax_device=None):
         # the mesh was checked when it was made: no KernelEnv checks per kernel
         self.mesh_shape, self.axis_names, self.flat_index = mesh_shape, axis_names, flat_index
-        self._seq = 0
         self.devices, self.gang_key = devices, gang_key
         self.executor, self.shard = executor, shard
         self.bytes_sent_remote = 0

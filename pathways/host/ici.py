@@ -117,7 +117,7 @@ def _wire_name(dtype) -> str:
 class IciOutbox:
     """What a host's ICI link sends: values queued during a turn, one message per peer host
     at ``flush``. ``worker_of`` (device -> host worker id) and ``peers`` (worker id -> ICI
-    address) are filled in by the host as the topology arrives; ``_send(worker, frames)``
+    address) are filled in by the host as the topology arrives; ``transmit(worker, frames)``
     is the link's own (a ZeroMQ socket here, a simulated one in ``pathways.simulated``)."""
 
     def __init__(self, worker_of: dict):
@@ -148,7 +148,7 @@ class IciOutbox:
         for worker, items in out.items():
             try:
                 frames = encode(items)
-                self._send(worker, frames)
+                self.transmit(worker, frames)
             except Exception as exc:
                 if failed is None:
                     raise
@@ -158,7 +158,7 @@ class IciOutbox:
             self.sent["messages"] += 1
             self.sent["bytes"] += sum(memoryview(f).nbytes for f in frames)
 
-    def _send(self, worker: int, frames: list) -> None:
+    def transmit(self, worker: int, frames: list) -> None:
         raise NotImplementedError
 
 
@@ -175,7 +175,7 @@ class IciLink(IciOutbox):
         self.fd = self._pull.getsockopt(zmq.FD)
         self._push: dict[int, zmq.Socket] = {}
 
-    def _send(self, worker: int, frames: list) -> None:
+    def transmit(self, worker: int, frames: list) -> None:
         send_frames(self._socket(worker), frames)
 
     def readable(self) -> bool:

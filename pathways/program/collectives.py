@@ -116,13 +116,13 @@ class KernelEnv:
 
     tracks_rep = False  # True in the replication analysis (pathways.program.replication)
     jax_device = None  # the JAX device a real device is (pathways host --backend jax)
+    _seq = 0  # collectives so far (a subclass that skips __init__ starts at 0 too)
 
     def __init__(self, mesh_shape, axis_names, flat_index: int):
         self.mesh_shape, self.axis_names = check_mesh(mesh_shape, axis_names)
         if not 0 <= flat_index < math.prod(self.mesh_shape):
             raise ShardingError(f"flat index {flat_index} is outside mesh {self.mesh_shape}")
         self.flat_index = flat_index
-        self._seq = 0
 
     def host_work(self):
         """A context in which the body does its host's work, not its device's (compiling

@@ -132,7 +132,7 @@ class SimIciLink(IciOutbox):
         self.on_arrival: Callable[[], None] | None = None
         self._inbox: list = []  # frames of each message, decoded when the executor reads
 
-    def _send(self, worker: int, frames: list) -> None:
+    def transmit(self, worker: int, frames: list) -> None:
         self.socket.send(self.peers[worker], frames)
 
     def readable(self) -> bool:

@@ -92,3 +92,61 @@ def test_the_checker_finds_private_reads_and_tables_filled_on_import(tmp_path):
     (pkg / "host" / "user.py").write_text("from . import table\n\ntable.OPS['k'] = 1\n"
                                           "table.OPS.update(x=1)\n")
     assert _imports.import_registries(pkg) == ["host.user:3", "host.user:4"]
+
+
+def test_no_new_private_name_is_inherited_across_packages():
+    """Only the seams listed in INHERITED_KEPT remain (the simulator's subclasses), and each
+    listed one is still there: the list only shrinks."""
+    found = {_imports._kept_key(line) for line in _imports.inherited_privates()}
+    assert found == _imports.INHERITED_KEPT
+
+
+def test_the_checker_finds_private_names_inherited_across_packages(tmp_path):
+    root = tmp_path / "pathways"
+    for sub in ("base", "other"):
+        (root / sub).mkdir(parents=True)
+        (root / sub / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("")
+    (root / "base" / "core.py").write_text(
+        "class Core:\n    def __init__(self):\n        self._state = 0\n\n"
+        "    def _hook(self):\n        return 1\n\n    def run(self):\n        return 2\n")
+    (root / "base" / "near.py").write_text(
+        "from .core import Core\n\nclass Near(Core):\n    def _hook(self):\n"
+        "        return self._state\n")
+    (root / "other" / "far.py").write_text(
+        "from ..base import core\nfrom ..base.core import Core as C\n\n"
+        "class Far(C):\n    def _hook(self):\n        return 3\n\n"
+        "class Farther(core.Core):\n    def run(self):\n        return self._state\n\n"
+        "class Public(C):\n    def run(self):\n        return 4\n")
+    found = _imports.inherited_privates([root])
+    assert found == ["pathways.other.far.Far: _hook (base pathways.base.core.Core)",
+                     "pathways.other.far.Farther: _state (base pathways.base.core.Core)"]
+
+
+def test_every_package_is_within_its_size_budget():
+    """pathways._size: each package's lines are within BUDGETS (growth past one raises it in
+    the same change), and every package has a budget."""
+    from pathways import _size
+
+    found = _size.sizes()
+    assert {"pathways.host", "pathways.program", "plaque", "plaque.testing"} <= set(found)
+    assert _size.over_budget(found) == []
+
+
+def test_the_size_report_finds_packages_over_budget_or_without_one(tmp_path):
+    from pathways import _size
+
+    root = tmp_path / "pkg"
+    (root / "sub").mkdir(parents=True)
+    (root / "__init__.py").write_text("x = 1\n")
+    (root / "sub" / "__init__.py").write_text("")
+    (root / "sub" / "big.py").write_text("class Big:\n" + "    a = 1\n" * 9)
+    found = _size.sizes([root])
+    assert found == {"pkg": {"pkg.__init__": 1}, "pkg.sub": {"pkg.sub.__init__": 0,
+                                                             "pkg.sub.big": 10}}
+    assert _size.over_budget(found, {"pkg": 1, "pkg.sub": 10}) == []
+    assert _size.over_budget(found, {"pkg": 1, "pkg.sub": 9}) == [
+        "pkg.sub: 10 lines, 1 over its budget of 9"]
+    assert _size.over_budget(found, {"pkg.sub": 10}) == [
+        "pkg: 1 lines and no budget (add one to BUDGETS)"]
+    assert _size.largest_classes([root], 1) == [(10, "pkg.sub.big.Big")]
