@@ -35,20 +35,27 @@ class Coordinator:
     """``bind``: ``tcp://HOST`` (``port`` 0: a free one) or ``"inproc"`` (the in-process
     twin: Plaque and clients within this process).
 
-    Seams (a simulated cluster, ``pathways.sim``, overrides them): ``_make_cluster`` (the
-    Plaque cluster, whose loop everything here runs on), ``_make_service`` (the clients'
-    socket) and ``_now`` (the time client liveness is counted in)."""
+    What it runs on can be given (a simulated cluster, ``pathways.simulated``, gives all
+    three): ``cluster``, the Plaque cluster whose loop everything here runs on (default: one
+    bound at ``bind``, with ``heartbeat_timeout``); ``serve(on_request, after_batch)``, the
+    clients' socket, calling ``on_request(ident, request)`` on that loop (default: a
+    ``RouterService`` at ``bind`` and ``port``); ``clock``, the time client liveness is
+    counted in (default: ``time.monotonic``)."""
 
     def __init__(self, bind: str = "tcp://127.0.0.1", heartbeat_timeout: float = 3.0,
                  policy: str = "fifo", window: int = 8, client_timeout: float = 5.0,
-                 port: int = 0):
+                 port: int = 0, *, cluster: plaque.Cluster | None = None, serve=None,
+                 clock=time.monotonic):
         self._check_every = min(1.0, client_timeout / 4)
         self.plane = ControlPlane(policy, window, client_timeout, self._check_every)
         self.ctx = None  # the ZeroMQ context of the clients' socket, if it has one
         self._own_ctx = False
-        self.cluster = self._make_cluster(bind, heartbeat_timeout)
+        self._now = clock
+        self.cluster = cluster if cluster is not None else \
+            plaque.Cluster(bind, heartbeat_timeout=heartbeat_timeout)
         try:
-            self.service = self._make_service(bind, port)
+            self.service = (serve or self._router(bind, port))(self.on_request,
+                                                               self.cluster.soon)
         except BaseException:
             self.cluster.close()
             raise
@@ -58,10 +65,8 @@ class Coordinator:
         self.cluster.call_soon(lambda: self.service.start(self.cluster.loop))
         self.cluster.call_soon(self._check_clients)
 
-    def _make_cluster(self, bind: str, heartbeat_timeout: float) -> plaque.Cluster:
-        return plaque.Cluster(bind, heartbeat_timeout=heartbeat_timeout)
-
-    def _make_service(self, bind: str, port: int) -> RouterService:
+    def _router(self, bind: str, port: int):
+        """The default ``serve``: a ROUTER socket at ``bind`` (and ``port``)."""
         if bind == "inproc":
             self.ctx, self._own_ctx = context_for("inproc://")
             where = "inproc://pathways-coordinator/"
@@ -72,11 +77,8 @@ class Coordinator:
             else:
                 where = bind if bind.startswith("tcp://") else "tcp://127.0.0.1"
                 where = f"{where}:{port}" if port else where  # else a free port
-        return RouterService(self.ctx, where, self._on_request, sender=-1,
-                             after_batch=self.cluster.soon)
-
-    def _now(self) -> float:
-        return time.monotonic()
+        return lambda on_request, after_batch: RouterService(
+            self.ctx, where, on_request, sender=-1, after_batch=after_batch)
 
     def close(self):
         try:
@@ -91,7 +93,8 @@ class Coordinator:
                 self.ctx.term()
 
     # ---- inputs (all on the cluster's loop) -------------------------------------------------
-    def _on_request(self, ident, req) -> None:
+    def on_request(self, ident, req) -> None:
+        """A client's request (on the cluster's loop)."""
         self.plane.request(ident, req, self._now())
         self._carry_out()
 

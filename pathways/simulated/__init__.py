@@ -5,8 +5,8 @@ cluster as roles of one discrete-event simulation in virtual time; ``SimSession`
 (``.session``) is a client's session on it and ``sockets`` its clients', data and ICI ports.
 """
 
-from .cluster import HOST_NETWORK, SimCluster, SimCoordinator
+from .cluster import HOST_NETWORK, SimCluster
 from .session import InlineExecutor, SimSession, UserCpu
 
-__all__ = ["HOST_NETWORK", "InlineExecutor", "SimCluster", "SimCoordinator", "SimSession",
+__all__ = ["HOST_NETWORK", "InlineExecutor", "SimCluster", "SimSession",
            "UserCpu"]

@@ -61,7 +61,7 @@ from .faults import FaultPlan, parse_faults
 from .session import SimSession, UserCpu
 from .sockets import COORDINATOR, SimIciLink, SimService
 
-__all__ = ["COORDINATOR", "SimCluster", "SimCoordinator", "HOST_NETWORK"]
+__all__ = ["COORDINATOR", "SimCluster", "HOST_NETWORK", "sim_coordinator"]
 
 
 HOST_NETWORK = DCN  # control and client messages: latency + bytes / bandwidth per link
@@ -82,26 +82,16 @@ def _ici_figures(src: str, dst: str):
     return (0.0, math.inf) if src.endswith("/ici") else None
 
 
-class SimCoordinator(Coordinator):
-    """The real coordinator on the simulation ``sim``: its Plaque cluster is a
+def sim_coordinator(sim: SimCluster, heartbeat_timeout: float, **kwargs) -> Coordinator:
+    """The real coordinator on the simulation ``sim``: its Plaque cluster a
     ``SimPlaqueCluster`` on the simulation's net, its clients' port a ``SimService``, its
     time virtual."""
-
-    def __init__(self, sim: SimCluster, **kwargs):
-        self.sim = sim
-        super().__init__("inproc", **kwargs)
-
-    def _make_cluster(self, bind, heartbeat_timeout):
-        return SimPlaqueCluster(net=self.sim.net, heartbeat_timeout=heartbeat_timeout,
-                                cpu=self.sim.cpu, cost=self.sim.cost,
-                                record=self.sim.record)
-
-    def _make_service(self, bind, port):
-        return SimService(self.sim.net, self.cluster.loop, COORDINATOR, self._on_request,
-                          sender=-1, after_batch=self.cluster.soon)
-
-    def _now(self) -> float:
-        return self.cluster.clock()
+    cluster = SimPlaqueCluster(net=sim.net, heartbeat_timeout=heartbeat_timeout, cpu=sim.cpu,
+                               cost=sim.cost, record=sim.record)
+    return Coordinator("inproc", cluster=cluster, clock=cluster.clock, **kwargs,
+                       serve=lambda on_request, after_batch: SimService(
+                           sim.net, cluster.loop, COORDINATOR, on_request, sender=-1,
+                           after_batch=after_batch))
 
 
 class SimCluster:
@@ -132,9 +122,9 @@ class SimCluster:
         self.net = SimNet(loop, latency, bandwidth, seed=seed, faults=faults, record=record,
                           model=_ici_figures)
         self.hosts: list = []  # (host, data service, endpoint) of each host
-        self.coordinator = SimCoordinator(self, heartbeat_timeout=heartbeat_timeout,
-                                          policy=policy, window=window,
-                                          client_timeout=client_timeout)
+        self.coordinator = sim_coordinator(self, heartbeat_timeout=heartbeat_timeout,
+                                           policy=policy, window=window,
+                                           client_timeout=client_timeout)
         self.plaque = self.coordinator.cluster
         self.roles = self.plaque.roles
         self.clock = self.plaque.clock
