@@ -230,16 +230,6 @@ def _changes_foreign(node: ast.stmt, made: set[str]) -> bool:
 # seam to replace with a public hook. Remove an entry when its override or read goes; none
 # may be added (tests/pathways/test_imports.py)
 INHERITED_KEPT = frozenset({
-    "pathways.sim.plaque_cluster.SimPlaqueCluster: _call",
-    "pathways.sim.plaque_cluster.SimPlaqueCluster: _endpoint",
-    "pathways.sim.plaque_cluster.SimPlaqueCluster: _inproc_workers",
-    "pathways.sim.plaque_cluster.SimPlaqueCluster: _join_loop",
-    "pathways.sim.plaque_cluster.SimPlaqueCluster: _loop",
-    "pathways.sim.plaque_cluster.SimPlaqueCluster: _make_loop",
-    "pathways.sim.plaque_cluster.SimPlaqueCluster: _make_transport",
-    "pathways.sim.plaque_cluster.SimPlaqueCluster: _new_future",
-    "pathways.sim.plaque_cluster.SimPlaqueCluster: _new_worker_transport",
-    "pathways.sim.plaque_cluster.SimPlaqueCluster: _start_loop",
     "pathways.simulated.session.SimSession: _fail_all",
     "pathways.simulated.session.SimSession: _heard",
     "pathways.simulated.session.SimSession: _open",

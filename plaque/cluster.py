@@ -39,7 +39,7 @@ from .zmq_transport import ZmqTransport
 
 log = logging.getLogger("plaque.cluster")
 
-__all__ = ["Cluster", "InstalledGraph", "RunResult", "local_cluster"]
+__all__ = ["Cluster", "InstalledGraph", "LoopThread", "RunResult", "local_cluster"]
 
 
 class InstalledGraph:
@@ -66,7 +66,7 @@ class InstalledGraph:
         try:
             parts, staged = self._staged(parts)
         except Exception as exc:
-            fut = self.cluster._new_future()
+            fut = self.cluster.runtime.future()
             fut.set_exception(exc)
             return fut
         return self.cluster._run(self.gid, arg, parts, staged)
@@ -100,28 +100,81 @@ class InstalledGraph:
         self.cluster._call(lambda: self.cluster._core.uninstall(self.gid))
 
 
+class LoopThread:
+    """What a ``Cluster`` runs on, its runtime: this one, the default, is a uvloop event loop
+    on a thread of its own in real time, with ZeroMQ (or, at ``inproc``, in-process)
+    transports and plain futures. A simulation gives its own with the same members
+    (``pathways.sim.plaque_cluster``): virtual time, a simulated network, futures that run
+    the simulation while they are waited on.
+
+    ``clock``: the time endpoints tick with; ``transport(bind, keys)``: the coordinator's;
+    ``worker_transport()``: an in-process worker's; ``loop()``: the coordinator's event
+    loop, and ``worker_loop(loop, name)`` an in-process worker's (here the same one);
+    ``future()``: a future the caller may wait on, settled on the loop; ``start(loop,
+    endpoint)``: run the loop and the coordinator's endpoint; ``join(loop, timeout)``: wait
+    for the loop to finish the shutdown ``Cluster.close`` scheduled on it."""
+
+    clock = staticmethod(time.monotonic)
+
+    def __init__(self):
+        self._thread = None
+
+    def transport(self, bind: str, keys):
+        return InprocTransport() if bind == "inproc" else ZmqTransport(bind, keys=keys)
+
+    def worker_transport(self):
+        return InprocTransport()
+
+    def loop(self):
+        return uvloop.new_event_loop()
+
+    def worker_loop(self, loop, name: str):
+        return loop
+
+    def future(self) -> cf.Future:
+        return cf.Future()
+
+    def start(self, loop, endpoint) -> None:
+        self._thread = threading.Thread(target=self._serve, args=(loop, endpoint),
+                                        name="plaque-coordinator", daemon=True)
+        started = threading.Event()
+        loop.call_soon(started.set)
+        self._thread.start()
+        if not started.wait(10):
+            raise PlaqueError("coordinator event loop did not start")
+
+    def join(self, loop, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    @staticmethod
+    def _serve(loop, endpoint):
+        asyncio.set_event_loop(loop)
+        endpoint.start()
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+
 class Cluster:
     """A coordinator listening at ``bind`` (``tcp://HOST``, ``ipc``, or ``inproc``).
 
     ``keys``: the directory of the CURVE keys its sockets require (default ``$PLAQUE_KEYS``;
-    neither: plain sockets); the worker processes it starts get them too.
-
-    A simulation (``pathways.sim``) subclasses it through a few seams: ``_make_loop``,
-    ``_make_transport``, ``_new_worker_transport``, ``clock``, ``_start_loop``, ``_join_loop``
-    and ``_new_future``; their defaults here are the production behaviour.
+    neither: plain sockets); the worker processes it starts get them too. ``runtime``: what
+    it runs on (default: a ``LoopThread``; a simulation gives its own).
     """
 
-    clock = staticmethod(time.monotonic)  # the time the endpoints tick with
-
     def __init__(self, bind: str = "tcp://127.0.0.1", heartbeat_timeout: float = 3.0,
-                 keys: str | None = None):
+                 keys: str | None = None, runtime=None):
         self._inproc = bind == "inproc"
         self.keys = keys
         self.socket_dir = None  # a local_cluster's private directory of ipc:// sockets
-        self._transport = self._make_transport(bind, keys)
+        self.runtime = runtime if runtime is not None else LoopThread()
+        self.clock = self.runtime.clock  # the time the endpoints tick with
+        self._transport = self.runtime.transport(bind, keys)
         self.address = self._transport.address
         self._core = CoordinatorCore(self.address, heartbeat_timeout=heartbeat_timeout)
-        self._loop = self._make_loop()
+        self._loop = self.runtime.loop()
         # callback(value, error) of each install in progress (by graph id) and each run in
         # flight (by (graph id, timestamp))
         self._installs: dict[int, object] = {}
@@ -138,45 +191,7 @@ class Cluster:
         self.listeners: list = []  # called on the loop thread with every ``plaque.events``
         self._endpoint = Endpoint(self._core, self._transport, self._loop,
                                   after_turn=self._dispatch_events, clock=self.clock)
-        self._thread = None
-        self._start_loop()
-
-    # ---- seams (overridden by a simulated cluster) ------------------------------------------
-    def _make_transport(self, bind, keys):
-        return InprocTransport() if self._inproc else ZmqTransport(bind, keys=keys)
-
-    def _new_worker_transport(self):
-        return InprocTransport()
-
-    def _make_loop(self):
-        return uvloop.new_event_loop()
-
-    def _new_future(self) -> cf.Future:
-        """A future the caller may wait on (it is settled on the loop thread)."""
-        return cf.Future()
-
-    def _start_loop(self) -> None:
-        """Run the loop (and the coordinator's endpoint) on a thread of its own."""
-        self._thread = threading.Thread(target=self._serve, name="plaque-coordinator",
-                                        daemon=True)
-        started = threading.Event()
-        self._loop.call_soon(started.set)
-        self._thread.start()
-        if not started.wait(10):
-            raise PlaqueError("coordinator event loop did not start")
-
-    def _join_loop(self, timeout: float) -> None:
-        """Wait for the loop to finish the shutdown ``close`` scheduled on it."""
-        self._thread.join(timeout)
-
-    # ---- loop thread ----------------------------------------------------------------------
-    def _serve(self):
-        asyncio.set_event_loop(self._loop)
-        self._endpoint.start()
-        try:
-            self._loop.run_forever()
-        finally:
-            self._loop.close()
+        self.runtime.start(self._loop, self._endpoint)
 
     def _dispatch_events(self):
         for ev in self._core.take_events():
@@ -229,7 +244,7 @@ class Cluster:
 
     def _call(self, fn, timeout=30.0):
         """Run ``fn`` on the loop thread, then a turn; return its result here."""
-        out = self._new_future()
+        out = self.runtime.future()
 
         def job():
             try:
@@ -303,13 +318,13 @@ class Cluster:
 
     def install(self, graph: Graph, timeout: float = 30.0) -> InstalledGraph:
         """Ship ``graph`` to its workers and wait until every one has installed it."""
-        fut = self._new_future()
+        fut = self.runtime.future()
         self._call(lambda: self.install_async(graph, _resolver(fut)))
         gid = fut.result(timeout)
         return InstalledGraph(self, gid, graph)
 
     def _run(self, gid, arg, parts=None, staged: StagedRun | None = None) -> cf.Future:
-        fut = self._new_future()
+        fut = self.runtime.future()
 
         def job():
             try:
@@ -342,7 +357,7 @@ class Cluster:
 
     def counters(self, timeout: float = 10.0) -> dict:
         """Traffic counters of every live worker and of the coordinator (key -1)."""
-        fut = self._new_future()
+        fut = self.runtime.future()
 
         def job():
             req, want = self._core.request_counters()
@@ -364,13 +379,27 @@ class Cluster:
 
         def job():
             for _ in range(n):
-                t = self._new_worker_transport()
-                core = WorkerCore(t.address, self.address)
-                ep = Endpoint(core, t, self._loop, clock=self.clock)
+                t = self.runtime.worker_transport()
+                loop = self.runtime.worker_loop(self._loop,
+                                                f"worker-{len(self._inproc_workers)}")
+                ep = Endpoint(WorkerCore(t.address, self.address), t, loop, clock=self.clock)
                 self._inproc_workers.append(ep)
-                ep.start()
+                loop.call_soon(ep.start)  # its first tick on its own loop
 
         self._call(job)
+
+    def add_endpoint(self, endpoint: Endpoint) -> None:
+        """An in-process worker's endpoint made elsewhere (a simulated host), stopped with
+        the cluster and found by ``endpoint_of``; the caller starts it."""
+        self._inproc_workers.append(endpoint)
+
+    def endpoint_of(self, worker: int) -> Endpoint:
+        """The endpoint of the in-process worker with id ``worker`` (ids follow the order of
+        joining, which need not be the order the endpoints were made in)."""
+        for ep in self._inproc_workers:
+            if ep.core.id == worker:
+                return ep
+        raise KeyError(f"no in-process worker with id {worker}")
 
     def kill_inproc_worker(self, index: int) -> None:
         """Silence an in-process worker abruptly (to test failure handling)."""
@@ -429,7 +458,7 @@ class Cluster:
             self._loop.stop()
 
         self._loop.call_soon_threadsafe(shutdown)
-        self._join_loop(timeout)
+        self.runtime.join(self._loop, timeout)
         with self._member_cv:
             self._member_cv.notify_all()
 
@@ -442,7 +471,7 @@ class Cluster:
     def open_epoch(self, stream: Stream, closing: cf.Future | None) -> cf.Future:
         """Any thread: advance ``stream``'s open epoch (if ``closing`` is its future) and
         start the next; returns the new epoch's future."""
-        fut = self._new_future()
+        fut = self.runtime.future()
         gid = stream.installed.gid
         try:
             parts, staged = stream.installed._staged(None)

@@ -1,6 +1,6 @@
 """A real Plaque cluster in virtual time: the coordinator and workers in the caller's thread.
 
-``SimPlaqueCluster`` is ``plaque.Cluster`` with its seams filled in: every endpoint (a real
+``SimPlaqueCluster`` is ``plaque.Cluster`` on a runtime of its own (``SimRuntime``): every endpoint (a real
 ``CoordinatorCore`` and N ``WorkerCore``s behind their ``Endpoint``s) runs on ONE
 ``VirtualTimeLoop``, talks through ``SimTransport``s of one ``SimNet`` (links with latency and
 bandwidth), and ticks with the loop's virtual clock, so heartbeats and the coordinator's
@@ -43,10 +43,8 @@ import math
 from collections.abc import Callable, Mapping
 
 from plaque.cluster import Cluster
-from plaque.endpoint import Endpoint
 from plaque.errors import PlaqueError
 from plaque.events import Membership
-from plaque.worker import WorkerCore
 
 from .collector import Collector
 from .cputime import one_thread
@@ -55,7 +53,7 @@ from .roles import RoleLoop
 from .transport import SimNet
 from .virtual_loop import VirtualTimeLoop
 
-__all__ = ["DrivenFuture", "SimPlaqueCluster", "SimulationError", "simulated_plaque_cluster"]
+__all__ = ["DrivenFuture", "SimPlaqueCluster", "SimRuntime", "SimulationError", "simulated_plaque_cluster"]
 
 WAIT_LIMIT = 3600.0  # virtual seconds a wait without a timeout may last
 
@@ -90,6 +88,46 @@ class DrivenFuture(cf.Future):
             raise TimeoutError(f"{self.what} did not come within {waited} virtual s")
 
 
+class SimRuntime:
+    """What a ``SimPlaqueCluster`` runs on (``plaque.cluster.LoopThread``'s members): the
+    simulation's virtual clock and network; the coordinator's loop and each in-process
+    worker's a role of their own; futures that run the simulation while waited on; no
+    thread (the loop runs whenever the caller waits)."""
+
+    def __init__(self, sim: SimPlaqueCluster):
+        self.sim = sim
+        self.clock = sim.net.loop.time
+
+    def transport(self, bind, keys):
+        return self.sim.net.transport()
+
+    def worker_transport(self):
+        return self.sim.net.transport()
+
+    def loop(self):
+        # the cluster's own loop is the coordinator's CPU: its endpoint and the driver's
+        # calls into it run there, as on the coordinator's loop thread of a real cluster
+        return self.sim.new_role("coordinator")
+
+    def worker_loop(self, loop, name: str):
+        return self.sim.new_role(name)  # each worker its own CPU
+
+    def future(self) -> cf.Future:
+        return DrivenFuture(self.sim.drive)
+
+    def start(self, loop, endpoint) -> None:
+        endpoint.start()  # its timers and deliveries run whenever the caller waits
+
+    def join(self, loop, timeout: float) -> None:
+        self.sim.release()
+        try:
+            if not loop.is_running():
+                loop.run_forever()  # until the shutdown ``close`` scheduled stops it
+        finally:
+            if not loop.is_running():
+                loop.close()
+
+
 class SimPlaqueCluster(Cluster):
     """A ``plaque.Cluster`` on virtual time (see the module's text); ``net`` is its
     ``SimNet`` (links, faults, recorded deliveries), ``clock()`` its virtual time.
@@ -118,9 +156,10 @@ class SimPlaqueCluster(Cluster):
         self._one_thread = one_thread()  # BLAS on the role's thread (pathways.sim.cputime)
         self.collector = Collector()  # collections at fixed points of the run
         try:
-            super().__init__("inproc", heartbeat_timeout=heartbeat_timeout)
+            super().__init__("inproc", heartbeat_timeout=heartbeat_timeout,
+                             runtime=SimRuntime(self))
         except BaseException:
-            self._release()
+            self.release()
             raise
 
     def new_role(self, name: str) -> RoleLoop:
@@ -130,64 +169,15 @@ class SimPlaqueCluster(Cluster):
         self.roles[name] = role
         return role
 
-    # ---- the seams of plaque.Cluster ---------------------------------------------------------
-    def _make_loop(self):
-        # the cluster's own loop is the coordinator's CPU: its endpoint and the driver's
-        # calls into it run there, as on the coordinator's loop thread of a real cluster
-        return self.new_role("coordinator")
-
-    def _make_transport(self, bind, keys):
-        return self.net.transport()
-
-    def _new_worker_transport(self):
-        return self.net.transport()
-
-    def _new_future(self) -> cf.Future:
-        return DrivenFuture(self.drive)
-
-    def add_inproc_workers(self, n: int) -> None:
-        """Start ``n`` workers, each a role ("worker-<index>") with its own virtual CPU."""
-
-        def job():
-            for _ in range(n):
-                t = self._new_worker_transport()
-                role = self.new_role(f"worker-{len(self._inproc_workers)}")
-                ep = Endpoint(WorkerCore(t.address, self.address), t, role, clock=self.clock)
-                self._inproc_workers.append(ep)
-                role.call_soon(ep.start)  # its first tick on its own CPU, not the caller's
-
-        self._call(job)
-
-    def add_endpoint(self, endpoint: Endpoint) -> None:
-        """An endpoint of a worker made elsewhere (a simulated host), to be stopped with the
-        cluster and found by ``worker_role``; the caller starts it."""
-        self._inproc_workers.append(endpoint)
-
     def worker_role(self, worker: int) -> RoleLoop:
         """The role of the worker with id ``worker`` (ids follow the order of joining, which
         need not be the order the roles were made in)."""
-        for ep in self._inproc_workers:
-            if ep.core.id == worker:
-                return ep.loop
-        raise KeyError(f"no in-process worker with id {worker}")
+        return self.endpoint_of(worker).loop
 
-    def _start_loop(self) -> None:
-        self._endpoint.start()  # its timers and deliveries run whenever the caller waits
-
-    def _release(self) -> None:
+    def release(self) -> None:
         """What this simulation holds of the process: BLAS pools, the garbage collector."""
         self._one_thread.release()
         self.collector.release()
-
-    def _join_loop(self, timeout: float) -> None:
-        loop = self._loop
-        self._release()
-        try:
-            if not loop.is_running():
-                loop.run_forever()  # until the shutdown ``close`` scheduled stops it
-        finally:
-            if not loop.is_running():
-                loop.close()
 
     # ---- waiting: the simulation runs while the caller waits ---------------------------------
     def drive(self, fut: cf.Future, timeout: float | None) -> None:
@@ -195,10 +185,10 @@ class SimPlaqueCluster(Cluster):
         (what a ``DrivenFuture``'s ``result`` does)."""
         if fut.done():
             return
-        waiter = self._loop.create_future()
+        waiter = self.loop.create_future()
 
         def settled(_):
-            if not self._loop.is_closed() and not waiter.done():
+            if not self.loop.is_closed() and not waiter.done():
                 waiter.set_result(None)
 
         fut.add_done_callback(settled)
@@ -206,7 +196,7 @@ class SimPlaqueCluster(Cluster):
 
     def run_until(self, waiter: asyncio.Future, timeout: float | None) -> None:
         """Run the loop until ``waiter`` is done or ``timeout`` virtual seconds passed."""
-        loop = self._loop
+        loop = self.loop
         if loop.is_running():
             raise SimulationError("cannot wait for the simulation from inside it (a "
                                   "callback of the loop); chain a callback instead")
@@ -226,7 +216,7 @@ class SimPlaqueCluster(Cluster):
     def wait_for_workers(self, n: int, timeout: float = 30.0) -> list[int]:
         """Run the simulation until at least ``n`` workers are live (virtual ``timeout``)."""
         if len(self.workers()) < n:
-            waiter = self._loop.create_future()
+            waiter = self.loop.create_future()
 
             def on_event(ev):
                 if type(ev) is Membership and len(ev.workers) >= n and not waiter.done():
@@ -245,7 +235,7 @@ class SimPlaqueCluster(Cluster):
 
     def run_for(self, seconds: float) -> None:
         """Let ``seconds`` of virtual time pass (heartbeats, timers, messages in flight)."""
-        self.run_until(self._loop.create_future(), seconds)
+        self.run_until(self.loop.create_future(), seconds)
 
 
 @contextlib.contextmanager
