@@ -15,8 +15,7 @@ another module's objects when it is imported (``REGISTRY[k] = v``, ``table.updat
 ``inherited_privates``: no class overrides, or reads or writes through ``self``, a private
 name that a base class in another package defines (pathways' subpackages and plaque's are
 packages here): a base class offers its subclasses public hooks, or they are not its
-subclasses. ``INHERITED_KEPT`` lists the ones left from before the rule (the simulator's
-subclasses, issue 48's runtime removes them): the list only shrinks.
+subclasses.
 """
 
 from __future__ import annotations
@@ -226,19 +225,6 @@ def _changes_foreign(node: ast.stmt, made: set[str]) -> bool:
     return False
 
 
-# (class, private name) pairs inherited across packages from before the rule: each is a
-# seam to replace with a public hook. Remove an entry when its override or read goes; none
-# may be added (tests/pathways/test_imports.py)
-INHERITED_KEPT = frozenset({
-    "pathways.simulated.session.SimSession: _fail_all",
-    "pathways.simulated.session.SimSession: _heard",
-    "pathways.simulated.session.SimSession: _open",
-    "pathways.simulated.session.SimSession: _own_ctx",
-    "pathways.simulated.session.SimSession: _received",
-    "pathways.simulated.session.SimSession: _send_now",
-})
-
-
 def _all_modules(roots) -> dict[str, ast.AST]:
     """Absolute dotted module name -> its syntax tree, for every package root."""
     out = {}
@@ -379,15 +365,10 @@ def main() -> int:
         print(f"private name of another module: {line}")
     for line in registries:
         print(f"changed on import: {line}")
-    inherited = [line for line in inherited_privates() if _kept_key(line) not in INHERITED_KEPT]
+    inherited = inherited_privates()
     for line in inherited:
         print(f"private name of a base class in another package: {line}")
     return 1 if bad or loops or reads or registries or inherited else 0
-
-
-def _kept_key(line: str) -> str:
-    """``module.Class: _name`` of an ``inherited_privates`` line (``INHERITED_KEPT``'s form)."""
-    return line.split(" (base ")[0]
 
 
 if __name__ == "__main__":

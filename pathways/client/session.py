@@ -179,12 +179,14 @@ class Session:
         self.contact = Contact(keys, monitored=not security.in_process(address))
         self._monitor: zmq.Socket | None = None  # on the coordinator's socket until it answers
         self._client_id = None
-        self._open()
+        self.open_io()
         self._heard = self.loop.time()
 
-    def _open(self) -> None:
-        """Make ``loop`` and start serving it (here: ZeroMQ sockets on a thread of its own;
-        a simulated session, ``pathways.sim``, overrides this, ``_send_now`` and ``close``)."""
+    # ---- the I/O half: what a simulated session (``pathways.simulated.session``) gives
+    # instead: open_io, transmit and close, and it calls received and fail_all
+    def open_io(self) -> None:
+        """Make ``loop`` and start serving it (here: ZeroMQ sockets on a thread of its
+        own)."""
         self.ctx, self._own_ctx = context_for(self.address)
         self.loop = uvloop.new_event_loop()
         self._thread = threading.Thread(target=self._serve, name="pathways-client",
@@ -275,7 +277,7 @@ class Session:
     def close(self, err: Exception) -> None:
         """Stop: everything still in flight fails with ``err``; queued sends still leave."""
         def stop():
-            self._fail_all(err)
+            self.fail_all(err)
             self.loop.stop()
 
         with self._posting:
@@ -342,10 +344,14 @@ class Session:
             if s is self._socks.get(self.address):
                 self._heard = self.loop.time()
                 self._unmonitor()
-            self._received(frames)
+            self.received(frames)
 
-    def _received(self, frames) -> None:
-        """The replies of one message from a coordinator or host, each to ``_on_reply``."""
+    def received(self, frames, from_coordinator: bool = False) -> None:
+        """The replies of one message from a coordinator or host, each to ``_on_reply``
+        (loop thread); ``from_coordinator``: it came from the coordinator, which is heard
+        from (a socket's reader knows that by the socket)."""
+        if from_coordinator:
+            self._heard = self.loop.time()
         try:
             for reply in protocol.unbatch(protocol.unpack(frames)):
                 self._on_reply(reply)
@@ -383,16 +389,16 @@ class Session:
             self._coordinator_lost(f"no word from the coordinator at {self.address} for"
                                    f" {silent:.1f} s")
             return
-        self._send_now(self.address, protocol.Ping(self._client_id))
+        self.transmit(self.address, protocol.Ping(self._client_id))
         self.loop.call_later(PING_INTERVAL, self._ping)
 
     def _coordinator_lost(self, reason: str) -> None:
         """Fail everything in flight; later calls fail at once."""
         log.warning("%s", reason)
         self.lost = CoordinatorLost(reason)
-        self._fail_all(self.lost)
+        self.fail_all(self.lost)
 
-    def _fail_all(self, err: Exception) -> None:
+    def fail_all(self, err: Exception) -> None:
         """Every run and request still waiting fails with ``err``."""
         self._on_lost(err)
         for fut, _ in self._pending.values():
@@ -408,14 +414,15 @@ class Session:
             address, payload = self._outbox.popleft()
             batches.setdefault(address, []).append(payload)
         for address, payloads in batches.items():
-            self._send_now(address, protocol.batch(payloads))
+            self.transmit(address, protocol.batch(payloads))
 
     def chunks(self, address: str) -> bool:
         """Whether messages to ``address`` leave chunked (``plaque.wire.chunked``): its socket
         uses CURVE. Decided when the socket was made; False before."""
         return address in self._chunked
 
-    def _send_now(self, address, payload):
+    def transmit(self, address, payload) -> None:
+        """Send ``payload`` to ``address`` now (loop thread)."""
         s = self._sock(address)
         frames = protocol.pack(payload)
         if self.chunks(address):

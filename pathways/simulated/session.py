@@ -88,8 +88,8 @@ class SimSession(Session):
         self.sim = sim
         super().__init__(address, keys, coordinator_timeout, for_client, on_message, on_lost)
 
-    def _open(self) -> None:
-        self.ctx, self._own_ctx = None, False
+    def open_io(self) -> None:
+        self.ctx = None
         name = f"client-{next(self.sim.clients)}"
         self.contact.monitored = False  # no connection to watch: an unanswered hello times out
         self.loop = self.sim.plaque.new_role(name)
@@ -136,26 +136,24 @@ class SimSession(Session):
             self.sim.user.catch_up()
         super().send(address, payload)
 
-    def _send_now(self, address, payload) -> None:
+    def transmit(self, address, payload) -> None:
         # the cluster's address (sim://N) is its coordinator's port on the net
         self.socket.send(COORDINATOR if address == self.address else address,
                          protocol.pack(payload))
 
     def _arrived(self, sender: str, frames) -> None:
-        if sender == COORDINATOR:
-            self._heard = self.loop.time()
-        self._received(frames)
+        self.received(frames, from_coordinator=sender == COORDINATOR)
 
     def close(self, err: Exception) -> None:
         """Stop: what is in flight fails with ``err``; queued sends still leave first."""
         self.closed = True
         if self.sim.closed:
-            self._fail_all(err)
+            self.fail_all(err)
             return
         done = self.sim.future()
 
         def stop():
-            self._fail_all(err)
+            self.fail_all(err)
             self.loop.at_end(lambda _end: self.socket.close())
             done.set_result(None)
 
