@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-__all__ = ["BATCHING", "Batch", "Box", "box_of"]
+__all__ = ["BATCHING", "Batch", "Box", "box_of", "same_boxes"]
 
 BATCHING = os.environ.get("PATHWAYS_JAX_BATCH", "on") != "off"
 
@@ -48,6 +48,30 @@ class Batch:
     def missing_sources(self) -> list:
         """The members that have not reached the batch yet (a timeout's message)."""
         return [d for d in self.devs if d not in self.box]
+
+
+def same_boxes(devices: dict, mesh_shape, host_of) -> bool:
+    """Whether every host's devices of a mesh (``devices``: flat index -> device;
+    ``host_of(device)``: its host, or None if not known) form a box of it, all of the same
+    extents. Only then does a host batch: every host then cuts a body's plan at the same
+    collectives, so their exchanges are numbered alike. Where one host's devices form no box,
+    or another box, its plan would cut at collectives that another host runs inside its
+    segments, and their exchanges' numbers would differ (one host's psum over a row met
+    another host's psum over a column, and failed)."""
+    by_host: dict = {}
+    for flat, device in devices.items():
+        host = host_of(device)
+        if host is None:
+            return False
+        by_host.setdefault(host, []).append(flat)
+    shapes = set()
+    for flats in by_host.values():
+        coords = np.unravel_index(sorted(flats), mesh_shape)
+        extents = tuple(len(set(c.tolist())) for c in coords)
+        if math.prod(extents) != len(flats):
+            return False
+        shapes.add(extents)
+    return len(shapes) == 1
 
 
 def box_of(devices: dict, mesh_shape, axis_names, local, jax_of=None) -> Box | None:

@@ -31,7 +31,7 @@ from ..program.collectives import KernelEnv
 from ..program.reduction import REDUCTIONS, tree_fold
 from ..program.rendezvous import FAILED_GANGS_KEPT, Abandoned
 from . import hierarchy
-from .batching import BATCHING, Batch, Box, box_of
+from .batching import BATCHING, Batch, Box, box_of, same_boxes
 from .hierarchy import TreePlan, chunk_code, chunk_of, code, node_of
 
 log = logging.getLogger("pathways.host.exchange")
@@ -92,13 +92,18 @@ class Exchanges:
 
     def box(self, devices: dict, mesh_shape, axis_names) -> Box | None:
         """The box of this host's devices of a mesh (``devices``: flat index -> device, as
-        the host keeps it per mesh), or None (see ``box_of``); worked out once per mesh."""
+        the host keeps it per mesh), or None (see ``box_of``; and None on every host unless
+        every host's devices form a box of the same extents: ``same_boxes``); worked out once
+        per mesh and topology."""
         k = (id(devices), mesh_shape, axis_names)  # meshes of the same devices share them
         hit = self._boxes.get(k)
         if hit is not None and hit[0] is devices:
             return hit[1]
-        box = box_of(devices, mesh_shape, axis_names, self.ex.devices,
-                     self.ex.jax_of) if BATCHING else None
+        local = self.ex.devices
+        worker_of = self.ex.link.worker_of if self.ex.link is not None else {}
+        box = box_of(devices, mesh_shape, axis_names, local, self.ex.jax_of) if BATCHING \
+            and same_boxes(devices, mesh_shape,
+                           lambda d: "here" if d in local else worker_of.get(d)) else None
         if len(self._boxes) < PLANS_KEPT:
             self._boxes[k] = (devices, box)
         return box
@@ -195,8 +200,10 @@ class Exchanges:
         return hierarchy.plan(devs, owners, me, mode)
 
     def forget_plans(self) -> None:
-        """The hosts of devices changed (a new topology): plans are worked out again."""
+        """The hosts of devices changed (a new topology): plans and boxes are worked out
+        again."""
         self._plans.clear()
+        self._boxes.clear()
 
     def tree(self, shard, key, plan: TreePlan, me, value, red):
         """In the shard's greenlet: the group's ``value``s folded by the reduction ``red``

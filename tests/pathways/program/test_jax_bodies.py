@@ -195,6 +195,40 @@ def test_combined_reductions_are_bitwise_the_single_ones(client):
     np.testing.assert_array_equal(got[1], gb * ga.sum())
 
 
+def test_a_mesh_whose_hosts_hold_it_unevenly_runs_its_collectives():
+    """Row 0 of a (2, 4) mesh on two hosts, two devices each, row 1 on a third, whole: the
+    third could run its psum over "model" inside one computation, the others exchange it.
+    Every host must then number the exchanges alike: the psum over "data" after it failed
+    ("another host sent the partial ... unexpectedly"); now a host batches only where every
+    host's devices form a box of the same extents (batching.same_boxes)."""
+    from pathways.host.batching import same_boxes
+
+    with pw.local_cluster(hosts_per_island=3, devices_per_host=4, processes=False) as cluster, \
+            pw.connect(cluster.address) as client:
+        client.mesh((4,), ("x",), hosts=2)  # two devices on each of two hosts, held
+        mesh = client.mesh((2, 4), ("data", "model"))
+        hosts = [[d.host for d in row] for row in mesh.devices]
+        assert hosts[0][0] == hosts[0][1] != hosts[0][2] == hosts[0][3] != hosts[1][0]
+        assert len(set(hosts[1])) == 1
+
+        def body(x):
+            rows = jax.lax.psum(x, "model") * 2
+            return jax.lax.psum(rows, "data"), jax.lax.pmax(x, "data")
+
+        x = rand(2, 8)
+        fn = pw.shard_map(body, mesh, P("data", "model"), (P(), P(None, "model")))
+        total, top = fn(client.put(x, mesh, P("data", "model")))
+        assert_same((total.result(), top.result()),
+                    plain_jax(body, (2, 4), ("data", "model"), P("data", "model"),
+                              (P(), P(None, "model")))(x))
+    owner = {0: "a", 1: "a", 2: "b", 3: "b", 4: "c", 5: "c", 6: "c", 7: "c"}
+    flat = {i: i for i in range(8)}
+    assert not same_boxes(flat, (2, 4), owner.get)  # boxes (1, 2), (1, 2) and (1, 4)
+    assert same_boxes(flat, (2, 4), lambda d: d // 4)  # a row each
+    assert same_boxes(flat, (2, 4), lambda d: d % 4 // 2)  # a (2, 2) block each
+    assert not same_boxes(flat, (2, 4), lambda d: None if d == 7 else d // 4)  # not known
+
+
 # ---- training with jax.grad inside the body ---------------------------------------------
 
 @in_process_only
