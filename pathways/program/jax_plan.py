@@ -555,9 +555,9 @@ def _run_collectives(eqns, env) -> None:
         total = np.asarray(_collective(prim, p, np.concatenate([x.reshape(-1)
                                                                 for x, _ in items])))
         start = 0
-        for x, out in items:
+        for x, out in items:  # each its own array: a kept result must not keep the rest
             if type(out).__name__ != "DropVar":
-                env[out] = np.asarray(total[start:start + x.size], dtype=out.aval.dtype) \
+                env[out] = np.array(total[start:start + x.size], dtype=out.aval.dtype) \
                     .reshape(out.aval.shape)
             start += x.size
 
