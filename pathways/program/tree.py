@@ -1,5 +1,7 @@
-"""Pytrees without JAX: tuples, lists, dicts and dataclasses of arrays, as JAX's tree_util reads
-them (dict keys in sorted order; a partition spec ``P`` is a leaf). In a tree of values None is
+"""Pytrees: tuples, lists, dicts, namedtuples and dataclasses of arrays, as JAX's tree_util reads
+them (dict keys in sorted order; a partition spec ``P`` is a leaf), and once JAX is loaded every
+type registered with ``jax.tree_util`` (flax's, equinox's, optax's states, an ``OrderedDict``),
+through JAX's own flattening. In a tree of values None is
 a node without leaves, as in JAX (``{"w": w, "b": None}`` has one leaf, and gives None back);
 in a tree of specs (``per_leaf``'s prefix, ``is_node``) None is a leaf: the spec of what is
 static, as JAX reads specs.
@@ -17,6 +19,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 from ..errors import ProgramError
 
@@ -34,10 +37,24 @@ def is_node(x) -> bool:
     if node is None:
         node = (kind in (tuple, list, dict)
                 or (issubclass(kind, tuple) and hasattr(kind, "_fields"))  # a namedtuple
-                or (dataclasses.is_dataclass(kind) and not issubclass(kind, type)))
+                or (dataclasses.is_dataclass(kind) and not issubclass(kind, type))
+                or _registered(x) is not None)
         if len(_NODE_TYPES) < TYPES_KEPT:
             _NODE_TYPES[kind] = node
     return node
+
+
+def _registered(x):
+    """``x``'s children as JAX flattens a node of a type registered with ``jax.tree_util``
+    (``(treedef of one level, [(key path, child)])``), or None: not such a node, or JAX not
+    loaded (then nothing can be registered)."""
+    tu = getattr(sys.modules.get("jax"), "tree_util", None)
+    if tu is None or x is None:
+        return None
+    pairs, treedef = tu.tree_flatten_with_path(x, is_leaf=lambda y: y is not x)
+    if len(pairs) == 1 and pairs[0][1] is x:
+        return None
+    return treedef, pairs
 
 
 TYPES_KEPT = 4096  # types whose kind (node or leaf) is_node remembers
@@ -46,7 +63,7 @@ _NODE_TYPES: dict[type, bool] = {}
 
 def _children(x):
     """(node description, children, their keys as Python reaches them) of a container."""
-    if isinstance(x, dict):
+    if type(x) is dict:  # (an OrderedDict is JAX's: keys in their order)
         try:
             keys = tuple(sorted(x))
         except TypeError:
@@ -56,6 +73,10 @@ def _children(x):
         return ("dict", keys), [x[k] for k in keys], [f"[{k!r}]" for k in keys]
     if isinstance(x, (tuple, list)):
         return (type(x), len(x)), list(x), [f"[{i}]" for i in range(len(x))]
+    if not dataclasses.is_dataclass(x):  # a type registered with JAX: its own flattening
+        treedef, pairs = _registered(x)
+        keystr = sys.modules["jax"].tree_util.keystr
+        return ("jax", treedef), [c for _, c in pairs], [keystr(p) for p, _ in pairs]
     names = tuple(f.name for f in dataclasses.fields(x))
     return (type(x), names), [getattr(x, n) for n in names], [f".{n}" for n in names]
 
@@ -94,6 +115,8 @@ def unflatten(treedef, leaves):
         values = [build(c) for c in children]
         if kind == "dict":
             return dict(zip(meta, values))
+        if kind == "jax":
+            return meta.unflatten(values)
         if kind in (tuple, list):
             return kind(values)
         if isinstance(kind, type) and issubclass(kind, tuple):  # namedtuple
@@ -146,5 +169,7 @@ def _describe(tree) -> str:
     (kind, meta), children, _ = _children(tree)
     if kind == "dict":
         return "a dict of keys " + ", ".join(map(repr, meta))
+    if kind == "jax":
+        return f"a {type(tree).__name__} of {len(children)}"
     name = kind.__name__ if isinstance(kind, type) else str(kind)
     return f"a {name} of {len(children)}"

@@ -186,6 +186,42 @@ def test_put_of_a_tree_returns_the_same_tree(client, mesh):
     assert one["w"].dtype == np.float32 and one["w"].spec == P(None, None)
 
 
+@jax.tree_util.register_pytree_node_class
+class Params:
+    """A pytree node of JAX's registry (as flax's, equinox's and optax's are)."""
+
+    def __init__(self, w, b):
+        self.w, self.b = w, b
+
+    def tree_flatten(self):
+        return (self.w, self.b), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+def test_a_tree_of_jax_registered_nodes_goes_from_put_into_shard_map(client, mesh):
+    """What put takes as a tree, a function takes too: a type registered with
+    jax.tree_util and an OrderedDict (JAX's nodes) are nodes of shard_map's arguments and
+    results. They were leaves there ("argument 0 is a Params, not a pw.Array")."""
+    w, b = value(), np.arange(8, dtype=np.float32)
+    params = client.put(Params(w, b), mesh, P())
+    ordered = client.put(collections.OrderedDict(z=w, a=b), mesh, P())
+    assert isinstance(params, Params) and isinstance(params.w, pw.Array)
+    double = pw.shard_map(lambda p: jax.tree.map(lambda a: a * 2, p), mesh, P(), P())
+    out = double(params)
+    assert isinstance(out, Params)
+    np.testing.assert_array_equal(out.w.result(WAIT), 2 * w)
+    np.testing.assert_array_equal(out.b.result(WAIT), 2 * b)
+    both = double(ordered)
+    assert type(both) is collections.OrderedDict and list(both) == ["z", "a"]
+    np.testing.assert_array_equal(both["a"].result(WAIT), 2 * b)
+    ref = pw.reference(double)(Params(w, b))
+    assert isinstance(ref, Params)
+    np.testing.assert_array_equal(ref.w, 2 * w)
+
+
 def test_device_put_of_a_tree_takes_one_sharding_or_a_tree_of_them(client, mesh):
     tree = tree_value()
     everywhere = pw.NamedSharding(mesh, P())
