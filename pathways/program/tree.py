@@ -71,6 +71,8 @@ def _children(x):
                                f" trees need): {sorted(map(repr, x))}; use keys of one type"
                                ) from None
         return ("dict", keys), [x[k] for k in keys], [f"[{k!r}]" for k in keys]
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # a namedtuple: its fields by name
+        return (type(x), len(x)), list(x), [f".{n}" for n in x._fields]
     if isinstance(x, (tuple, list)):
         return (type(x), len(x)), list(x), [f"[{i}]" for i in range(len(x))]
     if not dataclasses.is_dataclass(x):  # a type registered with JAX: its own flattening
@@ -142,11 +144,12 @@ def with_paths(tree, path: str = ""):
         yield from with_paths(child, path + key)
 
 
-def per_leaf(prefix, tree, what: str = "specs", path: str = "") -> list:
-    """One item of ``prefix`` per leaf of ``tree``: a leaf of the prefix (a ``P`` or None)
-    stands for every leaf under it, as JAX's tree prefixes do (a tuple and a list of the same
-    length match). A mismatch is a ProgramError naming where it is (``path`` names ``tree``)."""
-    if not is_node(prefix):
+def per_leaf(prefix, tree, what: str = "specs", path: str = "", is_item=None) -> list:
+    """One item of ``prefix`` per leaf of ``tree``: a leaf of the prefix (a ``P`` or None),
+    or a subtree ``is_item`` says is one (a ``NamedSharding``), stands for every leaf under
+    it, as JAX's tree prefixes do (a tuple and a list of the same length match). A mismatch is
+    a ProgramError naming where it is (``path`` names ``tree``)."""
+    if not is_node(prefix) or (is_item is not None and is_item(prefix)):
         return [prefix] * len(flatten(tree)[0])
     where = path or "the top"
     if not is_node(tree):
@@ -159,7 +162,7 @@ def per_leaf(prefix, tree, what: str = "specs", path: str = "") -> list:
                            f" {_describe(tree)}")
     out = []
     for p, t, key in zip(pc, tc, keys):
-        out += per_leaf(p, t, what, path + key)
+        out += per_leaf(p, t, what, path + key, is_item)
     return out
 
 

@@ -5,6 +5,7 @@ against plain JAX and numpy in this process (8 CPU devices: conftest sets XLA_FL
 clusters are the session's in-process twin (the ``client`` fixture): no process is started."""
 
 import collections
+import dataclasses
 import operator
 import sys
 
@@ -220,6 +221,16 @@ def test_a_tree_of_jax_registered_nodes_goes_from_put_into_shard_map(client, mes
     ref = pw.reference(double)(Params(w, b))
     assert isinstance(ref, Params)
     np.testing.assert_array_equal(ref.w, 2 * w)
+    layer = client.put(Layer(w, b), mesh, P())  # a dataclass: a node for put as for a call
+    assert isinstance(layer, Layer) and isinstance(layer.b, pw.Array)
+    bias = pw.shard_map(lambda p: p.b * 2, mesh, P(), P())(layer)
+    np.testing.assert_array_equal(bias.result(WAIT), 2 * b)
+
+
+@dataclasses.dataclass
+class Layer:
+    w: object
+    b: object
 
 
 def test_device_put_of_a_tree_takes_one_sharding_or_a_tree_of_them(client, mesh):
@@ -251,7 +262,8 @@ def test_a_leaf_numpy_makes_no_numeric_array_of_is_refused_with_its_path(client,
 def test_nothing_is_put_unless_every_leaf_fits(client, mesh):
     with pytest.raises(pw.ShardingError, match=r"leaf \['z'\]: dimension 0 .* not divisible"):
         client.put({"a": value(), "z": np.ones(3)}, mesh, P("data"))
-    with pytest.raises(pw.ProgramError, match="neither one item for every leaf nor a tree"):
+    with pytest.raises(pw.ProgramError, match=r"put: the tree prefix \{'b': P\(\)\} has a dict of"
+                                              r" keys 'b' where the top is a dict of keys 'a'"):
         client.put({"a": value()}, mesh, {"b": P()})
 
 
@@ -259,17 +271,19 @@ def test_the_plain_walker_reads_trees_as_jax_does(monkeypatch):
     tree = {"b": [1.0, None, (2.0, 3.0)], "a": Pair(4.0, {"y": 5.0, "x": 6.0}), "c": None}
     prefix = {"a": P("x"), "b": [P(), None, (P("y"), P())], "c": P()}
     is_item = lambda s: s is None or isinstance(s, P)  # noqa: E731
-    want = pytrees.flatten(tree)  # JAX is loaded here: jax.tree_util reads it
+    want = pytrees.flatten(tree)  # the same leaves and paths as jax.tree_util's
     want_items = pytrees.per_leaf(prefix, tree, want[2], len(want[0]), is_item, "t")
+    assert want[0] == jax.tree_util.tree_leaves(tree)
     assert want[1] == [jax.tree_util.keystr(p) for p, _ in
                        jax.tree_util.tree_flatten_with_path(tree)[0]]
+    assert want_items == [P("x")] * 3 + [P(), P("y"), P()]
     monkeypatch.setitem(sys.modules, "jax", None)  # as if JAX were not loaded
     leaves, paths, treedef = pytrees.flatten(tree)
     assert isinstance(treedef, tuple)  # the walker's, not JAX's
     assert (leaves, paths) == (want[0], want[1])
     assert pytrees.unflatten(treedef, leaves) == tree
     assert pytrees.per_leaf(prefix, tree, treedef, len(leaves), is_item, "t") == want_items
-    with pytest.raises(pw.ProgramError, match=r"at \['b'\] it has a tuple of 1 where the value"):
+    with pytest.raises(pw.ProgramError, match=r"has a tuple of 1 where \['b'\] is a list of 3"):
         pytrees.per_leaf({"a": P(), "b": (P(),), "c": P()}, tree, treedef, 6, is_item, "t")
 
 
