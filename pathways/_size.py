@@ -19,12 +19,12 @@ ROOT = Path(__file__).resolve().parent
 # next hundred; pathways + plaque were 29,415 lines)
 BUDGETS: dict[str, int] = {
     "pathways": 4000,
-    "pathways.client": 3100,
+    "pathways.client": 3000,  # (3100 until its tree walker went to program.tree)
     "pathways.control": 1800,
     "pathways.host": 5400,
     "pathways.lib": 800,
     "pathways.lowering": 600,
-    "pathways.program": 5400,
+    "pathways.program": 5500,  # (5400 until program.tree read JAX's registered nodes)
     "pathways.sim": 1300,
     "pathways.simulated": 900,
     "pathways.testing": 200,
