@@ -247,12 +247,13 @@ def _aliases(module: str, tree: ast.AST, trees) -> dict:
     """Names a module's top level imports: local name -> ("module", absolute name) or
     ("symbol", absolute module, name)."""
     out = {}
+    roots = {t.split(".")[0] for t in trees}
     for node in tree.body:
         if isinstance(node, ast.Import):
             for a in node.names:
-                if a.name in trees or a.name.split(".")[0] in {t.split(".")[0] for t in trees}:
-                    out[a.asname or a.name.split(".")[0]] = ("module", a.asname and a.name
-                                                            or a.name.split(".")[0])
+                top = a.name.split(".")[0]
+                if top in roots:  # "import a.b" binds a; "import a.b as c", c to a.b
+                    out[a.asname or top] = ("module", a.name if a.asname else top)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 here = module.split(".")

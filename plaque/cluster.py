@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures as cf
 import contextlib
 import logging
@@ -23,23 +22,20 @@ import sys
 import threading
 import time
 
-import uvloop
-
 from . import leftovers, security
 from .coordinator import CoordinatorCore, RunResult
 from .endpoint import Endpoint
 from .errors import ClusterClosed, PlaqueError
 from .events import CountersReceived, Installed, Membership, RunDone, RunFailed, RunSettled
 from .graph import Graph
+from .runtime import LoopThread
 from .staging import StagedRun, sink_nodes
 from .streams import MAX_IN_FLIGHT, Stream
-from .transport import InprocTransport
 from .worker import WorkerCore
-from .zmq_transport import ZmqTransport
 
 log = logging.getLogger("plaque.cluster")
 
-__all__ = ["Cluster", "InstalledGraph", "LoopThread", "RunResult", "local_cluster"]
+__all__ = ["Cluster", "InstalledGraph", "RunResult", "local_cluster"]
 
 
 class InstalledGraph:
@@ -100,68 +96,12 @@ class InstalledGraph:
         self.cluster._call(lambda: self.cluster._core.uninstall(self.gid))
 
 
-class LoopThread:
-    """What a ``Cluster`` runs on, its runtime: this one, the default, is a uvloop event loop
-    on a thread of its own in real time, with ZeroMQ (or, at ``inproc``, in-process)
-    transports and plain futures. A simulation gives its own with the same members
-    (``pathways.sim.plaque_cluster``): virtual time, a simulated network, futures that run
-    the simulation while they are waited on.
-
-    ``clock``: the time endpoints tick with; ``transport(bind, keys)``: the coordinator's;
-    ``worker_transport()``: an in-process worker's; ``loop()``: the coordinator's event
-    loop, and ``worker_loop(loop, name)`` an in-process worker's (here the same one);
-    ``future()``: a future the caller may wait on, settled on the loop; ``start(loop,
-    endpoint)``: run the loop and the coordinator's endpoint; ``join(loop, timeout)``: wait
-    for the loop to finish the shutdown ``Cluster.close`` scheduled on it."""
-
-    clock = staticmethod(time.monotonic)
-
-    def __init__(self):
-        self._thread = None
-
-    def transport(self, bind: str, keys):
-        return InprocTransport() if bind == "inproc" else ZmqTransport(bind, keys=keys)
-
-    def worker_transport(self):
-        return InprocTransport()
-
-    def loop(self):
-        return uvloop.new_event_loop()
-
-    def worker_loop(self, loop, name: str):
-        return loop
-
-    def future(self) -> cf.Future:
-        return cf.Future()
-
-    def start(self, loop, endpoint) -> None:
-        self._thread = threading.Thread(target=self._serve, args=(loop, endpoint),
-                                        name="plaque-coordinator", daemon=True)
-        started = threading.Event()
-        loop.call_soon(started.set)
-        self._thread.start()
-        if not started.wait(10):
-            raise PlaqueError("coordinator event loop did not start")
-
-    def join(self, loop, timeout: float) -> None:
-        self._thread.join(timeout)
-
-    @staticmethod
-    def _serve(loop, endpoint):
-        asyncio.set_event_loop(loop)
-        endpoint.start()
-        try:
-            loop.run_forever()
-        finally:
-            loop.close()
-
-
 class Cluster:
     """A coordinator listening at ``bind`` (``tcp://HOST``, ``ipc``, or ``inproc``).
 
     ``keys``: the directory of the CURVE keys its sockets require (default ``$PLAQUE_KEYS``;
     neither: plain sockets); the worker processes it starts get them too. ``runtime``: what
-    it runs on (default: a ``LoopThread``; a simulation gives its own).
+    it runs on (default: a ``plaque.runtime.LoopThread``; a simulation gives its own).
     """
 
     def __init__(self, bind: str = "tcp://127.0.0.1", heartbeat_timeout: float = 3.0,

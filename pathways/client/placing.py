@@ -69,7 +69,7 @@ def _place(client, value, items, is_item, where, what: str, keep_placed: bool = 
     (``where(item, path)``: mesh and spec); every leaf is checked before any is sent.
     ``keep_placed``: a pw.Array of this client placed so already stays as it is."""
     leaves, paths, treedef = pytrees.flatten(value)
-    per_leaf = pytrees.per_leaf(items, value, treedef, len(leaves), is_item, what)
+    per_leaf = pytrees.per_leaf(items, value, is_item, what)
     places = [where(item, path) for item, path in zip(per_leaf, paths)]
     client.suspensions.check([mesh for mesh, _ in places])
     plans = []

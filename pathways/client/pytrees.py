@@ -33,12 +33,10 @@ def unflatten(treedef, leaves):
     return _tree.unflatten(treedef, leaves)
 
 
-def per_leaf(prefix, tree, treedef, n_leaves: int, is_item, what: str) -> list:
-    """One item of ``prefix`` per leaf of ``tree`` (structure ``treedef``, ``n_leaves``
-    leaves): a leaf of ``prefix``, or a subtree ``is_item`` says is one, stands for every leaf
-    under it, as in JAX's tree prefixes. A prefix that does not match is a ProgramError."""
-    if is_item(prefix):
-        return [prefix] * n_leaves
+def per_leaf(prefix, tree, is_item, what: str) -> list:
+    """One item of ``prefix`` per leaf of ``tree``: a leaf of ``prefix``, or a subtree
+    ``is_item`` says is one, stands for every leaf under it, as in JAX's tree prefixes. A
+    prefix that does not match is a ProgramError."""
     return _tree.per_leaf(prefix, tree, f"{what}: the tree prefix {prefix!r}",
                           is_item=is_item)
 

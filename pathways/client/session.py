@@ -341,15 +341,15 @@ class Session:
 
     def _drain(self, s):
         while (frames := recv_frames(s)) is not None:
-            if s is self._socks.get(self.address):
-                self._heard = self.loop.time()
+            coordinator = s is self._socks.get(self.address)
+            if coordinator:
                 self._unmonitor()
-            self.received(frames)
+            self.received(frames, from_coordinator=coordinator)
 
     def received(self, frames, from_coordinator: bool = False) -> None:
         """The replies of one message from a coordinator or host, each to ``_on_reply``
         (loop thread); ``from_coordinator``: it came from the coordinator, which is heard
-        from (a socket's reader knows that by the socket)."""
+        from (what the coordinator's silence is counted from)."""
         if from_coordinator:
             self._heard = self.loop.time()
         try:

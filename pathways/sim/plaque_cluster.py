@@ -1,7 +1,7 @@
 """A real Plaque cluster in virtual time: the coordinator and workers in the caller's thread.
 
-``SimPlaqueCluster`` is ``plaque.Cluster`` on a runtime of its own (``SimRuntime``): every endpoint (a real
-``CoordinatorCore`` and N ``WorkerCore``s behind their ``Endpoint``s) runs on ONE
+``SimPlaqueCluster`` is ``plaque.Cluster`` on a runtime of its own (``SimRuntime``): every
+endpoint (a real ``CoordinatorCore`` and N ``WorkerCore``s behind their ``Endpoint``s) runs on ONE
 ``VirtualTimeLoop``, talks through ``SimTransport``s of one ``SimNet`` (links with latency and
 bandwidth), and ticks with the loop's virtual clock, so heartbeats and the coordinator's
 liveness timeouts count virtual seconds. There is no loop thread: the loop runs in the caller's
@@ -53,7 +53,8 @@ from .roles import RoleLoop
 from .transport import SimNet
 from .virtual_loop import VirtualTimeLoop
 
-__all__ = ["DrivenFuture", "SimPlaqueCluster", "SimRuntime", "SimulationError", "simulated_plaque_cluster"]
+__all__ = ["DrivenFuture", "SimPlaqueCluster", "SimRuntime", "SimulationError",
+           "simulated_plaque_cluster"]
 
 WAIT_LIMIT = 3600.0  # virtual seconds a wait without a timeout may last
 
@@ -89,7 +90,7 @@ class DrivenFuture(cf.Future):
 
 
 class SimRuntime:
-    """What a ``SimPlaqueCluster`` runs on (``plaque.cluster.LoopThread``'s members): the
+    """What a ``SimPlaqueCluster`` runs on (``plaque.runtime.LoopThread``'s members): the
     simulation's virtual clock and network; the coordinator's loop and each in-process
     worker's a role of their own; futures that run the simulation while waited on; no
     thread (the loop runs whenever the caller waits)."""

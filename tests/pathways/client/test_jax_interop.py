@@ -272,7 +272,7 @@ def test_the_plain_walker_reads_trees_as_jax_does(monkeypatch):
     prefix = {"a": P("x"), "b": [P(), None, (P("y"), P())], "c": P()}
     is_item = lambda s: s is None or isinstance(s, P)  # noqa: E731
     want = pytrees.flatten(tree)  # the same leaves and paths as jax.tree_util's
-    want_items = pytrees.per_leaf(prefix, tree, want[2], len(want[0]), is_item, "t")
+    want_items = pytrees.per_leaf(prefix, tree, is_item, "t")
     assert want[0] == jax.tree_util.tree_leaves(tree)
     assert want[1] == [jax.tree_util.keystr(p) for p, _ in
                        jax.tree_util.tree_flatten_with_path(tree)[0]]
@@ -282,9 +282,9 @@ def test_the_plain_walker_reads_trees_as_jax_does(monkeypatch):
     assert isinstance(treedef, tuple)  # the walker's, not JAX's
     assert (leaves, paths) == (want[0], want[1])
     assert pytrees.unflatten(treedef, leaves) == tree
-    assert pytrees.per_leaf(prefix, tree, treedef, len(leaves), is_item, "t") == want_items
+    assert pytrees.per_leaf(prefix, tree, is_item, "t") == want_items
     with pytest.raises(pw.ProgramError, match=r"has a tuple of 1 where \['b'\] is a list of 3"):
-        pytrees.per_leaf({"a": P(), "b": (P(),), "c": P()}, tree, treedef, 6, is_item, "t")
+        pytrees.per_leaf({"a": P(), "b": (P(),), "c": P()}, tree, is_item, "t")
 
 
 def test_put_of_a_tree_without_jax_loaded(client, mesh, monkeypatch):
